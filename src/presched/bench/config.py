@@ -1,0 +1,73 @@
+"""`BenchConfig`: one experiment — a workload replayed through a simulated deployment under
+several policies and loads. An experiment file (YAML or JSON) sets any of these fields:
+
+    workload: {source: azure-conv, num_requests: 4000}
+    sim: {num_instances: 1, engine: {max_num_seqs: 64}, step_time: {hardware: h100-sxm}}
+    policies: [fcfs, sjf-oracle, srpt-oracle]
+    loads: [0.5, 0.8, 0.9, 0.95]
+    slo: {ttft_ms: 2000, tpot_ms: 100}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from presched.config import Config
+from presched.metrics.summary import GoodputSLO
+from presched.schedule import POLICIES
+from presched.sim.config import EngineConfig
+from presched.sim.setup import SimConfig
+from presched.workload.config import WorkloadConfig
+
+
+class BenchConfig(Config):
+    workload: WorkloadConfig = Field(
+        default_factory=lambda: WorkloadConfig(num_requests=2000),
+        description="The requests to replay (lengths and arrival shape).",
+    )
+    sim: SimConfig = Field(
+        default_factory=lambda: SimConfig(engine=EngineConfig(max_num_seqs=64)),
+        description="The simulated deployment. The bench default caps the batch at 64 requests so "
+        "that requests queue near capacity: with vLLM's 256 slots the default workload never queues "
+        "on one H100 and every ordering policy ties.",
+    )
+    policies: list[str] = Field(
+        default_factory=lambda: ["fcfs", "sjf-oracle", "srpt-oracle"],
+        min_length=1, description="Scheduling policies to compare: " + ", ".join(POLICIES.names()) + ".",
+    )  # fmt: skip
+    policy_params: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Keyword arguments per policy name, e.g. {srpt-oracle: {recompute_weight: 0.5}}."
+    )
+    loads: list[float] = Field(
+        default_factory=lambda: [0.5, 0.7, 0.8, 0.9, 0.95],
+        min_length=1,
+        description="Offered loads as fractions of capacity: offered output-token rate / the deployment's "
+        "maximum output-token throughput (measured by a saturated FCFS run of the same requests). "
+        "The workload's arrival times are rescaled to each load, keeping their shape.",
+    )
+    capacity_requests: int = Field(
+        2000, ge=10, description="Requests used for the saturated capacity run (a prefix of the workload)."
+    )
+    slo: GoodputSLO = Field(
+        default_factory=lambda: GoodputSLO(ttft_ms=2000, tpot_ms=100),
+        description="Objectives for request goodput (vLLM bench serve --goodput).",
+    )
+    out_dir: Path = Field(Path("presched-results"), description="Folder for bench.json, bench.csv and bench.png.")
+
+    @field_validator("policies")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        for name in v:
+            POLICIES.get(name)
+        return v
+
+    @field_validator("loads")
+    @classmethod
+    def _loads_positive(cls, v: list[float]) -> list[float]:
+        for x in v:
+            if not 0 < x <= 2:
+                raise ValueError(f"each load must be in (0, 2], got {x}")
+        return sorted(v)

@@ -1,0 +1,108 @@
+"""Rendering a bench: a rich table, JSON + CSV files, and a latency-vs-load PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from presched.bench.runner import BenchResult
+
+# (column title, row key, format)
+COLUMNS = [
+    ("load", "load", "{:.2f}"),
+    ("policy", "policy", "{}"),
+    ("req/s", "request_throughput", "{:.2f}"),
+    ("tok/s", "output_throughput", "{:.0f}"),
+    ("E2EL mean s", "mean_e2el_ms", "{:.2f}", 1e-3),
+    ("E2EL p99 s", "p99_e2el_ms", "{:.2f}", 1e-3),
+    ("TTFT mean s", "mean_ttft_ms", "{:.2f}", 1e-3),
+    ("TPOT mean ms", "mean_tpot_ms", "{:.1f}"),
+    ("short p99 s", "short_p99_e2el_ms", "{:.2f}", 1e-3),
+    ("long p99 wait s", "long_p99_queue_wait_ms", "{:.2f}", 1e-3),
+    ("goodput req/s", "request_goodput", "{:.2f}"),
+    ("preempt", "preemptions", "{}"),
+]
+
+
+def _cell(row: dict, col: tuple) -> str:
+    v = row.get(col[1])
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if len(col) > 3:
+        v = v * col[3]
+    return col[2].format(v)
+
+
+def render_table(result: BenchResult, console: Console | None = None) -> Table:
+    cfg = result.config
+    st = cfg.sim.step_time
+    title = (f"presched bench — {len(cfg.policies)} policies × {len(cfg.loads)} loads; "
+             f"{cfg.sim.num_instances}× {st.model_spec().name} on {st.hardware_spec().name}; "
+             f"capacity {result.capacity_tok_s:.0f} output tok/s")  # fmt: skip
+    table = Table(title=title, show_lines=False)
+    for col in COLUMNS:
+        table.add_column(col[0], justify="left" if col[1] == "policy" else "right")
+    last_load = None
+    for row in result.rows:
+        if last_load is not None and row["load"] != last_load:
+            table.add_section()
+        last_load = row["load"]
+        table.add_row(*[_cell(row, c) for c in COLUMNS])
+    console = console or Console()
+    if not console.is_terminal and console.width < 150:
+        console.width = 150  # logs and pipes: print whole rows
+    console.print(table)
+    return table
+
+
+def write_files(result: BenchResult, out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "bench.json", "csv": out_dir / "bench.csv", "png": out_dir / "bench.png"}
+    doc = {
+        "config": json.loads(result.config.model_dump_json()),
+        "capacity_output_tok_s": result.capacity_tok_s,
+        "mean_output_tokens": result.mean_output_tokens,
+        "wall_seconds": result.wall_seconds,
+        "rows": result.rows,
+    }
+    paths["json"].write_text(json.dumps(doc, indent=2, default=_jsonable))
+    pd.DataFrame(result.rows).to_csv(paths["csv"], index=False)
+    plot(result, paths["png"])
+    return paths
+
+
+def _jsonable(x):
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return str(x)
+
+
+def plot(result: BenchResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = pd.DataFrame(result.rows)
+    panels = [("mean_e2el_ms", "mean E2E latency (s)"), ("p99_e2el_ms", "P99 E2E latency (s)"),
+              ("mean_ttft_ms", "mean TTFT (s)"), ("short_p99_e2el_ms", "short-request P99 E2E (s)")]  # fmt: skip
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    for ax, (key, label) in zip(axes, panels):
+        for policy, g in df.groupby("policy", sort=False):
+            ax.plot(g["load"], g[key] / 1e3, marker="o", label=policy)
+        ax.set_xlabel("load (fraction of capacity)")
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    st = result.config.sim.step_time
+    fig.suptitle(f"{result.config.sim.num_instances}× {st.model_spec().name} on {st.hardware_spec().name}, "
+                 f"{len(df) // max(df['policy'].nunique(), 1)} loads", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

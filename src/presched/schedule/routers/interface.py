@@ -1,0 +1,42 @@
+"""The routing interface: which engine instance gets a new request.
+
+Like policies, routers are pure logic shared by the simulator and the gateway. The driver calls
+`route(seq, instances, now)` once per arrival with a view of each instance and sends the request
+to the returned index; `on_finish` tells the router a request completed there.
+
+An instance view has: `index`, `num_waiting`, `num_running`, `num_outstanding`,
+`kv_free_fraction`, and `outstanding()` (iterator over its unfinished requests' seqs).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Protocol, Sequence
+
+from presched.registry import Registry
+from presched.schedule.interface import SeqView
+
+
+class InstanceView(Protocol):
+    index: int
+    num_waiting: int
+    num_running: int
+    num_outstanding: int
+    kv_free_fraction: float
+
+    def outstanding(self) -> Any: ...
+
+
+class Router(ABC):
+    name: ClassVar[str] = "base"
+    oracle: ClassVar[bool] = False
+
+    @abstractmethod
+    def route(self, seq: SeqView, instances: Sequence[InstanceView], now: float) -> int:
+        """Index (into `instances`) of the instance that gets `seq`. Ties: lowest index."""
+
+    def on_finish(self, seq: SeqView, instance: int, now: float) -> None:
+        """A request routed to `instance` finished."""
+
+
+ROUTERS: Registry[Router] = Registry("router")

@@ -1,0 +1,57 @@
+"""Paged KV cache accounting: `num_blocks` blocks of `block_size` tokens.
+
+A request holding KV for `n` tokens owns ceil(n / block_size) blocks; blocks are allocated as a
+step is scheduled (for the tokens that step computes) and all freed at finish or preemption.
+The simulator only needs counts, not block ids (no prefix caching yet).
+Invariant: 0 <= free <= num_blocks at all times.
+"""
+
+from __future__ import annotations
+
+from presched.sim.seq import Seq
+
+
+class OutOfBlocks(Exception):
+    pass
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.free = num_blocks
+        self.peak_used = 0
+
+    @property
+    def used(self) -> int:
+        return self.num_blocks - self.free
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def extra_needed(self, seq: Seq, num_new_tokens: int) -> int:
+        """Blocks `seq` must gain to hold KV for `computed + num_new_tokens` tokens."""
+        need = -(-(seq.computed + num_new_tokens) // self.block_size) - seq.blocks
+        return need if need > 0 else 0
+
+    def can_allocate(self, seq: Seq, num_new_tokens: int) -> bool:
+        return self.extra_needed(seq, num_new_tokens) <= self.free
+
+    def allocate(self, seq: Seq, num_new_tokens: int) -> None:
+        extra = self.extra_needed(seq, num_new_tokens)
+        if extra > self.free:
+            raise OutOfBlocks(f"{seq.id} needs {extra} blocks, {self.free} free")
+        self.take(seq, extra)
+
+    def take(self, seq: Seq, extra: int) -> None:
+        seq.blocks += extra
+        self.free -= extra
+        used = self.num_blocks - self.free
+        if used > self.peak_used:
+            self.peak_used = used
+
+    def release(self, seq: Seq) -> None:
+        self.free += seq.blocks
+        seq.blocks = 0

@@ -1,0 +1,222 @@
+"""One simulated engine instance: runs scheduler steps on a virtual clock.
+
+`advance(until)` executes every step that starts before `until` (a step is atomic: a request
+that arrives mid-step joins at the next step, as in a real engine). Steps that only decode, while
+the batch cannot change, are fast-forwarded: with B requests decoding and total context C, the
+j-th next step lasts t0 + s*B*j (the step model's `decode_line`), so k steps take
+k*t0 + s*B*k(k-1)/2 and the run length k is the largest that
+
+- ends no later than the first completion (min remaining tokens over the batch),
+- starts its last step before `until` (next arrival) and before the policy's `wakeup`,
+- keeps every request's KV blocks allocatable (otherwise the next step preempts, one at a time),
+- stays inside the step model's exact-line range.
+
+The batch cannot change during such a run: no arrival reaches this instance, nothing completes,
+and a waiting request that could not start at the first step (no slot, no KV, no budget) cannot
+start later either, as those only get scarcer while decoding.
+"""
+
+from __future__ import annotations
+
+import math
+
+from presched.schedule.interface import Policy
+from presched.sim.config import EngineConfig
+from presched.sim.itl import ItlLog
+from presched.sim.scheduler import Scheduler
+from presched.sim.seq import FINISHED, Seq
+from presched.sim.steptime.base import StepTimeModel
+
+
+class Instance:
+    def __init__(
+        self, index: int, cfg: EngineConfig, num_blocks: int, policy: Policy,
+        step_model: StepTimeModel, fast_forward: bool = True,
+    ) -> None:  # fmt: skip
+        self.index = index
+        self.sched = Scheduler(cfg, num_blocks, policy)
+        self.policy = policy
+        self.step_model = step_model
+        self.fast_forward = fast_forward
+        self.clock = 0.0
+        self.itl = ItlLog()
+        self.finished: list[Seq] = []
+        self.num_steps = 0
+        self.num_runs = 0  # fast-forwarded runs (each counts its steps in num_steps too)
+        self.busy_time = 0.0
+        self._tokens_hook = type(policy).on_tokens is not Policy.on_tokens
+        self._wakeup_hook = type(policy).wakeup is not Policy.wakeup
+
+    # --- what routers see -------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.sched.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.sched.running)
+
+    @property
+    def num_outstanding(self) -> int:
+        return len(self.sched.waiting) + len(self.sched.running)
+
+    def outstanding(self):
+        """Requests assigned here and not finished (running first, then waiting)."""
+        yield from self.sched.running
+        yield from self.sched.waiting
+
+    @property
+    def kv_free_fraction(self) -> float:
+        kv = self.sched.kv
+        return kv.free / kv.num_blocks
+
+    # --- driving ------------------------------------------------------------------------
+    def add(self, seq: Seq, now: float) -> None:
+        if not self.sched.has_work() and self.clock < now:
+            self.clock = now  # idle engine: time jumps to the arrival
+        seq.instance = self.index
+        self.sched.add(seq, now)
+
+    def advance(self, until: float) -> None:
+        """Run all steps that start before `until`."""
+        sched = self.sched
+        while self.clock < until and (sched.running or sched.waiting):
+            self._step(until)
+
+    def _step(self, until: float) -> None:
+        now = self.clock
+        batch = self.sched.schedule(now)
+        seqs, ntoks = batch.seqs, batch.ntoks
+        if not seqs:
+            raise RuntimeError(f"instance {self.index}: scheduler made no progress at t={now}")
+        P, B, C = batch.prefill_tokens, batch.num_decode, batch.decode_context
+        if self.fast_forward and not P and not batch.changed and len(seqs) == len(self.sched.running):
+            self._run_decodes(seqs, B, C, now, until)
+            return
+        dur = self.step_model.step_time(P, batch.prefill_pairs, batch.prefill_context, B, C)
+        end = now + dur
+        self.num_steps += 1
+        self.busy_time += dur
+        self.clock = end
+        contiguous = 0
+        for seq, n in zip(seqs, ntoks):
+            seq.computed += n
+            if seq.computed == seq.prompt_tokens + seq.generated:  # the step sampled a token
+                seq.generated += 1
+                last = seq.last_token
+                if last is None:
+                    seq.first_token = end
+                elif last == now:
+                    contiguous += 1
+                    if dur > seq.max_itl:
+                        seq.max_itl = dur
+                else:
+                    gap = end - last
+                    self.itl.add(gap, 0.0, 1, 1)
+                    if gap > seq.max_itl:
+                        seq.max_itl = gap
+                seq.last_token = end
+                if self._tokens_hook:
+                    self.policy.on_tokens(seq, 1, end)
+                if seq.generated >= seq.target:
+                    self._finish(seq, end)
+        if contiguous:
+            self.itl.add(dur, 0.0, 1, contiguous)
+
+    def _run_decodes(self, seqs: list[Seq], B: int, C: int, now: float, until: float) -> None:
+        t0, slope, valid = self.step_model.decode_line(B, C)
+        s = slope * B  # each step is s seconds longer than the previous one
+        k = min(seq.target - seq.generated for seq in seqs)
+        if valid != math.inf:
+            k = min(k, int((valid - C) // B) + 1)
+        limit = until
+        if self._wakeup_hook:
+            w = self.policy.wakeup(now)
+            if w is not None and now < w < limit:
+                limit = w
+        if limit != math.inf and k > 1:
+            k = min(k, _steps_starting_before(limit - now, t0, s))
+        if k > 1:
+            kv = self.sched.kv
+            bs = kv.block_size
+            if B * -(-(k - 1) // bs) > kv.free:
+                k = _kv_limit(seqs, k, bs, kv.free)
+        total = k * t0 + s * k * (k - 1) / 2
+        end = now + total
+        self.num_steps += k
+        self.num_runs += 1
+        self.busy_time += total
+        self.clock = end
+        kv = self.sched.kv
+        bs = kv.block_size
+        contiguous = 0
+        max_step = t0 + s * (k - 1)
+        for seq in seqs:
+            need = -(-(seq.computed + k) // bs) - seq.blocks
+            if need > 0:
+                kv.take(seq, need)
+            seq.computed += k
+            seq.generated += k
+            last = seq.last_token
+            if last == now:
+                contiguous += 1
+                gap = t0
+            else:
+                gap = now + t0 - last
+                self.itl.add(gap, 0.0, 1, 1)
+            m = gap if gap > max_step else max_step
+            if m > seq.max_itl:
+                seq.max_itl = m
+            seq.last_token = end
+            if self._tokens_hook:
+                self.policy.on_tokens(seq, k, end)
+            if seq.generated >= seq.target:
+                self._finish(seq, end)
+        if contiguous:
+            self.itl.add(t0, 0.0, 1, contiguous)
+        if k > 1:
+            self.itl.add(t0 + s, s, k - 1, B)
+
+    def _finish(self, seq: Seq, now: float) -> None:
+        seq.finish = now
+        seq.status = FINISHED
+        self.sched.finish(seq)
+        self.policy.on_finish(seq, now)
+        self.finished.append(seq)
+
+
+def _steps_starting_before(R: float, t0: float, s: float) -> int:
+    """Number of steps (>= 1) of durations t0, t0+s, t0+2s, ... whose start lies before R:
+    1 + the largest m with S(m) = m*t0 + s*m(m-1)/2 < R."""
+    if s <= 0:
+        m = math.ceil(R / t0) - 1
+    else:
+        b = t0 - s / 2
+        m = math.ceil((-b + math.sqrt(b * b + 2 * s * R)) / s) - 1
+    m = max(m, 0)
+    while m > 0 and m * t0 + s * m * (m - 1) / 2 >= R:  # floating-point guard
+        m -= 1
+    while (m + 1) * t0 + s * (m + 1) * m / 2 < R:
+        m += 1
+    return m + 1
+
+
+def _kv_limit(seqs: list[Seq], k: int, bs: int, free: int) -> int:
+    """Largest j in [1, k] such that every request can hold KV for j more tokens."""
+
+    def extra(j: int) -> int:
+        tot = 0
+        for seq in seqs:
+            need = -(-(seq.computed + j) // bs) - seq.blocks
+            if need > 0:
+                tot += need
+        return tot
+
+    lo, hi = 1, k  # extra(1) == 0: the first step was allocated by the scheduler
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if extra(mid) <= free:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -1,0 +1,188 @@
+"""Continuous batching for one engine instance, with vLLM v1 semantics.
+
+Each step has a token budget (`max_num_batched_tokens`). `schedule(now)` fills it:
+
+A. Running requests, in admission order: each gets the tokens it still has to compute (one for a
+   decode; the rest of its prompt, capped by the budget and `long_prefill_token_threshold`, for a
+   prefill or a recompute). If its new KV blocks are not free, the policy's `victim` among the
+   not-yet-served running requests is preempted (recompute) until the blocks fit; if the victim
+   is the request itself, phase A stops.
+B. Only if nothing was preempted in A (vLLM's anti-thrash rule): waiting requests in policy
+   order, while budget, `max_num_seqs` and free blocks allow. When the head cannot start, the
+   policy may name a running request to preempt for it (`preempt_for`); otherwise B stops
+   (strict order: a blocked head is not skipped).
+
+The caller runs the step for `step_time(shape)` seconds and then calls `postprocess`.
+"""
+
+from __future__ import annotations
+
+from presched.schedule.interface import Policy
+from presched.schedule.queue import WaitingQueue
+from presched.sim.block_manager import BlockManager
+from presched.sim.config import EngineConfig
+from presched.sim.seq import RUNNING, WAITING, Seq
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, num_blocks: int, policy: Policy) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.kv = BlockManager(num_blocks, cfg.block_size)
+        self.waiting = WaitingQueue(policy)
+        self.running: list[Seq] = []
+        self.num_preemptions = 0
+        self._preemptive = type(policy).preempt_for is not Policy.preempt_for
+        self._max_tokens = cfg.max_num_batched_tokens
+        self._threshold = cfg.long_prefill_token_threshold
+        max_prompt = num_blocks * cfg.block_size
+        self._max_tokens_per_seq = max_prompt
+
+    def add(self, seq: Seq, now: float) -> None:
+        if seq.prompt_tokens + seq.target > self._max_tokens_per_seq:
+            raise ValueError(
+                f"request {seq.id!r}: prompt_tokens + output tokens = "
+                f"{seq.prompt_tokens + seq.target} exceeds the KV cache of one instance "
+                f"({self._max_tokens_per_seq} tokens); raise num_blocks or cap max_tokens"
+            )
+        seq.status = WAITING
+        self.policy.on_arrival(seq, now)
+        self.waiting.push(seq, now)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    def schedule(self, now: float) -> Batch:
+        """This step's work (see module doc)."""
+        kv, policy, running = self.kv, self.policy, self.running
+        budget, threshold, bs = self._max_tokens, self._threshold, kv.block_size
+        batch = Batch()
+        seqs, ntoks = batch.seqs, batch.ntoks
+        add_seq, add_n = seqs.append, ntoks.append
+        preempted = False
+        B = C = 0
+        for i, seq in enumerate(running):  # A. running requests (victims are removed at >= i)
+            c = seq.computed
+            total = seq.prompt_tokens + seq.generated
+            n = total - c
+            if threshold and n > threshold:
+                n = threshold
+            if n > budget:
+                n = budget
+            extra = -(-(c + n) // bs) - seq.blocks
+            if extra > 0:
+                while extra > kv.free:
+                    victim = policy.victim(running[i:], now)
+                    self._preempt(victim, now)
+                    preempted = True
+                    if victim is seq:
+                        break
+                if seq.status != RUNNING:
+                    break
+                kv.take(seq, extra)
+            add_seq(seq)
+            add_n(n)
+            if n == 1 and c + 1 == total and seq.generated:  # a decode
+                B += 1
+                C += total
+            else:
+                batch.add_prefill(n, c)
+            budget -= n
+            if budget <= 0:
+                break
+        batch.num_decode, batch.decode_context = B, C
+        if preempted:
+            batch.changed = True
+        elif self.waiting:
+            self._admit(now, batch, budget)
+        return batch
+
+    def _admit(self, now: float, batch: "Batch", budget: int) -> None:
+        """B. Waiting requests in policy order (see module doc)."""
+        waiting, kv, running, policy = self.waiting, self.kv, self.running, self.policy
+        if policy.dynamic:
+            waiting.refresh(now)
+        seqs, ntoks = batch.seqs, batch.ntoks
+        max_seqs, threshold = self.cfg.max_num_seqs, self._threshold
+        while waiting and budget > 0:
+            seq = waiting.peek()
+            n = seq.prompt_tokens + seq.generated  # computed == 0 while waiting
+            if threshold and n > threshold:
+                n = threshold
+            if n > budget:
+                if self.cfg.enable_chunked_prefill:
+                    n = budget
+                elif budget < self._max_tokens:  # not chunked: wait for a step with room
+                    break
+            extra = kv.blocks_for(n)
+            if len(running) >= max_seqs or extra > kv.free:
+                victim = policy.preempt_for(seq, running, now) if self._preemptive else None
+                if victim is None:
+                    break
+                if victim in seqs:  # served earlier in this step: take its tokens back
+                    budget += batch.remove(victim)
+                self._preempt(victim, now)
+                batch.changed = True
+                continue
+            waiting.pop()
+            seq.status = RUNNING
+            running.append(seq)
+            kv.take(seq, extra)
+            seqs.append(seq)
+            ntoks.append(n)
+            batch.add_prefill(n, 0)
+            budget -= n
+            batch.changed = True
+            if seq.first_scheduled is None:
+                seq.first_scheduled = now
+            policy.on_schedule(seq, now)
+
+    def _preempt(self, seq: Seq, now: float) -> None:
+        self.running.remove(seq)
+        self.kv.release(seq)
+        seq.recomputed_tokens += seq.computed
+        seq.computed = 0
+        seq.status = WAITING
+        seq.preemptions += 1
+        self.num_preemptions += 1
+        self.policy.on_preempt(seq, now)
+        self.waiting.push(seq, now)
+
+    def finish(self, seq: Seq) -> None:
+        self.running.remove(seq)
+        self.kv.release(seq)
+
+
+class Batch:
+    """One step's work: the requests, their new-token counts, and the step's shape for the
+    step-time model (see `steptime/base.py`). `changed`: a request was admitted or preempted."""
+
+    __slots__ = ("seqs", "ntoks", "changed", "prefill_tokens", "prefill_pairs",
+                 "prefill_context", "num_decode", "decode_context")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.seqs: list[Seq] = []
+        self.ntoks: list[int] = []
+        self.changed = False
+        self.prefill_tokens = 0
+        self.prefill_pairs = 0.0
+        self.prefill_context = 0
+        self.num_decode = 0
+        self.decode_context = 0
+
+    def add_prefill(self, n: int, computed: int, sign: int = 1) -> None:
+        self.prefill_tokens += sign * n
+        self.prefill_pairs += sign * n * (computed + (n + 1) / 2)
+        self.prefill_context += sign * (computed + n)
+
+    def remove(self, seq: Seq) -> int:
+        """Take `seq` out of the batch (it is being preempted); returns its token count."""
+        j = self.seqs.index(seq)
+        n = self.ntoks[j]
+        del self.seqs[j], self.ntoks[j]
+        if n == 1 and seq.generated and seq.computed + 1 == seq.prompt_tokens + seq.generated:
+            self.num_decode -= 1
+            self.decode_context -= seq.computed + 1
+        else:
+            self.add_prefill(n, seq.computed, -1)
+        return n

@@ -1,0 +1,55 @@
+"""`Seq`: the simulator's mutable state of one request inside one engine instance.
+
+Token accounting follows vLLM v1: a request has `num_tokens = prompt + generated` tokens; each
+step computes KV for some of them (`computed` catches up to `num_tokens`); when a step brings
+`computed` to `num_tokens`, the step samples one new token. Preemption by recompute sets
+`computed` back to 0, so the prompt and every generated token are prefilled again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from presched.workload.request import Request
+
+WAITING, RUNNING, FINISHED = 0, 1, 2
+
+
+class Seq:
+    __slots__ = (
+        "request", "id", "index", "arrival", "prompt_tokens", "target", "tenant",
+        "generated", "computed", "blocks", "status", "instance", "estimate",
+        "first_scheduled", "first_token", "last_token", "finish",
+        "preemptions", "recomputed_tokens", "max_itl",
+    )  # fmt: skip
+
+    def __init__(self, request: Request, index: int) -> None:
+        self.request = request
+        self.id = request.id
+        self.index = index  # position in the workload: deterministic tie-breaks
+        self.arrival = request.arrival
+        self.prompt_tokens = request.prompt_tokens
+        self.target = request.target_tokens  # true length; only oracle policies may read it
+        self.tenant = request.tenant
+        self.generated = 0
+        self.computed = 0
+        self.blocks = 0
+        self.status = WAITING
+        self.instance = -1
+        self.estimate: Any = None
+        self.first_scheduled: float | None = None
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.finish: float | None = None
+        self.preemptions = 0
+        self.recomputed_tokens = 0  # tokens prefilled again because of preemptions
+        self.max_itl = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.generated
+
+    def __repr__(self) -> str:
+        return (f"Seq({self.id!r}, prompt={self.prompt_tokens}, gen={self.generated}/"
+                f"{self.target}, computed={self.computed}, blocks={self.blocks}, "
+                f"status={self.status})")
