@@ -15,11 +15,8 @@ from typing import Callable, Generic, TypeVar
 T = TypeVar("T")
 
 
-class UnknownNameError(KeyError):
+class UnknownNameError(ValueError):
     """A name that is not in a registry; the message lists the known names."""
-
-    def __str__(self) -> str:  # KeyError quotes its message; we want plain text
-        return str(self.args[0])
 
 
 class Registry(Generic[T]):

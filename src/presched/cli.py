@@ -1,0 +1,263 @@
+"""`presched` command line: `bench` (the main job), `simulate` (one run), `config` (every option).
+
+Every option's help text comes from the typed configs (`BenchConfig` and the configs it holds),
+so `presched config` and `--help` say the same thing the code checks. Bad input ends with a
+message naming the field and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+import yaml
+from pydantic import BaseModel, ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from presched.bench.config import BenchConfig
+from presched.config import format_validation_error
+from presched.sim.config import EngineConfig
+from presched.sim.setup import SimConfig
+from presched.sim.steptime import StepTimeConfig
+from presched.workload.config import WorkloadConfig
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=False,
+    help="presched: predict LLM output lengths and schedule requests with that knowledge.\n\n"
+    "Run `presched bench` to replay a workload through a simulated engine under several policies.",
+)
+err = Console(stderr=True)
+
+
+class UserError(Exception):
+    """Bad input from the user: printed without a traceback, exit code 2."""
+
+
+def _h(model: type[BaseModel], field: str) -> str:
+    return model.model_fields[field].description or ""
+
+
+# --- building a config from a file, flags and --set overrides ----------------------------------
+def _set_path(d: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        d = d.setdefault(k, {})
+        if not isinstance(d, dict):
+            raise UserError(f"--set {dotted}: {k!r} is not a section")
+    d[keys[-1]] = value
+
+
+def _load_file(path: Path) -> dict:
+    if not path.exists():
+        raise UserError(f"experiment file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the top level must be a mapping of sections (workload, sim, ...)")
+    return data
+
+
+def build_config(config: Optional[Path], flags: dict[str, Any], sets: list[str]) -> BenchConfig:
+    data = _load_file(config) if config else {}
+    for key, value in flags.items():
+        if value is not None:
+            _set_path(data, key, value)
+    for item in sets:
+        if "=" not in item:
+            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. sim.engine.max_num_seqs=64")
+        key, raw = item.split("=", 1)
+        _set_path(data, key.strip(), yaml.safe_load(raw))
+    try:
+        return BenchConfig.model_validate(data)
+    except ValidationError as e:
+        raise UserError("invalid configuration:\n" + format_validation_error(e)) from None
+
+
+def _csv(text: Optional[str], cast=str) -> Optional[list]:
+    if text is None:
+        return None
+    try:
+        return [cast(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"could not read {text!r} as a comma-separated list") from None
+
+
+# --- shared options ------------------------------------------------------------------------------
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML/JSON experiment file; flags and --set override it. `presched config --dump FILE` writes one with every default.")
+WorkloadOpt = typer.Option(None, "--workload", "-w", help=_h(WorkloadConfig, "source"))
+PathOpt = typer.Option(None, "--path", help=_h(WorkloadConfig, "path"))
+NumOpt = typer.Option(None, "--num-requests", "-n", help=_h(WorkloadConfig, "num_requests"))
+ArrivalsOpt = typer.Option(None, "--arrivals", help=_h(WorkloadConfig, "arrivals"))
+SeedOpt = typer.Option(None, "--seed", help=_h(WorkloadConfig, "seed"))
+InstOpt = typer.Option(None, "--instances", "-i", help=_h(SimConfig, "num_instances"))
+RouterOpt = typer.Option(None, "--router", help=_h(SimConfig, "router"))
+ModelOpt = typer.Option(None, "--model", help=_h(StepTimeConfig, "model"))
+HwOpt = typer.Option(None, "--hardware", help=_h(StepTimeConfig, "hardware"))
+SeqsOpt = typer.Option(None, "--max-num-seqs", help=_h(EngineConfig, "max_num_seqs"))
+SetOpt = typer.Option([], "--set", "-s", help="Set any config field by dotted path, e.g. --set sim.engine.block_size=32 --set slo.ttft_ms=500. `presched config` lists them all.")
+
+
+def _common(workload, path, num, arrivals, seed, instances, router, model, hardware, seqs) -> dict:
+    return {
+        "workload.source": workload, "workload.path": str(path) if path else None,
+        "workload.num_requests": num, "workload.arrivals": arrivals, "workload.seed": seed,
+        "sim.num_instances": instances, "sim.router": router,
+        "sim.step_time.model": model, "sim.step_time.hardware": hardware,
+        "sim.engine.max_num_seqs": seqs,
+    }  # fmt: skip
+
+
+def _progress(console: Console, quiet: bool) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, disable=quiet or not console.is_terminal, transient=True,
+    )  # fmt: skip
+
+
+@app.command()
+def bench(
+    config: Optional[Path] = ConfigOpt,
+    workload: Optional[str] = WorkloadOpt,
+    path: Optional[Path] = PathOpt,
+    num_requests: Optional[int] = NumOpt,
+    arrivals: Optional[str] = ArrivalsOpt,
+    seed: Optional[int] = SeedOpt,
+    policies: Optional[str] = typer.Option(None, "--policies", "-p", help="Comma-separated. " + _h(BenchConfig, "policies")),
+    loads: Optional[str] = typer.Option(None, "--loads", "-l", help="Comma-separated. " + _h(BenchConfig, "loads")),
+    instances: Optional[int] = InstOpt,
+    router: Optional[str] = RouterOpt,
+    model: Optional[str] = ModelOpt,
+    hardware: Optional[str] = HwOpt,
+    max_num_seqs: Optional[int] = SeqsOpt,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help=_h(BenchConfig, "out_dir")),
+    set_: list[str] = SetOpt,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no table; still writes the files."),
+) -> None:
+    """Replay a workload through the simulated deployment under several policies and loads:
+    prints a table, writes bench.json, bench.csv and bench.png (latency vs load per policy).
+    With no arguments: the embedded default workload (no files needed), one Llama-3.1-8B on an
+    H100 (64 slots), FCFS vs the oracle SJF/SRPT bounds at loads 0.5-0.95 of capacity."""
+    from presched.bench.report import render_table, write_files
+    from presched.bench.runner import run_bench
+
+    flags = _common(workload, path, num_requests, arrivals, seed, instances, router, model, hardware, max_num_seqs)
+    flags.update({"policies": _csv(policies), "loads": _csv(loads, float), "out_dir": str(out) if out else None})
+    cfg = build_config(config, flags, set_)
+    console = Console()
+    total = 1 + len(cfg.policies) * len(cfg.loads)
+    with _progress(console, quiet) as prog:
+        task = prog.add_task("simulating", total=total)
+        result = run_bench(cfg, on_run=lambda label: prog.update(task, advance=1, description=label))
+    if not quiet:
+        render_table(result, console)
+    paths = write_files(result, cfg.out_dir)
+    console.print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}  ({result.wall_seconds:.1f} s)")
+
+
+@app.command()
+def simulate(
+    config: Optional[Path] = ConfigOpt,
+    workload: Optional[str] = WorkloadOpt,
+    path: Optional[Path] = PathOpt,
+    num_requests: Optional[int] = NumOpt,
+    arrivals: Optional[str] = ArrivalsOpt,
+    seed: Optional[int] = SeedOpt,
+    rate: Optional[float] = typer.Option(None, "--rate", help=_h(WorkloadConfig, "rate")),
+    policy: Optional[str] = typer.Option(None, "--policy", help=_h(SimConfig, "policy")),
+    instances: Optional[int] = InstOpt,
+    router: Optional[str] = RouterOpt,
+    model: Optional[str] = ModelOpt,
+    hardware: Optional[str] = HwOpt,
+    max_num_seqs: Optional[int] = SeqsOpt,
+    records: Optional[Path] = typer.Option(None, "--records", help="Write one row per request (CSV, or JSONL if the name ends in .jsonl)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
+    set_: list[str] = SetOpt,
+) -> None:
+    """Simulate one workload under one policy (at the workload's own rate) and print every metric."""
+    from presched.metrics.summary import summarize
+    from presched.sim.setup import simulate as run_sim
+    from presched.workload.config import build_workload
+
+    flags = _common(workload, path, num_requests, arrivals, seed, instances, router, model, hardware, max_num_seqs)
+    flags.update({"workload.rate": rate, "sim.policy": policy})
+    cfg = build_config(config, flags, set_)
+    reqs = build_workload(cfg.workload)
+    res = run_sim(reqs, cfg.sim)
+    summary = summarize(res.records, res.itl.values(), cfg.slo)
+    summary.update({"sim_wall_s": res.wall_seconds, "sim_steps": res.num_steps,
+                    "realtime_factor": res.realtime_factor})  # fmt: skip
+    if records is not None:
+        df = res.records.to_frame()
+        if records.suffix == ".jsonl":
+            df.to_json(records, orient="records", lines=True)
+        else:
+            df.to_csv(records, index=False)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"{cfg.sim.policy} — {len(reqs)} requests from {cfg.workload.source}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in summary.items():
+        table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+    Console().print(table)
+
+
+@app.command("config")
+def show_config(
+    dump: Optional[Path] = typer.Option(None, "--dump", help="Write every field with its default to this YAML/JSON file."),
+) -> None:
+    """List every configuration field (dotted path, type, default, meaning)."""
+    cfg = BenchConfig()
+    if dump is not None:
+        data = json.loads(cfg.model_dump_json())
+        text = json.dumps(data, indent=2) if dump.suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
+        dump.write_text(text)
+        Console().print(f"wrote {dump}")
+        return
+    table = Table(title="presched configuration (set in an experiment file, or with --set PATH=VALUE)")
+    table.add_column("field")
+    table.add_column("default", overflow="fold", max_width=28)
+    table.add_column("meaning", overflow="fold")
+    for path, default, desc in _fields(cfg):
+        table.add_row(path, default, desc)
+    Console(width=max(Console().width, 140)).print(table)
+
+
+def _fields(obj: BaseModel, prefix: str = ""):
+    for name, info in type(obj).model_fields.items():
+        value = getattr(obj, name)
+        path = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            yield path, "", info.description or ""
+            yield from _fields(value, path + ".")
+        else:
+            yield path, json.dumps(value, default=str), info.description or ""
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        sys.exit(2)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        # loader errors name file, line and field; config errors name the field
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        err.print(f"[red]error:[/red] {msg}", highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""`StepTimeConfig`: which step-time model the simulator uses, and `build_step_model`.
+
+    kind: roofline                # or: fitted
+    model: llama-3.1-8b           # preset name (specs.MODEL_PRESETS) or an inline ModelSpec
+    hardware: h100-sxm            # preset name (specs.HARDWARE_PRESETS) or an inline HardwareSpec
+    tp: 1
+    compute_efficiency: 0.5       # roofline knobs (ignored by kind: fitted)
+    memory_efficiency: 0.8
+    step_overhead: 0.001
+    overhead_per_decode: 2.0e-5
+
+    kind: fitted
+    coefficients_file: calib/h100-8b.json   # written by FittedStepModel.save / to_dict
+    # or inline:
+    coefficients: {a_prefill: 0.004, b_prefill: 2.6e-5, c_prefill: 1.1e-9,
+                   a_decode: 0.007, b_decode: 4.7e-8, c_decode: 1.9e-5}
+
+`model`, `hardware` and `tp` describe the deployment for both kinds (the engine also uses them
+to size the KV cache, see memory.py); a fitted model's time comes from its coefficients only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from presched.config import Config
+from presched.sim.steptime.base import StepTimeModel
+from presched.sim.steptime.fitted import FittedCoefficients, FittedStepModel
+from presched.sim.steptime.roofline import (
+    DEFAULT_COMPUTE_EFFICIENCY,
+    DEFAULT_MEMORY_EFFICIENCY,
+    DEFAULT_OVERHEAD_PER_DECODE,
+    DEFAULT_OVERHEAD_PER_PREFILL_TOKEN,
+    DEFAULT_STEP_OVERHEAD,
+    RooflineStepModel,
+)
+from presched.sim.steptime.specs import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    HardwareSpec,
+    ModelSpec,
+    get_hardware,
+    get_model,
+)
+
+
+class StepTimeConfig(Config):
+    """Step-time model of one engine (replica)."""
+
+    kind: Literal["roofline", "fitted"] = Field(
+        default="roofline",
+        description="Step-time model: 'roofline' (analytical, from model and hardware specs) or "
+        "'fitted' (closed form a + b*tokens + c*tokens^2 / a + b*context + c*batch with "
+        "calibrated coefficients).",
+    )
+    model: str | ModelSpec = Field(
+        default="llama-3.1-8b",
+        description="Served model: a preset name (" + ", ".join(sorted(MODEL_PRESETS)) + ") "
+        "or an inline model spec.",
+    )
+    hardware: str | HardwareSpec = Field(
+        default="h100-sxm",
+        description="GPU type: a preset name (" + ", ".join(sorted(HARDWARE_PRESETS)) + ") "
+        "or an inline hardware spec.",
+    )
+    tp: int = Field(
+        default=1,
+        ge=1,
+        description="Tensor-parallel GPUs per replica; must divide the model's attention heads.",
+    )
+    compute_efficiency: float = Field(
+        default=DEFAULT_COMPUTE_EFFICIENCY,
+        gt=0,
+        le=1,
+        description="Roofline: fraction of dense peak FLOP/s reached (MFU), in (0, 1].",
+    )
+    memory_efficiency: float = Field(
+        default=DEFAULT_MEMORY_EFFICIENCY,
+        gt=0,
+        le=1,
+        description="Roofline: fraction of HBM bandwidth reached, in (0, 1].",
+    )
+    step_overhead: float = Field(
+        default=DEFAULT_STEP_OVERHEAD,
+        ge=0,
+        description="Roofline: fixed seconds per step (scheduler, launches, sampling).",
+    )
+    overhead_per_decode: float = Field(
+        default=DEFAULT_OVERHEAD_PER_DECODE,
+        ge=0,
+        description="Roofline: seconds per decoding request per step (per-sequence CPU work).",
+    )
+    overhead_per_prefill_token: float = Field(
+        default=DEFAULT_OVERHEAD_PER_PREFILL_TOKEN,
+        ge=0,
+        description="Roofline: seconds per prefill token outside the roofline.",
+    )
+    coefficients: FittedCoefficients | None = Field(
+        default=None,
+        description="Fitted: the six coefficients inline (seconds; see docs/steptime.md).",
+    )
+    coefficients_file: Path | None = Field(
+        default=None,
+        description="Fitted: JSON file with the coefficients, as written by "
+        "FittedStepModel.save / to_dict.",
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str | ModelSpec) -> str | ModelSpec:
+        if isinstance(v, str) and v not in MODEL_PRESETS:
+            raise ValueError(
+                f"unknown model preset {v!r}; known: {', '.join(sorted(MODEL_PRESETS))}"
+            )
+        return v
+
+    @field_validator("hardware")
+    @classmethod
+    def _known_hardware(cls, v: str | HardwareSpec) -> str | HardwareSpec:
+        if isinstance(v, str) and v not in HARDWARE_PRESETS:
+            raise ValueError(
+                f"unknown hardware preset {v!r}; known: {', '.join(sorted(HARDWARE_PRESETS))}"
+            )
+        return v
+
+    @field_validator("tp")
+    @classmethod
+    def _tp_shards_model(cls, v: int, info: ValidationInfo) -> int:
+        model = info.data.get("model")
+        if model is not None:  # None: `model` itself failed and is reported on its own
+            spec = get_model(model) if isinstance(model, str) else model
+            try:
+                spec.check_tp(v)
+            except ValueError as e:
+                raise ValueError(str(e).removeprefix("tp: ")) from None
+        return v
+
+    @model_validator(mode="after")
+    def _coefficients_match_kind(self) -> "StepTimeConfig":
+        given = [n for n in ("coefficients", "coefficients_file") if getattr(self, n) is not None]
+        if self.kind == "fitted" and len(given) != 1:
+            raise ValueError(
+                "kind 'fitted' needs exactly one of coefficients, coefficients_file"
+                + (" (both are set)" if given else " (neither is set)")
+            )
+        if self.kind == "roofline" and given:
+            raise ValueError(f"{given[0]} is set but kind is 'roofline'; use kind: fitted")
+        return self
+
+    def model_spec(self) -> ModelSpec:
+        """The resolved `ModelSpec` (preset looked up by name)."""
+        return get_model(self.model) if isinstance(self.model, str) else self.model
+
+    def hardware_spec(self) -> HardwareSpec:
+        """The resolved `HardwareSpec` (preset looked up by name)."""
+        return get_hardware(self.hardware) if isinstance(self.hardware, str) else self.hardware
+
+
+def roofline_from_config(cfg: StepTimeConfig) -> RooflineStepModel:
+    """The `RooflineStepModel` that `cfg` describes."""
+    return RooflineStepModel(
+        cfg.model_spec(),
+        cfg.hardware_spec(),
+        tp=cfg.tp,
+        compute_efficiency=cfg.compute_efficiency,
+        memory_efficiency=cfg.memory_efficiency,
+        step_overhead=cfg.step_overhead,
+        overhead_per_decode=cfg.overhead_per_decode,
+        overhead_per_prefill_token=cfg.overhead_per_prefill_token,
+    )
+
+
+def fitted_from_config(cfg: StepTimeConfig) -> FittedStepModel:
+    """The `FittedStepModel` that `cfg` describes (inline coefficients or the JSON file)."""
+    if cfg.coefficients is not None:
+        return FittedStepModel(cfg.coefficients, source="config")
+    if cfg.coefficients_file is None:
+        raise ValueError("kind 'fitted' needs coefficients or coefficients_file")
+    return FittedStepModel.load(cfg.coefficients_file)
+
+
+def build_step_model(cfg: StepTimeConfig) -> StepTimeModel:
+    """Make the step-time model named by `cfg.kind` through the `STEP_MODELS` registry."""
+    from presched.sim.steptime import STEP_MODELS  # the registry lives in the package
+
+    return STEP_MODELS.create(cfg.kind, cfg)

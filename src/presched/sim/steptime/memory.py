@@ -1,0 +1,73 @@
+"""How many KV-cache blocks an engine gets, computed the way vLLM sizes its cache.
+
+vLLM (V1, `gpu_memory_utilization` mode) gives each GPU of a tp-way group the budget
+
+    budget_per_gpu = gpu_memory_utilization * mem_capacity          (bytes)
+                     - weight_bytes / tp                             (its weight shard)
+                     - activation_reserve_bytes                      (profiled peak activations,
+                                                                      CUDA graphs, non-torch)
+
+and fills it with KV blocks of `block_size` tokens, each token taking
+`kv_bytes_per_token / min(tp, num_kv_heads)` bytes on that GPU. Every GPU holds the same block
+ids, so the engine's block count is the per-GPU count:
+
+    num_blocks = floor(budget_per_gpu / (kv_bytes_per_token_per_gpu * block_size))
+
+For tp <= num_kv_heads this is (util * capacity * tp - weights - tp * reserve)
+/ (kv_bytes_per_token * block_size). The real engine logs its own `num_gpu_blocks`; when it is
+known, configure that number directly instead (this is an estimate).
+"""
+
+from __future__ import annotations
+
+import math
+
+from presched.sim.steptime.specs import GIB, HardwareSpec, ModelSpec
+
+DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GIB
+"""Per-GPU memory vLLM does not give to the KV cache besides weights: peak activations of a
+profiling forward pass at max_num_batched_tokens, CUDA-graph pools and non-torch allocations.
+About 1.5-3 GiB for 1B-70B models in vLLM's start-up logs; 2 GiB is a middle value."""
+
+
+class KVCacheDoesNotFitError(ValueError):
+    """The weights (plus reserve) leave no memory for a single KV block."""
+
+
+def kv_cache_blocks(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    tp: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    block_size: int = 16,
+    activation_reserve_bytes: float = DEFAULT_ACTIVATION_RESERVE_BYTES,
+) -> int:
+    """Number of KV blocks (of `block_size` tokens) the engine gets; see the module docstring.
+
+    Raises ValueError naming the argument for a bad value, and KVCacheDoesNotFitError when the
+    weight shard and reserve exceed `gpu_memory_utilization * mem_capacity` on one GPU.
+    """
+    model.check_tp(tp)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(
+            f"gpu_memory_utilization: got {gpu_memory_utilization!r}, expected a number in (0, 1]"
+        )
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size: got {block_size!r}, expected an integer >= 1")
+    if not activation_reserve_bytes >= 0:
+        raise ValueError(
+            f"activation_reserve_bytes: got {activation_reserve_bytes!r}, expected >= 0"
+        )
+    usable = gpu_memory_utilization * hardware.mem_capacity
+    weights = model.weight_bytes / tp
+    budget = usable - weights - activation_reserve_bytes
+    block_bytes = model.kv_bytes_per_token_per_gpu(tp) * block_size
+    if budget < block_bytes:
+        raise KVCacheDoesNotFitError(
+            f"model {model.name!r} does not fit on {tp} x {hardware.name}: per GPU, weights "
+            f"{weights / GIB:.2f} GiB + reserve {activation_reserve_bytes / GIB:.2f} GiB exceed "
+            f"gpu_memory_utilization {gpu_memory_utilization} x {hardware.mem_capacity / GIB:.2f}"
+            f" GiB = {usable / GIB:.2f} GiB (less one KV block); use a larger tp, more memory "
+            f"or a higher gpu_memory_utilization"
+        )
+    return math.floor(budget / block_bytes)

@@ -1,0 +1,123 @@
+"""Invariants that every simulated run keeps (docs/invariants.md), checked on random
+workloads and engine shapes (hypothesis), including memory pressure that forces preemption."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from builders import linear_steps, make_requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from presched.schedule import POLICIES
+from presched.schedule.routers import ROUTERS
+from presched.sim.cluster import Cluster
+from presched.sim.config import EngineConfig
+from presched.sim.setup import SimConfig, build_cluster, simulate
+
+
+class CheckedBlocks:
+    """Wraps a BlockManager's `take` to record the peak use seen at every allocation."""
+
+    def __init__(self, kv):
+        self.kv, self.peak = kv, 0
+        original = kv.take
+
+        def take(seq, extra):
+            original(seq, extra)
+            self.peak = max(self.peak, kv.num_blocks - kv.free)
+            assert kv.free >= 0
+
+        kv.take = take
+
+
+def check_run(cluster: Cluster, requests) -> list:
+    probes = [CheckedBlocks(inst.sched.kv) for inst in cluster.instances]
+    res = cluster.run(requests)
+    seqs = res.seqs
+    # each request finishes exactly once, with exactly its true length
+    assert sorted(s.id for s in seqs) == sorted(r.id for r in requests)
+    finished = [s for inst in cluster.instances for s in inst.finished]
+    assert len(finished) == len(requests) == len({id(s) for s in finished})
+    for s in seqs:
+        assert s.generated == s.target
+        assert s.arrival <= s.first_scheduled <= s.first_token <= s.finish
+        assert s.last_token == s.finish
+        assert s.blocks == 0
+    # KV never over capacity; everything freed at the end; engines drained
+    for inst, probe in zip(cluster.instances, probes):
+        assert probe.peak <= inst.sched.kv.num_blocks
+        assert inst.sched.kv.free == inst.sched.kv.num_blocks
+        assert not inst.sched.running and not inst.sched.waiting
+    # the ITL log accounts for every gap between consecutive tokens
+    assert res.itl.num_gaps == sum(s.target - 1 for s in seqs)
+    v, w = res.itl.values()
+    assert (v > 0).all() and int(w.sum()) >= 0
+    return seqs
+
+
+engine_shapes = st.fixed_dictionaries({
+    "max_num_seqs": st.integers(1, 16),
+    "max_num_batched_tokens": st.integers(32, 2048),
+    "enable_chunked_prefill": st.booleans(),
+    "long_prefill_token_threshold": st.sampled_from([0, 0, 64]),
+    "block_size": st.sampled_from([1, 4, 16]),
+})  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shape=engine_shapes,
+    kv_tokens=st.integers(2600, 20000),
+    policy=st.sampled_from(POLICIES.names()),
+    n=st.integers(1, 60),
+    seed=st.integers(0, 10_000),
+    instances=st.integers(1, 3),
+    router=st.sampled_from(ROUTERS.names()),
+)
+def test_invariants_hold_and_fast_forward_is_exact(shape, kv_tokens, policy, n, seed, instances, router):
+    reqs = make_requests(n=n, seed=seed, rate=20.0)
+    engine = EngineConfig(**shape)
+    num_blocks = math.ceil(kv_tokens / engine.block_size)
+    results = []
+    for ff in (True, False):
+        cluster = Cluster(engine, num_blocks, linear_steps(), lambda: POLICIES.create(policy),
+                          ROUTERS.create(router), instances, fast_forward=ff)  # fmt: skip
+        seqs = check_run(cluster, reqs)
+        results.append([(s.first_scheduled, s.first_token, s.finish, s.preemptions) for s in seqs])
+    ff, slow = results
+    for a, b in zip(ff, slow):  # fast-forward is an optimisation, not an approximation
+        assert a[3] == b[3]
+        assert a[:3] == pytest.approx(b[:3], rel=1e-9, abs=1e-9)
+
+
+def test_memory_pressure_preempts_and_still_completes(data_dir):
+    from presched.workload.config import WorkloadConfig, build_workload
+
+    reqs = build_workload(WorkloadConfig(source="azure-conv", num_requests=400, rate=40.0))
+    cfg = SimConfig(engine=EngineConfig(num_blocks=1200, max_num_seqs=64))
+    for policy in POLICIES.names():
+        runs = []
+        for ff in (True, False):
+            cluster = build_cluster(cfg.model_copy(update={"policy": policy, "fast_forward": ff}))
+            seqs = check_run(cluster, reqs)
+            assert sum(s.preemptions for s in seqs) > 0, policy
+            runs.append(([s.finish for s in seqs], [s.preemptions for s in seqs]))
+        assert runs[0][1] == runs[1][1]
+        assert runs[0][0] == pytest.approx(runs[1][0], rel=1e-9)
+
+
+def test_request_larger_than_kv_is_refused_clearly():
+    reqs = make_requests([(5000, 10)], arrivals=[0.0])
+    with pytest.raises(ValueError, match="exceeds the KV cache"):
+        simulate(reqs, SimConfig(engine=EngineConfig(num_blocks=100)))
+
+
+def test_same_inputs_same_result():
+    reqs = make_requests(n=500, seed=3, rate=30.0)
+    cfg = SimConfig(policy="srpt-oracle", engine=EngineConfig(max_num_seqs=8))
+    a, b = simulate(reqs, cfg), simulate(reqs, cfg)
+    for col in ("first_scheduled", "first_token", "finish", "preemptions"):
+        assert np.array_equal(getattr(a.records, col), getattr(b.records, col))
