@@ -1,0 +1,253 @@
+"""The generic request-log schema: how to bring your own data (JSONL or CSV, `.gz` allowed).
+
+One request per JSONL line / CSV row. Columns (see docs/workloads.md for the full table):
+
+| column           | required | meaning                                                            |
+|------------------|----------|--------------------------------------------------------------------|
+| `prompt_tokens`  | yes*     | prompt length in tokens (* or give `prompt` and it is counted)     |
+| `id`             | no       | unique id; default `<file stem>-<row index, 6 digits>`             |
+| `arrival`        | no       | seconds since the start of the log; default 0                      |
+| `output_tokens`  | no       | true output length (>= 1; 0 is refused as a bad row)               |
+| `max_tokens`     | no       | generation cap of the request                                      |
+| `tenant`         | no       | tenant / user class; default "default"                             |
+| `model`          | no       | model name                                                         |
+| `prompt`         | no       | prompt text                                                        |
+| `output_samples` | no       | other observed output lengths: JSON list or space-separated ints   |
+| `slo_ttft`, `slo_tpot`, `slo_e2e` | no | latency targets in seconds                            |
+
+Any other column goes to `metadata` (CSV values stay strings). In CSV an empty cell means
+"absent"; in JSONL so does `null`. The format is chosen by extension: `.jsonl`/`.ndjson` or `.csv`.
+`save_generic` writes the same schema, so `load_generic(save_generic(reqs, p))` gives back
+equal requests (metadata values survive JSONL as JSON; in CSV they come back as strings).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from presched.workload.loaders import LOADERS
+from presched.workload.loaders.errors import LoadError, wrap_invalid_request
+from presched.workload.loaders.fields import check_limit, parse_float, parse_int, parse_int_list
+from presched.workload.loaders.files import base_name, format_suffix, read_text, split_lines
+from presched.workload.loaders.tokens import TokenCounter, approx_tokens
+from presched.workload.request import InvalidRequestError, Request
+
+FIELDS = (
+    "id", "arrival", "prompt_tokens", "output_tokens", "max_tokens", "tenant", "model", "prompt",
+    "output_samples", "slo_ttft", "slo_tpot", "slo_e2e",
+)  # fmt: skip
+"""Schema columns in the order `save_generic` writes them."""
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+CSV_SUFFIXES = (".csv",)
+
+
+def _kind(path: Path) -> str:
+    suffix = format_suffix(path)
+    if suffix in JSONL_SUFFIXES:
+        return "jsonl"
+    if suffix in CSV_SUFFIXES:
+        return "csv"
+    known = ", ".join(JSONL_SUFFIXES + CSV_SUFFIXES)
+    raise ValueError(
+        f"path: cannot tell the format of {str(path)!r} from its extension; use one of {known} (optionally + .gz)"
+    )
+
+
+@LOADERS.register("generic")
+def load_generic(
+    path: str | Path, count_tokens: TokenCounter | None = None, limit: int | None = None
+) -> list[Request]:
+    """Load a log in the generic schema. `count_tokens` counts `prompt` text when a row has no
+    `prompt_tokens` (default `approx_tokens`, ~4 chars/token). `limit` keeps the first N rows."""
+    limit = check_limit(limit)
+    path = Path(path)
+    kind = _kind(path)
+    text = read_text(path, "request log")
+    rows = _jsonl_rows(text, path) if kind == "jsonl" else _csv_rows(text, path)
+    count = count_tokens or approx_tokens
+    stem = base_name(path)
+    out: list[Request] = []
+    for lineno, row in rows:
+        if limit is not None and len(out) >= limit:
+            break
+        out.append(_request(row, path, lineno, f"{stem}-{len(out):06d}", count))
+    return out
+
+
+def _jsonl_rows(text: str, path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
+    for lineno, line in enumerate(split_lines(text), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise LoadError(
+                path, f"invalid JSON ({e.msg} at column {e.colno})", line=lineno
+            ) from None
+        if not isinstance(row, dict):
+            raise LoadError(path, f"expected a JSON object, got {type(row).__name__}", line=lineno)
+        yield lineno, {k: v for k, v in row.items() if v is not None}
+
+
+def _csv_rows(text: str, path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        return
+    if "prompt_tokens" not in header and "prompt" not in header:
+        raise LoadError(
+            path,
+            f"missing column: the header needs prompt_tokens or prompt (it is {','.join(header)!r})",
+            line=1,
+            field="prompt_tokens",
+        )
+    dupes = sorted({h for h in header if header.count(h) > 1})
+    if dupes:
+        raise LoadError(path, "column appears more than once", line=1, field=dupes[0])
+    prev = reader.line_num
+    for row in reader:
+        lineno = prev + 1
+        prev = reader.line_num
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        if len(row) != len(header):
+            raise LoadError(
+                path,
+                f"expected {len(header)} fields (as in the header), got {len(row)}",
+                line=lineno,
+            )
+        yield lineno, {h: v for h, v in zip(header, row) if v != ""}
+
+
+def _request(
+    row: dict[str, Any], path: Path, line: int, default_id: str, count: TokenCounter
+) -> Request:
+    row = dict(row)
+    kw: dict[str, Any] = {}
+    prompt = row.pop("prompt", None)
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise LoadError(path, f"expected text, got {prompt!r}", line=line, field="prompt")
+        kw["prompt"] = prompt
+    if "prompt_tokens" in row:
+        kw["prompt_tokens"] = parse_int(row.pop("prompt_tokens"), path, line, "prompt_tokens")
+    elif prompt is not None:
+        kw["prompt_tokens"] = count(prompt)
+    else:
+        raise LoadError(
+            path,
+            "missing (give prompt_tokens, or prompt text to count)",
+            line=line,
+            field="prompt_tokens",
+        )
+    rid = row.pop("id", default_id)
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or str(rid) == "":
+        raise LoadError(path, f"expected a non-empty string, got {rid!r}", line=line, field="id")
+    kw["id"] = str(rid)
+    if "arrival" in row:
+        kw["arrival"] = parse_float(row.pop("arrival"), path, line, "arrival")
+    for name in ("output_tokens", "max_tokens"):
+        if name in row:
+            kw[name] = parse_int(row.pop(name), path, line, name)
+    for name in ("tenant", "model"):
+        if name in row:
+            v = row.pop(name)
+            if not isinstance(v, str) or (name == "tenant" and not v):
+                raise LoadError(path, f"expected text, got {v!r}", line=line, field=name)
+            kw[name] = v
+    if "output_samples" in row:
+        kw["output_samples"] = parse_int_list(
+            row.pop("output_samples"), path, line, "output_samples"
+        )
+    for name in ("slo_ttft", "slo_tpot", "slo_e2e"):
+        if name in row:
+            kw[name] = parse_float(row.pop(name), path, line, name, strict=True)
+    try:
+        return Request(**kw, metadata=row)
+    except InvalidRequestError as e:
+        raise wrap_invalid_request(e, path, line) from None
+
+
+def save_generic(requests: Iterable[Request], path: str | Path) -> Path:
+    """Write requests in the generic schema (format by extension, `.gz` compresses); returns
+    the path. Fields at their default (None, "", (), tenant "default", arrival 0 in JSONL) are
+    left out. Metadata keys become extra columns; a metadata key that is also a schema column is
+    refused. In CSV, metadata lists/dicts are written as JSON text."""
+    path = Path(path)
+    kind = _kind(path)
+    rows = [_row(r) for r in requests]
+    if kind == "jsonl":
+        body = "".join(
+            json.dumps(row, ensure_ascii=False, default=_json_default) + "\n" for row in rows
+        )
+    else:
+        columns = [f for f in FIELDS if any(f in row for row in rows)]
+        extra = sorted({k for row in rows for k in row} - set(FIELDS))
+        buf = io.StringIO(newline="")
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(columns + extra)
+        for row in rows:
+            writer.writerow([_csv_cell(row.get(c)) for c in columns + extra])
+        body = buf.getvalue()
+    data = body.encode("utf-8")
+    if path.suffix == ".gz":
+        data = gzip.compress(data, mtime=0)
+    path.write_bytes(data)
+    return path
+
+
+def _row(r: Request) -> dict[str, Any]:
+    row: dict[str, Any] = {"id": r.id}
+    if r.arrival != 0:
+        row["arrival"] = float(r.arrival)
+    row["prompt_tokens"] = r.prompt_tokens
+    for name in ("output_tokens", "max_tokens"):
+        if getattr(r, name) is not None:
+            row[name] = getattr(r, name)
+    if r.tenant != "default":
+        row["tenant"] = r.tenant
+    if r.model:
+        row["model"] = r.model
+    if r.prompt is not None:
+        row["prompt"] = r.prompt
+    if r.output_samples:
+        row["output_samples"] = list(r.output_samples)
+    for name in ("slo_ttft", "slo_tpot", "slo_e2e"):
+        if getattr(r, name) is not None:
+            row[name] = getattr(r, name)
+    for key, value in r.metadata.items():
+        if key in FIELDS:
+            raise ValueError(
+                f"request {r.id!r}: metadata key {key!r} is also a schema column; rename it"
+            )
+        row[key] = list(value) if isinstance(value, tuple) else value
+    return row
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return " ".join(str(v) for v in value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False, default=_json_default)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _json_default(value: Any) -> Any:
+    """Metadata values JSON does not know: numpy scalars/arrays, sets; else their text."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    return str(value)

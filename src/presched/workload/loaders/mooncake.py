@@ -1,0 +1,85 @@
+"""Mooncake (Kimi) FAST'25 traces: JSON Lines with prefix-block hashes.
+
+    {"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2, 13]}
+
+One request per line: `arrival` = timestamp (ms since trace start) / 1000, `prompt_tokens` =
+input_length, `output_tokens` = output_length. `hash_ids` (ids of the prompt's 512-token prefix
+blocks; equal ids = shareable KV cache) are kept as a tuple in `metadata["hash_ids"]`; any other
+keys go to `metadata` too. Ids are `mooncake-<name>-<row index, 6 digits>`, `<name>` being the
+file stem without `_trace` (`mooncake-conversation-000123`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from presched.workload.loaders import LOADERS
+from presched.workload.loaders.errors import LoadError, wrap_invalid_request
+from presched.workload.loaders.fields import check_limit, parse_float, parse_int
+from presched.workload.loaders.files import base_name, read_text, split_lines
+from presched.workload.paths import data_dir
+from presched.workload.request import InvalidRequestError, Request
+
+REQUIRED = ("timestamp", "input_length", "output_length")
+_TO_COLUMN = {
+    "prompt_tokens": "input_length",
+    "output_tokens": "output_length",
+    "arrival": "timestamp",
+}
+
+
+@LOADERS.register("mooncake")
+def load_mooncake(path: str | Path, limit: int | None = None) -> list[Request]:
+    """Load a Mooncake trace (`.jsonl`, optionally `.gz`). `limit` keeps the first N rows."""
+    limit = check_limit(limit)
+    text = read_text(path, "Mooncake trace")
+    path = Path(path)
+    name = base_name(path).removesuffix("_trace")
+    out: list[Request] = []
+    for lineno, line in enumerate(split_lines(text), start=1):
+        if limit is not None and len(out) >= limit:
+            break
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise LoadError(
+                path, f"invalid JSON ({e.msg} at column {e.colno})", line=lineno
+            ) from None
+        if not isinstance(row, dict):
+            raise LoadError(path, f"expected a JSON object, got {type(row).__name__}", line=lineno)
+        for key in REQUIRED:
+            if key not in row:
+                raise LoadError(path, "missing", line=lineno, field=key)
+        arrival = parse_float(row.pop("timestamp"), path, lineno, "timestamp") / 1000.0
+        prompt = parse_int(row.pop("input_length"), path, lineno, "input_length")
+        output = parse_int(row.pop("output_length"), path, lineno, "output_length")
+        hashes = row.pop("hash_ids", [])
+        if not isinstance(hashes, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) for h in hashes
+        ):
+            raise LoadError(
+                path, f"expected a list of integers, got {hashes!r}", line=lineno, field="hash_ids"
+            )
+        row["hash_ids"] = tuple(hashes)
+        try:
+            out.append(
+                Request(
+                    id=f"mooncake-{name}-{len(out):06d}",
+                    prompt_tokens=prompt,
+                    arrival=arrival,
+                    output_tokens=output,
+                    metadata=row,
+                )
+            )
+        except InvalidRequestError as e:
+            raise wrap_invalid_request(e, path, lineno, _TO_COLUMN) from None
+    return out
+
+
+@LOADERS.register("mooncake-conv")
+def load_mooncake_conv(path: str | Path | None = None, limit: int | None = None) -> list[Request]:
+    """The shared conversation trace (12,031 rows, ~1 h of real Kimi traffic, 3.40 req/s)."""
+    return load_mooncake(path or data_dir() / "mooncake-fast25" / "conversation_trace.jsonl", limit)
