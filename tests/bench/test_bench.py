@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from builders import make_requests
+
+from presched.bench import BenchConfig, run_bench
+from presched.bench.capacity import saturated_throughput
+from presched.bench.report import write_files
+from presched.bench.runner import arrivals_at_load
+from presched.sim.config import EngineConfig
+from presched.sim.setup import SimConfig
+
+
+def test_arrivals_at_load_offer_the_target_token_rate():
+    reqs = make_requests(n=3000, seed=0, rate=5.0)
+    loaded = arrivals_at_load(reqs, 0.5, capacity_tok_s=2000.0)
+    span = loaded[-1].arrival - loaded[0].arrival
+    offered = sum(r.target_tokens for r in loaded) / span
+    assert offered == pytest.approx(1000.0, rel=0.01)
+    assert [r.id for r in loaded] == [r.id for r in reqs]  # same order, same requests
+
+
+def test_capacity_is_above_any_sustained_rate_and_grows_with_slots():
+    reqs = make_requests(n=600, seed=1)
+    small = saturated_throughput(reqs, SimConfig(engine=EngineConfig(max_num_seqs=8)))
+    big = saturated_throughput(reqs, SimConfig(engine=EngineConfig(max_num_seqs=64)))
+    assert 0 < small < big
+
+
+def test_bench_runs_every_pair_and_writes_files(tmp_path):
+    cfg = BenchConfig(policies=["fcfs", "srpt-oracle"], loads=[0.5, 0.95], out_dir=tmp_path,
+                      capacity_requests=300)  # fmt: skip
+    cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"num_requests": 600})})
+    result = run_bench(cfg)
+    assert [(r["load"], r["policy"]) for r in result.rows] == [
+        (0.5, "fcfs"), (0.5, "srpt-oracle"), (0.95, "fcfs"), (0.95, "srpt-oracle")]
+    assert all(r["completed"] == 600 for r in result.rows)
+    lo, hi = result.rows[0], result.rows[2]
+    assert hi["request_throughput"] > 1.5 * lo["request_throughput"]
+    assert hi["mean_e2el_ms"] > lo["mean_e2el_ms"]  # more load, more latency
+    paths = write_files(result, tmp_path)
+    doc = json.loads(paths["json"].read_text())
+    assert doc["capacity_output_tok_s"] > 0 and len(doc["rows"]) == 4
+    assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+    assert paths["csv"].read_text().count("\n") == 5
+
+
+def test_bad_loads_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="loads"):
+        BenchConfig(loads=[0.0])
+    with pytest.raises(ValueError, match="policies"):
+        BenchConfig(policies=["nope"])

@@ -1,0 +1,73 @@
+"""The `presched` command as a user runs it (a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+
+def presched(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "presched.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)  # fmt: skip
+
+
+def test_bench_with_no_arguments_works_offline(tmp_path):
+    r = presched("bench", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "presched-results"
+    doc = json.loads((out / "bench.json").read_text())
+    assert {row["policy"] for row in doc["rows"]} == {"fcfs", "sjf-oracle", "srpt-oracle"}
+    assert len(doc["rows"]) == 15 and (out / "bench.png").exists()
+    assert "srpt-oracle" in r.stdout and "E2EL" in r.stdout
+
+
+def test_experiment_file_and_overrides(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({
+        "workload": {"num_requests": 300, "seed": 3},
+        "sim": {"engine": {"max_num_seqs": 16}, "num_instances": 2, "router": "least-requests"},
+        "policies": ["fcfs"], "loads": [0.6], "capacity_requests": 200,
+    }))  # fmt: skip
+    r = presched("bench", "-c", str(exp), "--set", "slo.ttft_ms=500", "-o", str(tmp_path / "o"), "-q")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "o" / "bench.json").read_text())
+    assert doc["config"]["sim"]["num_instances"] == 2 and doc["config"]["slo"]["ttft_ms"] == 500
+    assert doc["rows"][0]["completed"] == 300
+
+
+def test_bad_input_names_the_field_without_traceback(tmp_path):
+    cases = [
+        (["bench", "--max-num-seqs", "0"], "sim.engine.max_num_seqs"),
+        (["bench", "--set", "sim.engine.block_size=abc"], "sim.engine.block_size"),
+        (["bench", "--policies", "fcfs,nope"], "unknown policy 'nope'"),
+        (["bench", "--set", "nonsense=1"], "nonsense"),
+        (["bench", "-w", "azure", "--path", str(tmp_path / "missing.csv")], "missing.csv"),
+        (["bench", "-c", str(tmp_path / "nofile.yaml")], "nofile.yaml"),
+    ]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,x\n")
+    cases.append((["simulate", "-w", "azure", "--path", str(bad)], "line 2"))
+    for args, needle in cases:
+        r = presched(*args, cwd=tmp_path)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert needle in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+def test_simulate_prints_json_and_writes_records(tmp_path):
+    r = presched("simulate", "-n", "200", "--policy", "sjf-oracle", "--json",
+                 "--records", str(tmp_path / "rec.csv"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["completed"] == 200 and s["mean_e2el_ms"] > 0
+    assert (tmp_path / "rec.csv").read_text().count("\n") == 201
+
+
+def test_config_lists_every_field_with_help():
+    r = presched("config")
+    assert r.returncode == 0
+    for path in ("sim.engine.max_num_batched_tokens", "workload.arrivals", "sim.step_time.hardware", "slo.tpot_ms"):
+        assert path in r.stdout
