@@ -30,15 +30,19 @@ class GoodputSLO(Config):
         return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2el_ms))
 
 
-def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float | list[float]):
     """The smallest value v such that at least q% of the weight lies at or below v (the
-    'inverted CDF' percentile of the data with each value repeated `weight` times)."""
+    'inverted CDF' percentile of the data with each value repeated `weight` times).
+    `q` may be a list: one sort serves them all."""
+    qs = [q] if np.isscalar(q) else list(q)
     if len(values) == 0:
-        return math.nan
-    order = np.argsort(values, kind="stable")
-    v, w = values[order], np.cumsum(weights[order])
-    idx = int(np.searchsorted(w, q / 100.0 * w[-1], side="left"))
-    return float(v[min(idx, len(v) - 1)])
+        res = [math.nan] * len(qs)
+    else:
+        order = np.argsort(values)
+        v, w = values[order], np.cumsum(weights[order])
+        idx = np.searchsorted(w, np.asarray(qs, dtype=float) / 100.0 * w[-1], side="left")
+        res = [float(x) for x in v[np.minimum(idx, len(v) - 1)]]
+    return res[0] if np.isscalar(q) else res
 
 
 def _stats(name: str, x: np.ndarray, scale: float, out: dict[str, Any], unit: str = "ms") -> None:
@@ -84,9 +88,8 @@ def summarize(
     if itl is not None and len(itl[0]):
         v, w = itl
         out["mean_itl_ms"] = float(np.dot(v, w) / w.sum() * 1e3)
-        for p in PERCENTILES:
-            key = "median" if p == 50 else f"p{p}"
-            out[f"{key}_itl_ms"] = weighted_percentile(v, w, p) * 1e3
+        for p, x in zip(PERCENTILES, weighted_percentile(v, w, list(PERCENTILES))):
+            out[f"{'median' if p == 50 else f'p{p}'}_itl_ms"] = x * 1e3
     else:
         _stats("itl", tpot, 1e3, out)
     _stats("e2el", e2el, 1e3, out)

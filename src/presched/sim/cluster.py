@@ -38,8 +38,9 @@ class Cluster:
             raise ValueError(f"field 'num_instances': must be >= 1, got {num_instances}")
         if num_instances > 1 and router is None:
             raise ValueError("field 'router': required with more than one instance")
+        lazy = router is None or not router.needs_progress
         self.instances = [
-            Instance(i, engine, num_blocks, policy_factory(), step_model, fast_forward)
+            Instance(i, engine, num_blocks, policy_factory(), step_model, fast_forward, lazy)
             for i in range(num_instances)
         ]
         self.router = router

@@ -14,6 +14,12 @@ k*t0 + s*B*k(k-1)/2 and the run length k is the largest that
 The batch cannot change during such a run: no arrival reaches this instance, nothing completes,
 and a waiting request that could not start at the first step (no slot, no KV, no budget) cannot
 start later either, as those only get scarcer while decoding.
+
+Lazy runs (`lazy=True`): a run is planned up to its natural end (first completion, KV, wakeup)
+and kept pending instead of being cut at `until`; it is applied when time passes its end, or
+truncated to the steps that start before an arrival when a request is added here. Arrivals routed
+to other instances then no longer cut it. Results are identical; the cluster turns this off when
+its router reads request progress (`Router.needs_progress`), which a pending run does not show.
 """
 
 from __future__ import annotations
@@ -31,13 +37,15 @@ from presched.sim.steptime.base import StepTimeModel
 class Instance:
     def __init__(
         self, index: int, cfg: EngineConfig, num_blocks: int, policy: Policy,
-        step_model: StepTimeModel, fast_forward: bool = True,
+        step_model: StepTimeModel, fast_forward: bool = True, lazy: bool = True,
     ) -> None:  # fmt: skip
         self.index = index
         self.sched = Scheduler(cfg, num_blocks, policy)
         self.policy = policy
         self.step_model = step_model
         self.fast_forward = fast_forward
+        self.lazy = lazy
+        self._pending: tuple | None = None  # planned decode run: (start, k, t0, s, seqs, S(k-1))
         self.clock = 0.0
         self.itl = ItlLog()
         self.finished: list[Seq] = []
@@ -72,15 +80,30 @@ class Instance:
 
     # --- driving ------------------------------------------------------------------------
     def add(self, seq: Seq, now: float) -> None:
+        run = self._pending
+        if run is not None:  # the run stops at the first step that starts at or after `now`
+            self._pending = None
+            start, k, t0, s, seqs, _ = run
+            self._apply_run(start, min(k, _steps_starting_before(now - start, t0, s)), t0, s, seqs)
         if not self.sched.has_work() and self.clock < now:
             self.clock = now  # idle engine: time jumps to the arrival
         seq.instance = self.index
         self.sched.add(seq, now)
 
     def advance(self, until: float) -> None:
-        """Run all steps that start before `until`."""
+        """Run all steps that start before `until` (a lazy run may stay pending past it)."""
         sched = self.sched
-        while self.clock < until and (sched.running or sched.waiting):
+        while True:
+            run = self._pending
+            if run is not None:
+                start, k, t0, s, seqs, last_start = run
+                if until - start <= last_start:  # its last step starts at/after `until`
+                    return  # still pending: steps after `until` only matter if nothing arrives
+                self._pending = None
+                self._apply_run(start, k, t0, s, seqs)
+                continue
+            if self.clock >= until or not (sched.running or sched.waiting):
+                return
             self._step(until)
 
     def _step(self, until: float) -> None:
@@ -129,7 +152,7 @@ class Instance:
         k = min(seq.target - seq.generated for seq in seqs)
         if valid != math.inf:
             k = min(k, int((valid - C) // B) + 1)
-        limit = until
+        limit = math.inf if self.lazy else until
         if self._wakeup_hook:
             w = self.policy.wakeup(now)
             if w is not None and now < w < limit:
@@ -141,6 +164,14 @@ class Instance:
             bs = kv.block_size
             if B * -(-(k - 1) // bs) > kv.free:
                 k = _kv_limit(seqs, k, bs, kv.free)
+        if self.lazy and k > 1:  # last_start: S(k-1), the offset at which its last step starts
+            self._pending = (now, k, t0, s, seqs, (k - 1) * t0 + s * (k - 1) * (k - 2) / 2)
+        else:
+            self._apply_run(now, k, t0, s, seqs)
+
+    def _apply_run(self, now: float, k: int, t0: float, s: float, seqs: list[Seq]) -> None:
+        """Apply the first k steps of a decode run that started at `now`."""
+        B = len(seqs)
         total = k * t0 + s * k * (k - 1) / 2
         end = now + total
         self.num_steps += k

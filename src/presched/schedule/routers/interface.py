@@ -30,6 +30,10 @@ class InstanceView(Protocol):
 class Router(ABC):
     name: ClassVar[str] = "base"
     oracle: ClassVar[bool] = False
+    needs_progress: ClassVar[bool] = True
+    """False if `route` reads only counts (`num_waiting`, `num_running`, `num_outstanding`),
+    not per-request progress (`generated`) or KV use. The simulator can then leave a decode run
+    pending across arrivals routed elsewhere (faster, same result)."""
 
     @abstractmethod
     def route(self, seq: SeqView, instances: Sequence[InstanceView], now: float) -> int:

@@ -23,6 +23,7 @@ from presched.schedule.routers.interface import ROUTERS, Router
 @ROUTERS.register("least-requests")
 class LeastRequests(Router):
     name = "least-requests"
+    needs_progress = False
 
     def route(self, seq, instances, now) -> int:
         return min(range(len(instances)), key=lambda i: instances[i].num_outstanding)

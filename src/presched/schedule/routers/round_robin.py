@@ -8,6 +8,7 @@ from presched.schedule.routers.interface import ROUTERS, Router
 @ROUTERS.register("round-robin")
 class RoundRobin(Router):
     name = "round-robin"
+    needs_progress = False
 
     def __init__(self) -> None:
         self._next = 0
