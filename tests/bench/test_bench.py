@@ -53,3 +53,11 @@ def test_bad_loads_are_refused_naming_the_field():
         BenchConfig(loads=[0.0])
     with pytest.raises(ValueError, match="policies"):
         BenchConfig(policies=["nope"])
+
+
+def test_untimed_source_gets_poisson_arrivals_in_a_bench(data_dir):
+    cfg = BenchConfig.model_validate({"workload": {"source": "castillo", "model": "llama-3.1-8b",
+                                                   "split": "test", "num_requests": 300}})  # fmt: skip
+    assert cfg.workload.arrivals == "poisson" and cfg.workload.rate == 1.0
+    with pytest.raises(ValueError, match="arrivals='trace' is impossible"):
+        BenchConfig.model_validate({"workload": {"source": "castillo", "model": "llama-3.1-8b", "arrivals": "trace"}})

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from presched.config import Config
 from presched.metrics.summary import GoodputSLO
@@ -21,6 +21,7 @@ from presched.schedule import POLICIES
 from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig
 from presched.workload.config import WorkloadConfig
+from presched.workload.loaders import UNTIMED
 
 
 class BenchConfig(Config):
@@ -56,6 +57,20 @@ class BenchConfig(Config):
         description="Objectives for request goodput (vLLM bench serve --goodput).",
     )
     out_dir: Path = Field(Path("presched-results"), description="Folder for bench.json, bench.csv and bench.png.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _untimed_sources_need_no_rate(cls, data):
+        """The bench rescales arrivals to each load, so a source without timestamps (CASTILLO,
+        ShareGPT) gets Poisson arrivals unless told otherwise, and a placeholder rate of 1 req/s
+        (the shape is what matters) instead of an error."""
+        w = data.get("workload") if isinstance(data, dict) else None
+        if isinstance(w, dict) and w.get("source") in UNTIMED:
+            w = {"arrivals": "poisson", **w}
+            if w["arrivals"] != "trace" and w.get("rate") is None:
+                w["rate"] = 1.0
+            data = {**data, "workload": w}
+        return data
 
     @field_validator("policies")
     @classmethod

@@ -87,22 +87,28 @@ def plot(result: BenchResult, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter, LogLocator
 
     df = pd.DataFrame(result.rows)
     panels = [("mean_e2el_ms", "mean E2E latency (s)"), ("p99_e2el_ms", "P99 E2E latency (s)"),
               ("mean_ttft_ms", "mean TTFT (s)"), ("short_p99_e2el_ms", "short-request P99 E2E (s)")]  # fmt: skip
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
-    for ax, (key, label) in zip(axes, panels):
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))
+    for ax, (key, label) in zip(axes.flat, panels):
         for policy, g in df.groupby("policy", sort=False):
             ax.plot(g["load"], g[key] / 1e3, marker="o", label=policy)
-        ax.set_xlabel("load (fraction of capacity)")
+        ax.set_xlabel("load (offered output tokens / capacity)")
         ax.set_ylabel(label)
         ax.set_yscale("log")
-        ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=8)
-    st = result.config.sim.step_time
-    fig.suptitle(f"{result.config.sim.num_instances}× {st.model_spec().name} on {st.hardware_spec().name}, "
-                 f"{len(df) // max(df['policy'].nunique(), 1)} loads", fontsize=10)  # fmt: skip
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter(""))
+        ax.grid(True, which="both", alpha=0.3)
+    axes.flat[0].legend(fontsize=9)
+    cfg = result.config
+    st = cfg.sim.step_time
+    fig.suptitle(f"{cfg.workload.source} workload, {cfg.sim.num_instances}× {st.model_spec().name} on "
+                 f"{st.hardware_spec().name}, max_num_seqs {cfg.sim.engine.max_num_seqs}; "
+                 f"capacity {result.capacity_tok_s:.0f} output tok/s", fontsize=10)  # fmt: skip
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)

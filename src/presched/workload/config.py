@@ -152,12 +152,19 @@ def _check_options(source: str, path: Path | None, prefix: str, set_: set[str]) 
         if f"{prefix}{opt}" in set_ and opt not in params:
             raise ValueError(f"{prefix}{opt} is not used by source {source!r}")
     if "model" in params and params["model"].default is None and f"{prefix}model" not in set_:
-        raise ValueError(
-            f"{prefix}model is required by source {source!r} (list them with castillo_models())"
-        )
+        raise ValueError(f"{prefix}model is required by source {source!r}; {_known_models(path)}")
     p = params.get("path")
     if p is not None and p.default is inspect.Parameter.empty and path is None:
         raise ValueError(f"{prefix}path is required by source {source!r}")
+
+
+def _known_models(path: Path | None) -> str:
+    from presched.workload.loaders.castillo import castillo_models
+
+    try:
+        return "known: " + ", ".join(castillo_models(path))
+    except (OSError, ValueError):
+        return "list them with presched.workload.loaders.castillo_models()"
 
 
 def _load(
