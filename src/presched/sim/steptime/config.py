@@ -6,8 +6,8 @@
     tp: 1
     compute_efficiency: 0.5       # roofline knobs (ignored by kind: fitted)
     memory_efficiency: 0.8
-    step_overhead: 0.001
-    overhead_per_decode: 2.0e-5
+    step_overhead: 0.00068
+    overhead_per_decode: 4.78e-5
 
     kind: fitted
     coefficients_file: calib/h100-8b.json   # written by FittedStepModel.save / to_dict

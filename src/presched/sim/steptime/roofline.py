@@ -37,15 +37,16 @@ import math
 from presched.sim.steptime.base import StepTimeModel
 from presched.sim.steptime.specs import HardwareSpec, ModelSpec
 
-# Defaults, calibrated crudely (docs/steptime.md) against ML.ENERGY's median ITL of
-# Llama-3.1-8B-Instruct on one H100 (vLLM, lm-arena-chat) at max_num_seqs 8 and 64.
+# Defaults. The two overheads are fitted (benchmarks/steptime_vs_mlenergy.py, docs/steptime.md)
+# to ML.ENERGY's measured median ITL and throughput of Llama-3.1-8B-Instruct on one H100 (vLLM,
+# lm-arena-chat) at max_num_seqs 8..768; the efficiencies are round values.
 DEFAULT_COMPUTE_EFFICIENCY = 0.5
 """Fraction of dense peak FLOP/s that large GEMMs + FlashAttention reach in serving (MFU)."""
 DEFAULT_MEMORY_EFFICIENCY = 0.8
 """Fraction of datasheet HBM bandwidth that decode GEMV/GEMM + paged attention reach."""
-DEFAULT_STEP_OVERHEAD = 1.0e-3
+DEFAULT_STEP_OVERHEAD = 0.68e-3
 """Seconds per step outside the GPU roofline: scheduling, input prep, launches, sampling."""
-DEFAULT_OVERHEAD_PER_DECODE = 2.0e-5
+DEFAULT_OVERHEAD_PER_DECODE = 47.8e-6
 """Seconds per decoding request per step: per-sequence CPU work (sampling, output processing,
 detokenisation) and attention inefficiency that the bandwidth term does not capture."""
 DEFAULT_OVERHEAD_PER_PREFILL_TOKEN = 0.0
