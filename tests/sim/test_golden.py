@@ -1,6 +1,6 @@
 """Hand-computed timelines with every step lasting exactly 1 s."""
 
-from builders import make_engine, make_requests, run_engine
+from builders import linear_steps, make_engine, make_requests, run_engine
 
 
 def times(seq):
@@ -57,3 +57,16 @@ def test_kv_pressure_preempts_latest_admitted_and_recomputes():
     assert b.first_token == 1.0 and b.finish > a.finish
     assert (a.generated, b.generated) == (3, 3)
     assert inst.sched.kv.free == inst.sched.kv.num_blocks
+
+
+def test_step_that_preempts_everything_it_tried_is_empty_and_the_run_goes_on():
+    # Regression, found by hypothesis: SJF's KV victim is the request with most tokens left,
+    # which can be the first running request itself; the step then schedules nothing (as vLLM
+    # does) and the next step carries on from the new state instead of stopping.
+    reqs = make_requests(n=21, seed=14, rate=20.0)
+    inst = make_engine("sjf-oracle", num_blocks=2600, block_size=1, max_num_seqs=7,
+                       max_num_batched_tokens=130, enable_chunked_prefill=False,
+                       long_prefill_token_threshold=64, step_model=linear_steps())  # fmt: skip
+    seqs = run_engine(inst, reqs)
+    assert all(s.generated == s.target for s in seqs)
+    assert sum(s.preemptions for s in seqs) >= 1

@@ -93,6 +93,33 @@ def test_invariants_hold_and_fast_forward_is_exact(shape, kv_tokens, policy, n, 
         assert a[:3] == pytest.approx(b[:3], rel=1e-9, abs=1e-9)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shape=engine_shapes,
+    kv_tokens=st.integers(400, 3000),
+    policy=st.sampled_from(POLICIES.names()),
+    n=st.integers(1, 80),
+    seed=st.integers(0, 10_000),
+    instances=st.integers(1, 3),
+    router=st.sampled_from(ROUTERS.names()),
+    rate=st.sampled_from([5.0, 50.0, 500.0]),
+)
+def test_invariants_under_tight_memory(shape, kv_tokens, policy, n, seed, instances, router, rate):
+    # requests of up to 400 tokens in 400-3000 tokens of KV: preemption on most examples
+    rng = np.random.default_rng(seed)
+    lengths = list(zip(rng.integers(1, 200, n).tolist(), rng.integers(1, 200, n).tolist()))
+    reqs = make_requests(lengths, arrivals=np.cumsum(rng.exponential(1 / rate, n)).tolist())
+    engine = EngineConfig(**shape)
+    num_blocks = math.ceil(kv_tokens / engine.block_size)
+    runs = []
+    for ff in (True, False):
+        cluster = Cluster(engine, num_blocks, linear_steps(), lambda: POLICIES.create(policy),
+                          ROUTERS.create(router), instances, fast_forward=ff)  # fmt: skip
+        runs.append([(s.finish, s.preemptions) for s in check_run(cluster, reqs)])
+    assert [p for _, p in runs[0]] == [p for _, p in runs[1]]
+    assert [f for f, _ in runs[0]] == pytest.approx([f for f, _ in runs[1]], rel=1e-9, abs=1e-9)
+
+
 def test_memory_pressure_preempts_and_still_completes(data_dir):
     from presched.workload.config import WorkloadConfig, build_workload
 

@@ -111,6 +111,8 @@ class Instance:
         batch = self.sched.schedule(now)
         seqs, ntoks = batch.seqs, batch.ntoks
         if not seqs:
+            if batch.changed:  # everything it tried to run was preempted: an empty step, as in
+                return  # vLLM; no time passes and the next step starts from the new state
             raise RuntimeError(f"instance {self.index}: scheduler made no progress at t={now}")
         P, B, C = batch.prefill_tokens, batch.num_decode, batch.decode_context
         if self.fast_forward and not P and not batch.changed and len(seqs) == len(self.sched.running):
