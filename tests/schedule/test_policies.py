@@ -66,8 +66,8 @@ def first_victim(policy_name):
     return victims[0]
 
 
-def test_kv_victim_fcfs_latest_admitted_oracle_most_remaining():
-    assert first_victim("fcfs") == "r2"  # vLLM v1: the last admitted
+def test_kv_victim_fcfs_latest_arrival_oracle_most_remaining():
+    assert first_victim("fcfs") == "r2"  # the latest arrival (all at t=0: the last admitted)
     assert first_victim("sjf-oracle") == "r1"  # 6 tokens left, the most
     assert first_victim("srpt-oracle") == "r1"
 
@@ -142,3 +142,13 @@ def test_dynamic_policy_is_reprioritised_at_each_decision():
     assert seqs[1].first_scheduled < seqs[4].first_scheduled
     static = run_engine(make_engine("fcfs", max_num_seqs=1), reqs)
     assert np.isfinite([s.finish for s in static]).all()
+
+
+def test_fcfs_victim_is_the_latest_arrival_not_a_readmitted_older_request():
+    from types import SimpleNamespace
+
+    old = SimpleNamespace(arrival=1.0)  # re-admitted after a preemption: last in running order
+    new = SimpleNamespace(arrival=5.0)
+    assert POLICIES.create("fcfs").victim([new, old], now=9.0) is new
+    tie_a, tie_b = SimpleNamespace(arrival=2.0), SimpleNamespace(arrival=2.0)
+    assert POLICIES.create("fcfs").victim([tie_a, tie_b], now=9.0) is tie_b  # last admitted

@@ -1,7 +1,7 @@
 """FCFS: first come, first served — vLLM v1's default policy.
 
-Order: arrival time. KV-pressure victim: the most recently admitted running request.
-Never preempts to admit. Inputs: arrival times only. Config: none.
+Order: arrival time. KV-pressure victim: the running request that arrived last (ties: the most
+recently admitted). Never preempts to admit. Inputs: arrival times only. Config: none.
 """
 
 from __future__ import annotations

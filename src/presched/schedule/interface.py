@@ -46,8 +46,8 @@ class SeqView(Protocol):
 class Policy(ABC):
     """Base class of scheduling policies. Subclass, override what you need, register by name.
 
-    The defaults are vLLM v1's FCFS: order by arrival, preempt the most recently admitted
-    request under KV pressure, never preempt to admit.
+    The defaults are FCFS: order by arrival, preempt the latest arrival under KV pressure,
+    never preempt to admit.
     """
 
     name: ClassVar[str] = "base"
@@ -73,9 +73,12 @@ class Policy(ABC):
         new KV block and none is free. `candidates` are the running requests not yet served in
         this step, in admission order, including the one that needs the block. The victim is
         preempted by recompute: its blocks are freed and it re-enters the waiting queue.
-        Default: the most recently admitted (vLLM v1 FCFS).
+        Default: the latest arrival, ties to the most recently admitted. (vLLM v1's FCFS pops
+        the most recently admitted, which is the same request except when an older request was
+        re-admitted after a preemption: vLLM would evict it again, this default protects it, as
+        vLLM's priority policy does with its (priority, arrival) order.)
         """
-        return candidates[-1]
+        return max(reversed(candidates), key=_arrival)
 
     def preempt_for(
         self, candidate: SeqView, running: Sequence[SeqView], now: float
@@ -115,3 +118,7 @@ class Policy(ABC):
 
     def describe(self) -> str:
         return self.name + (" (oracle)" if self.oracle else "")
+
+
+def _arrival(seq: SeqView) -> float:
+    return seq.arrival
