@@ -58,6 +58,22 @@ def check_run(cluster: Cluster, requests) -> list:
     return seqs
 
 
+def check_both_ways(reqs, shape, kv_tokens, policy, router, instances):
+    """Run with and without fast-forward, check the invariants of both, and check that
+    fast-forward (an optimisation, not an approximation) gives the same timelines."""
+    engine = EngineConfig(**shape)
+    num_blocks = math.ceil(kv_tokens / engine.block_size)
+    runs = []
+    for ff in (True, False):
+        cluster = Cluster(engine, num_blocks, linear_steps(), lambda: POLICIES.create(policy),
+                          ROUTERS.create(router), instances, fast_forward=ff)  # fmt: skip
+        seqs = check_run(cluster, reqs)
+        runs.append([(s.first_scheduled, s.first_token, s.finish, s.preemptions) for s in seqs])
+    for a, b in zip(*runs):
+        assert a[3] == b[3]
+        assert a[:3] == pytest.approx(b[:3], rel=1e-9, abs=1e-9)
+
+
 engine_shapes = st.fixed_dictionaries({
     "max_num_seqs": st.integers(1, 16),
     "max_num_batched_tokens": st.integers(32, 2048),
@@ -78,19 +94,7 @@ engine_shapes = st.fixed_dictionaries({
     router=st.sampled_from(ROUTERS.names()),
 )
 def test_invariants_hold_and_fast_forward_is_exact(shape, kv_tokens, policy, n, seed, instances, router):
-    reqs = make_requests(n=n, seed=seed, rate=20.0)
-    engine = EngineConfig(**shape)
-    num_blocks = math.ceil(kv_tokens / engine.block_size)
-    results = []
-    for ff in (True, False):
-        cluster = Cluster(engine, num_blocks, linear_steps(), lambda: POLICIES.create(policy),
-                          ROUTERS.create(router), instances, fast_forward=ff)  # fmt: skip
-        seqs = check_run(cluster, reqs)
-        results.append([(s.first_scheduled, s.first_token, s.finish, s.preemptions) for s in seqs])
-    ff, slow = results
-    for a, b in zip(ff, slow):  # fast-forward is an optimisation, not an approximation
-        assert a[3] == b[3]
-        assert a[:3] == pytest.approx(b[:3], rel=1e-9, abs=1e-9)
+    check_both_ways(make_requests(n=n, seed=seed, rate=20.0), shape, kv_tokens, policy, router, instances)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -109,15 +113,7 @@ def test_invariants_under_tight_memory(shape, kv_tokens, policy, n, seed, instan
     rng = np.random.default_rng(seed)
     lengths = list(zip(rng.integers(1, 200, n).tolist(), rng.integers(1, 200, n).tolist()))
     reqs = make_requests(lengths, arrivals=np.cumsum(rng.exponential(1 / rate, n)).tolist())
-    engine = EngineConfig(**shape)
-    num_blocks = math.ceil(kv_tokens / engine.block_size)
-    runs = []
-    for ff in (True, False):
-        cluster = Cluster(engine, num_blocks, linear_steps(), lambda: POLICIES.create(policy),
-                          ROUTERS.create(router), instances, fast_forward=ff)  # fmt: skip
-        runs.append([(s.finish, s.preemptions) for s in check_run(cluster, reqs)])
-    assert [p for _, p in runs[0]] == [p for _, p in runs[1]]
-    assert [f for f, _ in runs[0]] == pytest.approx([f for f, _ in runs[1]], rel=1e-9, abs=1e-9)
+    check_both_ways(reqs, shape, kv_tokens, policy, router, instances)
 
 
 def test_memory_pressure_preempts_and_still_completes(data_dir):

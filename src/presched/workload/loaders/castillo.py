@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from presched.workload.loaders import LOADERS
 from presched.workload.loaders.errors import LoadError, wrap_invalid_request
 from presched.workload.loaders.fields import check_limit, parse_int, parse_int_list
-from presched.workload.loaders.files import read_text, split_lines
+from presched.workload.loaders.files import jsonl_rows, read_text, split_lines
 from presched.workload.paths import data_dir
 from presched.workload.request import InvalidRequestError, Request
 
@@ -217,17 +216,7 @@ def _read_prompts(file: Path, wanted: set[str]) -> dict[str, tuple[str, str]]:
     """prompt_id -> (prompt_text, category) for the wanted ids."""
     text = read_text(file, "CASTILLO prompts file")
     out: dict[str, tuple[str, str]] = {}
-    for lineno, line in enumerate(split_lines(text), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise LoadError(
-                file, f"invalid JSON ({e.msg} at column {e.colno})", line=lineno
-            ) from None
-        if not isinstance(row, dict):
-            raise LoadError(file, "expected a JSON object", line=lineno)
+    for lineno, row in jsonl_rows(text, file):
         pid = row.get("prompt_id")
         if pid not in wanted:
             continue

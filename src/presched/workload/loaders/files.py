@@ -7,7 +7,9 @@ both the fastest way in Python and lets a decoding error be pinned to a line num
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
+from typing import Any, Iterator
 
 from presched.workload.loaders.errors import LoadError
 
@@ -71,3 +73,20 @@ def split_lines(text: str) -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return [line.removesuffix("\r") for line in lines]
+
+
+def jsonl_rows(text: str, path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of a JSON Lines text; a line that is not
+    valid JSON or not an object raises LoadError naming the file and line."""
+    for lineno, line in enumerate(split_lines(text), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise LoadError(
+                path, f"invalid JSON ({e.msg} at column {e.colno})", line=lineno
+            ) from None
+        if not isinstance(row, dict):
+            raise LoadError(path, f"expected a JSON object, got {type(row).__name__}", line=lineno)
+        yield lineno, row

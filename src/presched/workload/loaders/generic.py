@@ -34,7 +34,7 @@ from typing import Any
 from presched.workload.loaders import LOADERS
 from presched.workload.loaders.errors import LoadError, wrap_invalid_request
 from presched.workload.loaders.fields import check_limit, parse_float, parse_int, parse_int_list
-from presched.workload.loaders.files import base_name, format_suffix, read_text, split_lines
+from presched.workload.loaders.files import base_name, format_suffix, jsonl_rows, read_text
 from presched.workload.loaders.tokens import TokenCounter, approx_tokens
 from presched.workload.request import InvalidRequestError, Request
 
@@ -82,17 +82,7 @@ def load_generic(
 
 
 def _jsonl_rows(text: str, path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
-    for lineno, line in enumerate(split_lines(text), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise LoadError(
-                path, f"invalid JSON ({e.msg} at column {e.colno})", line=lineno
-            ) from None
-        if not isinstance(row, dict):
-            raise LoadError(path, f"expected a JSON object, got {type(row).__name__}", line=lineno)
+    for lineno, row in jsonl_rows(text, path):
         yield lineno, {k: v for k, v in row.items() if v is not None}
 
 

@@ -11,13 +11,12 @@ file stem without `_trace` (`mooncake-conversation-000123`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from presched.workload.loaders import LOADERS
 from presched.workload.loaders.errors import LoadError, wrap_invalid_request
 from presched.workload.loaders.fields import check_limit, parse_float, parse_int
-from presched.workload.loaders.files import base_name, read_text, split_lines
+from presched.workload.loaders.files import base_name, jsonl_rows, read_text
 from presched.workload.paths import data_dir
 from presched.workload.request import InvalidRequestError, Request
 
@@ -37,19 +36,9 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> list[Request]:
     path = Path(path)
     name = base_name(path).removesuffix("_trace")
     out: list[Request] = []
-    for lineno, line in enumerate(split_lines(text), start=1):
-        if limit is not None and len(out) >= limit:
-            break
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise LoadError(
-                path, f"invalid JSON ({e.msg} at column {e.colno})", line=lineno
-            ) from None
-        if not isinstance(row, dict):
-            raise LoadError(path, f"expected a JSON object, got {type(row).__name__}", line=lineno)
+    if limit == 0:
+        return out
+    for lineno, row in jsonl_rows(text, path):  # parses lazily: rows past `limit` are not read
         for key in REQUIRED:
             if key not in row:
                 raise LoadError(path, "missing", line=lineno, field=key)
@@ -76,6 +65,8 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> list[Request]:
             )
         except InvalidRequestError as e:
             raise wrap_invalid_request(e, path, lineno, _TO_COLUMN) from None
+        if limit is not None and len(out) >= limit:
+            break
     return out
 
 
