@@ -70,3 +70,9 @@ def test_step_that_preempts_everything_it_tried_is_empty_and_the_run_goes_on():
     seqs = run_engine(inst, reqs)
     assert all(s.generated == s.target for s in seqs)
     assert sum(s.preemptions for s in seqs) >= 1
+
+
+def test_a_request_that_exactly_fills_the_kv_cache_runs():
+    # 8 tokens of KV hold prompt 4 + 5 output tokens: the 5th token is sampled, never stored.
+    (r,) = run_engine(make_engine(num_blocks=4, block_size=2), make_requests([(4, 5)], arrivals=[0.0]))
+    assert r.generated == 5 and r.finish == 5.0

@@ -35,15 +35,15 @@ class Scheduler:
         self._preemptive = type(policy).preempt_for is not Policy.preempt_for
         self._max_tokens = cfg.max_num_batched_tokens
         self._threshold = cfg.long_prefill_token_threshold
-        max_prompt = num_blocks * cfg.block_size
-        self._max_tokens_per_seq = max_prompt
+        self._kv_tokens = num_blocks * cfg.block_size
 
     def add(self, seq: Seq, now: float) -> None:
-        if seq.prompt_tokens + seq.target > self._max_tokens_per_seq:
+        # KV is needed for every token but the last one generated (it is sampled, never fed back)
+        if seq.prompt_tokens + seq.target - 1 > self._kv_tokens:
             raise ValueError(
                 f"request {seq.id!r}: prompt_tokens + output tokens = "
                 f"{seq.prompt_tokens + seq.target} exceeds the KV cache of one instance "
-                f"({self._max_tokens_per_seq} tokens); raise num_blocks or cap max_tokens"
+                f"({self._kv_tokens} tokens); raise num_blocks or cap max_tokens"
             )
         seq.status = WAITING
         self.policy.on_arrival(seq, now)
