@@ -1,0 +1,15 @@
+"""Output-length predictors returning distributions (`LengthEstimate`), chosen by name."""
+
+from presched.predict import baselines  # noqa: F401  (registers the baselines)
+from presched.predict.base import (
+    CAP,
+    PREDICTORS,
+    ModelFileError,
+    Predictor,
+    load_predictor,
+    training_targets,
+)
+from presched.predict.estimate import LEVELS, LengthEstimate, RequestEstimate
+
+__all__ = ["CAP", "LEVELS", "PREDICTORS", "LengthEstimate", "ModelFileError", "Predictor",
+           "RequestEstimate", "load_predictor", "training_targets"]  # fmt: skip

@@ -1,0 +1,139 @@
+"""The predictor interface.
+
+    pred = PREDICTORS.create("text-gbm")
+    pred.fit(train_requests, validation=calib_requests)   # who: `presched train`, benchmarks
+    est = pred.predict(requests)                          # batch-first: one LengthEstimate row each
+    pred.save("model.npz"); same = load_predictor("model.npz")
+
+What a predictor may read of a `Request`: `prompt` (text; may be None for trace-only data),
+`prompt_tokens`, `model` (the served model: one predictor serves many models, conditioned on it),
+`tenant`, `max_tokens`, `metadata`. It must never read `output_tokens` / `output_samples` in
+`predict`: those are the labels, read only by `fit` through `training_targets`.
+
+Saved models are a single `.npz` file (numpy arrays + one JSON header, no pickle): the header
+names the predictor, its parameters and `FORMAT_VERSION`; loading a file of another format
+version, or of an unknown predictor, is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from presched import __version__
+from presched.predict.estimate import LengthEstimate
+from presched.registry import Registry
+from presched.workload.request import Request
+
+FORMAT_VERSION = 1
+CAP = 14_999
+"""Samples at or above this many tokens hit CASTILLO's generation cap (degenerate runs): they
+are flagged and left out of training targets."""
+
+
+class ModelFileError(ValueError):
+    """A saved predictor file that cannot be loaded (missing, corrupt, other format version)."""
+
+
+class Predictor(ABC):
+    name: ClassVar[str] = "base"
+    oracle: ClassVar[bool] = False
+
+    def __init__(self, **params: Any) -> None:
+        self.params = params
+        self.fitted = False
+
+    @abstractmethod
+    def fit(self, requests: Sequence[Request], validation: Sequence[Request] | None = None) -> "Predictor":
+        """Learn from requests with known lengths (`training_targets`). `validation` (optional,
+        disjoint prompts) is for early stopping and conformal calibration. Returns self."""
+
+    @abstractmethod
+    def predict(self, requests: Sequence[Request]) -> LengthEstimate:
+        """One distribution per request, in order. Must not read the requests' lengths."""
+
+    # --- persistence: subclasses provide their state as arrays + JSON-able values -------------
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """(arrays, json_values) that `from_state` turns back into an equal predictor."""
+        raise NotImplementedError(f"{self.name} cannot be saved")
+
+    @classmethod
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray], values: dict[str, Any]) -> "Predictor":
+        raise NotImplementedError(f"{cls.name} cannot be loaded")
+
+    def save(self, path: str | Path) -> Path:
+        if not self.fitted:
+            raise ValueError(f"{self.name}: fit it before saving")
+        arrays, values = self.state()
+        header = {"format": FORMAT_VERSION, "presched": __version__, "predictor": self.name,
+                  "params": self.params, "values": values}  # fmt: skip
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_suffix(".npz")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(path, __header__=np.array(json.dumps(header)), **arrays)
+        return path
+
+    def check_fitted(self) -> None:
+        if not self.fitted:
+            raise ValueError(f"{self.name}: call fit() (or load a saved model) before predict()")
+
+
+PREDICTORS: Registry[Predictor] = Registry("predictor")
+
+
+def load_predictor(path: str | Path) -> Predictor:
+    """Load any saved predictor; refuses files of another format version clearly."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            header = json.loads(str(z["__header__"]))
+            arrays = {k: z[k] for k in z.files if k != "__header__"}
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelFileError(f"{path}: not a presched model file ({e})") from None
+    fmt = header.get("format")
+    if fmt != FORMAT_VERSION:
+        raise ModelFileError(
+            f"{path}: model file format {fmt} (written by presched {header.get('presched')}); "
+            f"this presched ({__version__}) reads format {FORMAT_VERSION}: retrain with "
+            f"`presched train`"
+        )
+    cls = PREDICTORS.get(header["predictor"])
+    pred = cls.from_state(header.get("params", {}), arrays, header.get("values", {}))
+    pred.fitted = True
+    return pred
+
+
+# --- labels -------------------------------------------------------------------------------------
+def request_samples(r: Request) -> np.ndarray:
+    """All observed lengths of a request (its samples, else its one output), capped ones removed."""
+    s = np.asarray(r.output_samples if r.output_samples else
+                   ([r.output_tokens] if r.output_tokens is not None else []), dtype=float)  # fmt: skip
+    return s[s < CAP]
+
+
+def training_targets(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
+    """(target, keep): target = mean of a request's uncapped observed lengths; keep = False for
+    requests with no usable label (all samples capped, or none), which `fit` must skip."""
+    t = np.full(len(requests), np.nan)
+    for i, r in enumerate(requests):
+        s = request_samples(r)
+        if s.size:
+            t[i] = s.mean()
+    return t, np.isfinite(t)
+
+
+def check_requests(requests: Sequence[Request], need_text: bool = False) -> None:
+    """Clear errors for input a predictor cannot use (empty batch, missing prompt text)."""
+    if len(requests) == 0:
+        raise ValueError("requests: empty")
+    if need_text:
+        for r in requests:
+            if r.prompt is None or not r.prompt.strip():
+                raise ValueError(f"request {r.id!r}: field 'prompt' is empty; this predictor reads prompt text")
