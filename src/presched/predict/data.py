@@ -2,18 +2,33 @@
 
 `castillo_requests(split, models=..., datasets=..., exclude_datasets=...)` loads CASTILLO rows
 of several models at once (one `Request` per prompt and model, with `prompt`, `model`,
-`prompt_tokens`, the 10 `output_samples` and `output_tokens` = the first sample).
+`prompt_tokens`, the 10 `output_samples` and `output_tokens` = the first sample). Each prompt
+belongs to exactly one split (its first), so train, validate and test never share a prompt.
 Any other source in the generic schema (prompt text, model, one or more observed output lengths)
 loads with `presched.workload.loaders.load_generic`; predictors only need those fields.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from presched.workload.loaders.castillo import castillo_models, load_castillo
+from presched.workload.loaders.files import jsonl_rows, read_text
+from presched.workload.paths import data_dir
 from presched.workload.request import Request
+
+
+@functools.lru_cache(maxsize=4)
+def _home_split(path: str | None) -> dict[str, str]:
+    """prompt_id -> the one split it belongs to: the first split it was seen in (the `split`
+    field of prompts.jsonl.gz). A few prompts occur in two splits of samples.csv.gz (e.g. "hi"
+    in validate and test); their rows in the other split are dropped, so each prompt is in
+    exactly one split."""
+    file = (Path(path) if path else data_dir() / "castillo") / "prompts.jsonl.gz"
+    return {str(row["prompt_id"]): str(row["split"])
+            for _, row in jsonl_rows(read_text(file, "CASTILLO prompts file"), file)}  # fmt: skip
 
 
 def castillo_requests(
@@ -28,13 +43,16 @@ def castillo_requests(
     splits = [split] if split is None or isinstance(split, str) else list(split)
     keep = set(datasets) if datasets is not None else None
     drop = set(exclude_datasets)
+    home = _home_split(str(path) if path is not None else None)
     out: list[Request] = []
     for model in models if models is not None else castillo_models(path):
         for sp in splits:
             for r in load_castillo(path, model=model, split=sp, sample=0):
-                ds = r.metadata.get("dataset")
+                md = r.metadata
+                ds = md.get("dataset")
                 if (keep is None or ds in keep) and ds not in drop:
-                    out.append(r)
+                    if home.get(str(md.get("prompt_id")), md.get("split")) == md.get("split"):
+                        out.append(r)
     return out
 
 

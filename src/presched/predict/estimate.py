@@ -10,7 +10,7 @@ A prediction is a distribution, not a number. Each row (one request) holds:
 
 From the quantiles, the distribution is the piecewise-linear CDF through the knots
 (q_j, LEVELS[j]), with mass below LEVELS[0] spread uniformly on [1, q_0] and mass above
-LEVELS[-1] on an exponential tail whose mean excess equals the last knot's spacing. That gives
+LEVELS[-1] on an exponential tail through the last two knots (exact for exponential tails). That gives
 `survival(x) = P(L > x)`, `quantile(p)` at any level, and `mean_remaining(g) = E[L - g | L > g]`
 (what SRPT-style policies need as a request generates).
 `estimate[i]` is a one-request view (`RequestEstimate`) to attach to a running request
@@ -27,6 +27,7 @@ LEVELS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 
 """Quantile levels every predictor reports."""
 
 _LEVELS = np.asarray(LEVELS)
+_TAIL_LOG = float(np.log((1 - LEVELS[-2]) / (1 - LEVELS[-1])))
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,7 +108,9 @@ def _knots(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """CDF knots (x, F) from 1 token (F = 0) through every quantile, and the tail's mean excess."""
     x = np.concatenate(([1.0], q))
     f = np.concatenate(([0.0], _LEVELS))
-    tail = max(q[-1] - q[-2], 1.0)  # exponential tail beyond the last knot
+    # exponential tail beyond the last knot, through the last two knots: for S(x) = c e^{-x/m},
+    # q99 - q95 = m ln((1 - 0.95) / (1 - 0.99))
+    tail = max((q[-1] - q[-2]) / _TAIL_LOG, 1.0)
     return x, f, tail
 
 

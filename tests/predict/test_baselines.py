@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.stats import kendalltau
+
+from presched.predict import PREDICTORS, LEVELS, ModelFileError, load_predictor, training_targets
+from presched.predict.data import castillo_requests, prompt_key
+from presched.workload.request import Request
+
+BASELINES = ["global-median", "model-median", "linear-prompt"]
+
+
+@pytest.fixture(scope="module")
+def small(data_dir):
+    models = ["llama-3.1-8b", "gemma-3-4b", "qwen2.5-14b"]
+    train = castillo_requests("validate", models=models)
+    test = castillo_requests("test", models=models)
+    return train, test
+
+
+def test_training_targets_use_uncapped_sample_means():
+    r = Request(id="a", prompt_tokens=5, output_tokens=10, output_samples=(10, 20, 15000))
+    only_capped = Request(id="b", prompt_tokens=5, output_tokens=15001, output_samples=(15001, 15000))
+    t, keep = training_targets([r, only_capped])
+    assert t[0] == 15.0 and keep.tolist() == [True, False]
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_fit_predict_save_load_round_trip(name, small, tmp_path):
+    train, test = small
+    pred = PREDICTORS.create(name).fit(train)
+    est = pred.predict(test)
+    assert len(est) == len(test) and est.quantiles.shape == (len(test), len(LEVELS))
+    assert np.all(np.diff(est.quantiles, axis=1) >= 0)
+    path = pred.save(tmp_path / name)
+    again = load_predictor(path).predict(test)
+    assert np.array_equal(again.quantiles, est.quantiles)
+    assert np.array_equal(again.point, est.point) and np.array_equal(again.rank_score, est.rank_score)
+
+
+def test_model_median_is_right_per_model_and_calibrated(small):
+    train, test = small
+    est = PREDICTORS.create("model-median").fit(train).predict(test)
+    y, keep = training_targets(test)
+    cover = (y[keep, None] <= est.quantiles[keep]).mean(axis=0)
+    # same prompt sets, other prompts: coverage of a per-model empirical distribution is close
+    assert np.abs(cover[:9] - np.array(LEVELS[:9])).max() < 0.08
+
+
+def test_linear_prompt_ranks_better_than_a_constant(small):
+    train, test = small
+    y, keep = training_targets(test)
+    lin = PREDICTORS.create("linear-prompt").fit(train).predict(test)
+    assert kendalltau(lin.rank_score[keep], y[keep]).statistic > 0.1
+
+
+def test_splits_are_prompt_disjoint(small):
+    train, test = small
+    assert not {prompt_key(r) for r in train} & {prompt_key(r) for r in test}
+
+
+def test_unfitted_and_bad_input_errors():
+    p = PREDICTORS.create("model-median")
+    with pytest.raises(ValueError, match="call fit"):
+        p.predict([Request(id="x", prompt_tokens=3)])
+    with pytest.raises(ValueError, match="requests: empty"):
+        p.fit([])
+    with pytest.raises(ValueError, match="no.*usable output length"):
+        p.fit([Request(id="x", prompt_tokens=3)])
+
+
+def test_model_file_from_another_version_is_refused(small, tmp_path):
+    train, _ = small
+    path = PREDICTORS.create("global-median").fit(train).save(tmp_path / "m.npz")
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    header = json.loads(str(arrays.pop("__header__")))
+    header["format"], header["presched"] = 99, "9.9.9"
+    np.savez(path, __header__=np.array(json.dumps(header)), **arrays)
+    with pytest.raises(ModelFileError, match="format 99 .*presched 9.9.9.*retrain"):
+        load_predictor(path)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(ModelFileError, match="not a presched model file"):
+        load_predictor(tmp_path / "junk.npz")
+    with pytest.raises(ModelFileError, match="not found"):
+        load_predictor(tmp_path / "missing.npz")

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from presched.predict import LEVELS, LengthEstimate
+
+L = np.asarray(LEVELS)
+
+
+def exp_estimate(mean: float, n: int = 1) -> LengthEstimate:
+    """Exact quantiles of 1 + Exp(mean - 1), a distribution with a known closed form."""
+    q = 1 + (mean - 1) * -np.log(1 - L)
+    return LengthEstimate.from_quantiles(np.tile(q, (n, 1)))
+
+
+def test_construction_enforces_monotone_quantiles_and_at_least_one_token():
+    est = LengthEstimate.from_quantiles(np.array([[5, 3, 4, 10, 9, 20, 30, 40, 50, 60, 0.2]], float) * 1)
+    assert np.all(np.diff(est.quantiles[0]) >= 0) and est.quantiles.min() >= 1
+    with pytest.raises(ValueError, match="quantiles: expected shape"):
+        LengthEstimate(np.ones((2, 3)), np.ones(2), np.ones(2))
+    with pytest.raises(ValueError, match="finite"):
+        LengthEstimate.from_quantiles(np.full((1, len(LEVELS)), np.nan))
+
+
+def test_survival_and_quantile_invert_each_other_at_the_knots():
+    est = exp_estimate(200.0)
+    for p, q in zip(LEVELS, est.quantiles[0]):
+        assert est.survival(q)[0] == pytest.approx(1 - p, abs=1e-9)
+        assert est.quantile(p)[0] == pytest.approx(q)
+    assert est.survival(0.5)[0] == 1.0
+    assert est.quantile(0.999)[0] > est.quantiles[0, -1]  # exponential tail past q99
+
+
+def test_mean_remaining_of_an_exponential_is_memoryless():
+    # Exp tail: E[L - g | L > g] ~ mean - 1 for any g; the piecewise-linear body approximates it
+    est = exp_estimate(300.0)
+    m0 = est.mean_remaining(0)[0]
+    assert m0 == pytest.approx(300.0, rel=0.05)  # E[L] = 300
+    for g in (100, 400, 1500, 5000):
+        assert est.mean_remaining(g)[0] == pytest.approx(299.0, rel=0.12)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(1, 5000), min_size=len(LEVELS), max_size=len(LEVELS)),
+       st.floats(0, 8000))  # fmt: skip
+def test_survival_is_a_valid_tail_function(qs, x):
+    est = LengthEstimate.from_quantiles(np.array([sorted(qs)]))
+    s = est.survival(x)[0]
+    assert 0 <= s <= 1
+    assert est.survival(x + 10)[0] <= s + 1e-12
+    assert est.mean_remaining(x)[0] > 0
+
+
+def test_rows_and_views():
+    a, b = exp_estimate(100.0), exp_estimate(900.0)
+    both = LengthEstimate.concat([a, b])
+    assert len(both) == 2 and both[1].point > both[0].point
+    one = both[1]
+    assert one.quantile(0.5) == pytest.approx(both.quantile(0.5)[1])
+    assert one.survival(500) == pytest.approx(both.survival(500)[1])
+    assert one.mean_remaining(50) == pytest.approx(both.mean_remaining(50)[1])
