@@ -49,11 +49,19 @@ class Cluster:
         self.step_model = step_model
 
     def run(
-        self, requests: Sequence[Request], progress: Callable[[int], None] | None = None
-    ) -> SimResult:
-        """Simulate all requests to completion. `progress(n)` is called every 1024 arrivals."""
+        self, requests: Sequence[Request], progress: Callable[[int], None] | None = None,
+        estimates=None,
+    ) -> SimResult:  # fmt: skip
+        """Simulate all requests to completion. `progress(n)` is called every 1024 arrivals.
+        `estimates` (a `predict.LengthEstimate`, one row per request, in request order) sets each
+        request's `seq.estimate` for policies and routers that read predictions."""
         order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
         seqs = [Seq(requests[i], i) for i in order]
+        if estimates is not None:
+            if len(estimates) != len(requests):
+                raise ValueError(f"estimates: {len(estimates)} rows for {len(requests)} requests")
+            for seq in seqs:
+                seq.estimate = estimates[seq.index]
         insts = self.instances
         router = self.router
         wall = time.perf_counter()

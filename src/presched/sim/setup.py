@@ -80,7 +80,8 @@ def build_cluster(cfg: SimConfig) -> Cluster:
 
 def simulate(
     requests: Sequence[Request], cfg: SimConfig | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, estimates=None,
 ) -> SimResult:  # fmt: skip
-    """Run `requests` through the deployment `cfg` (default: one Llama-3.1-8B on an H100, FCFS)."""
-    return build_cluster(cfg or SimConfig()).run(requests, progress)
+    """Run `requests` through the deployment `cfg` (default: one Llama-3.1-8B on an H100, FCFS).
+    `estimates`: predicted length distributions (`predict.LengthEstimate`, in request order)."""
+    return build_cluster(cfg or SimConfig()).run(requests, progress, estimates)

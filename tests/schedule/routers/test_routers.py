@@ -3,6 +3,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from builders import make_requests
 
 from presched.schedule.routers import ROUTERS
@@ -57,3 +58,20 @@ def test_load_aware_routing_beats_round_robin_on_skewed_lengths():
            for name in ("round-robin", "least-requests", "least-work-oracle")}  # fmt: skip
     assert e2e["least-work-oracle"] < 0.95 * e2e["round-robin"]
     assert e2e["least-requests"] < 0.95 * e2e["round-robin"]
+
+
+def test_least_work_reads_predictions_attached_by_the_simulator():
+    from presched.predict import LEVELS, LengthEstimate
+
+    rng = np.random.default_rng(0)
+    outs = np.where(rng.random(800) < 0.1, 1500, 20)
+    reqs = make_requests([(64, int(o)) for o in outs], rate=20.0, seed=1)
+    perfect = LengthEstimate.from_quantiles(np.repeat(outs[:, None], len(LEVELS), axis=1).astype(float))
+    base = SimConfig(num_instances=4, router="least-work", engine=EngineConfig(max_num_seqs=8))
+    blind = simulate(reqs, base).records.e2el
+    informed = simulate(reqs, base, estimates=perfect).records.e2el
+    oracle = simulate(reqs, base.model_copy(update={"router": "least-work-oracle"})).records.e2el
+    assert np.array_equal(informed, oracle)  # perfect predictions route exactly as the oracle
+    assert not np.array_equal(informed, blind)  # and the router did read them
+    with pytest.raises(ValueError, match="estimates: 1 rows for 800 requests"):
+        simulate(reqs, base, estimates=LengthEstimate.from_quantiles(perfect.quantiles[:1]))
