@@ -1,6 +1,6 @@
 """Output-length predictors returning distributions (`LengthEstimate`), chosen by name."""
 
-from presched.predict import baselines  # noqa: F401  (registers the baselines)
+from presched.predict import baselines, lexical_gbm, text_gbm  # noqa: F401  (registers them)
 from presched.predict.base import (
     CAP,
     PREDICTORS,

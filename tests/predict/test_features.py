@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import toktok
+
+from presched.predict import features as F
+
+
+def test_token_counts_are_exact_o200k_and_memoised():
+    texts = ["hello world", "How many tokens is this sentence?", "日本語のテキスト", "hello world"]
+    want = toktok.batch_count(texts, "o200k_base")
+    counter = F.TokenCounter(maxsize=2)
+    assert counter(texts).tolist() == want
+    assert len(counter._memo) == 2  # LRU bound
+    assert counter(texts[:1]).tolist() == want[:1]
+    assert F.token_counts(texts).tolist() == want
+
+
+def test_lexical_cues_shape_and_meaning():
+    texts = ["Write a 500 word essay about cats?", "Answer in one word: capital of France",
+             "```python\ndef f(x):\n    return x\n```\nFix this code.", "x"]  # fmt: skip
+    c = F.lexical_cues(texts)
+    assert c.shape == (4, len(F.CUE_NAMES)) and np.isfinite(c).all()
+    col = {n: i for i, n in enumerate(F.CUE_NAMES)}
+    assert c[0, col["count_request"]] == 1 and math.isclose(c[0, col["log_requested"]], math.log1p(650))
+    assert c[0, col["ends_question"]] == 1 and c[0, col["kw_long_form"]] == 1 and c[0, col["kw_write"]] == 1
+    assert c[1, col["kw_short"]] == 1 and c[1, col["count_request"]] == 1
+    assert c[2, col["code_fences"]] == 2 and c[2, col["log_code_lines"]] > 0 and c[2, col["kw_code"]] == 1
+    assert c[3, col["log_chars"]] == math.log1p(1)
+    assert F.lexical_cues([]).shape == (0, len(F.CUE_NAMES))
+
+
+def test_requested_length_parsing():
+    cues = F.lexical_cues(["in 3 sentences", "give me five bullet points", "no numbers here"])
+    col = F.CUE_NAMES.index("log_requested")
+    assert np.allclose(np.expm1(cues[:, col]), [75, 125, 0])
+
+
+def test_ngram_hasher_rows_are_normalised_deterministic_and_bounded():
+    h = F.NgramHasher(bits=12, order=2, head=32, tail=16)
+    texts = ["Explain quantum computing", "explain QUANTUM computing", "word " * 5000, ""]
+    X = h(texts)
+    assert X.shape == (4, 2**12)
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+    assert np.allclose(norms[:3], 1, atol=1e-5) and norms[3] == 0
+    assert (X[0] != X[1]).nnz == 0  # lower-cased
+    assert X[2].nnz <= 2 * (32 + 16)  # only head + tail tokens are read
+    assert (h(texts) != X).nnz == 0
+
+
+def test_model_features_parse_family_and_size():
+    m = F.model_features(["meta-llama--Llama-3.1-8B-Instruct", "mistralai--Mixtral-8x7B-Instruct-v0.1",
+                          "Qwen--Qwen2.5-7B-Instruct-1M", "acme/unknown-model"])  # fmt: skip
+    assert [F.FAMILIES[int(f)] for f in m[:, 0]] == ["llama", "mistral", "qwen", "other"]
+    assert np.allclose(np.exp(m[:3, 1]), [8, 56, 7]) and math.isnan(m[3, 1])
+    assert m[:3, 2].tolist() == [1, 1, 1]

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from scipy.stats import kendalltau
+
+from presched.predict import LEVELS, PREDICTORS, ModelFileError, load_predictor, training_targets
+from presched.predict.data import castillo_requests
+from presched.predict.text_gbm import TextGBM, model_offsets, prompt_split
+
+FAST = {"folds": 3, "svd": 16, "max_rounds": 300, "scale_folds": 2}  # small and quick for tests
+MODELS = ["llama-3.1-8b", "gemma-3-4b", "qwen2.5-14b"]
+
+
+@pytest.fixture(scope="module")
+def small(data_dir):
+    return castillo_requests("validate", models=MODELS), castillo_requests("test", models=MODELS)
+
+
+@pytest.fixture(scope="module")
+def fitted(small):
+    train, _ = small
+    return TextGBM(**FAST).fit(train)  # no validation: holds out 20 % of the prompts itself
+
+
+def test_registered_and_params_checked():
+    assert isinstance(PREDICTORS.create("text-gbm"), TextGBM)
+    with pytest.raises(ValueError, match="unknown parameter"):
+        TextGBM(learning_rat=0.1)
+    with pytest.raises(ValueError, match="fit"):
+        TextGBM().predict([])
+
+
+def test_fit_predict_shapes_monotone_and_round_trip(fitted, small, tmp_path):
+    _, test = small
+    est = fitted.predict(test)
+    assert est.quantiles.shape == (len(test), len(LEVELS))
+    assert np.all(np.diff(est.quantiles, axis=1) >= 0) and np.all(est.quantiles >= 1)
+    assert np.array_equal(est.point, est.quantiles[:, LEVELS.index(0.5)])
+    assert fitted.fit_info["calibration_rows"] > 0 and fitted.fit_info["rounds"] >= 1
+    again = load_predictor(fitted.save(tmp_path / "m")).predict(test)
+    assert np.array_equal(again.quantiles, est.quantiles)
+    assert np.array_equal(again.point, est.point) and np.array_equal(again.rank_score, est.rank_score)
+    # batch composition does not change a request's answer
+    one = fitted.predict(test[5:6])
+    assert np.allclose(one.quantiles[0], est.quantiles[5])
+
+
+def test_beats_model_median_and_is_roughly_calibrated(fitted, small):
+    train, test = small
+    y, keep = training_targets(test)
+    est = fitted.predict(test)
+    base = PREDICTORS.create("model-median").fit(train).predict(test)
+    tau = kendalltau(est.point[keep], y[keep]).statistic
+    tau_base = kendalltau(base.point[keep], y[keep]).statistic
+    assert tau > tau_base + 0.2 and tau > 0.4
+    mae = np.abs(est.point[keep] - y[keep]).mean()
+    assert mae < np.abs(base.point[keep] - y[keep]).mean()
+    cover = (y[keep, None] <= est.quantiles[keep]).mean(axis=0)
+    assert np.abs(cover[:9] - np.array(LEVELS[:9])).max() < 0.08  # small calibration slice
+
+
+def test_validation_is_used_when_given(small):
+    train, test = small
+    pred = TextGBM(**FAST).fit(train[:3000], validation=train[3000:])
+    assert pred.fit_info["calibration_rows"] == len(train) - 3000
+    assert pred.predict(test[:10]).quantiles.shape == (10, len(LEVELS))
+
+
+def test_unseen_model_falls_back_gracefully(fitted, small):
+    _, test = small
+    r = test[0]
+    new_family = dataclasses.replace(r, model="acme--Brand-New-3B")
+    same_family = dataclasses.replace(r, model="meta-llama--Llama-9.9-70B-Instruct")
+    est = fitted.predict([r, new_family, same_family])
+    assert np.isfinite(est.quantiles).all()
+    rows = fitted._model_rows([new_family.model, same_family.model])
+    assert np.allclose(rows[0, :2], fitted.model_stats.mean(axis=0))
+    llama = fitted.model_stats[[i for m, i in fitted.model_index.items() if "llama" in m.lower()]].mean(axis=0)
+    assert np.allclose(rows[1, :2], llama)
+
+
+def test_bad_input_errors_name_the_field(fitted, small):
+    _, test = small
+    with pytest.raises(ValueError, match="'prompt'"):
+        fitted.predict([dataclasses.replace(test[0], prompt=None)])
+    with pytest.raises(ValueError, match="'prompt'"):
+        fitted.predict([dataclasses.replace(test[0], prompt="   ")])
+    with pytest.raises(ValueError, match="empty"):
+        fitted.predict([])
+    with pytest.raises(ValueError, match="'prompt'"):
+        TextGBM(**FAST).fit([dataclasses.replace(test[0], prompt="")])
+
+
+def test_model_file_of_another_format_version_is_refused(fitted, tmp_path):
+    path = fitted.save(tmp_path / "m.npz")
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    header = json.loads(str(arrays.pop("__header__")))
+    header["format"] = 999
+    bad = tmp_path / "bad.npz"
+    np.savez_compressed(bad, __header__=np.array(json.dumps(header)), **arrays)
+    with pytest.raises(ModelFileError, match="format 999"):
+        load_predictor(bad)
+
+
+def test_helpers():
+    # ly = t_p + b_m exactly: offsets recovered up to centring
+    t = np.array([1.0, 2.0, 3.0])
+    b = np.array([0.5, -0.5])
+    p, m = np.repeat([0, 1, 2], 2), np.tile([0, 1], 3)
+    u, tp, bm = model_offsets(p, m, t[p] + b[m], 2)
+    assert u.tolist() == [0, 1, 2] and np.allclose(tp, t) and np.allclose(bm, b)
+    reqs = castillo_requests("test", models=["llama-3.1-8b"])[:200]
+    fit_m, held = prompt_split(reqs, 0.2, 0)
+    assert held.sum() > 0 and not {r.prompt for r, h in zip(reqs, held) if h} & {r.prompt for r, f in zip(reqs, fit_m) if f}
