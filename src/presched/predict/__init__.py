@@ -7,9 +7,10 @@ from presched.predict.base import (
     ModelFileError,
     Predictor,
     load_predictor,
+    predictor_class,
     training_targets,
 )
 from presched.predict.estimate import LEVELS, LengthEstimate, RequestEstimate
 
 __all__ = ["CAP", "LEVELS", "PREDICTORS", "LengthEstimate", "ModelFileError", "Predictor",
-           "RequestEstimate", "load_predictor", "training_targets"]  # fmt: skip
+           "RequestEstimate", "load_predictor", "predictor_class", "training_targets"]  # fmt: skip

@@ -85,6 +85,25 @@ class Predictor(ABC):
 
 PREDICTORS: Registry[Predictor] = Registry("predictor")
 
+LAZY_MODULES = ("presched.predict.encoder",)
+"""Families registered on first use because they import heavy libraries (torch)."""
+
+
+def predictor_class(name: str) -> type[Predictor]:
+    """The registered class called `name`, importing the lazy families if needed (an
+    `UnknownNameError` lists the known names, or says which extra to install)."""
+    if name not in PREDICTORS:
+        import importlib
+
+        for mod in LAZY_MODULES:
+            try:
+                importlib.import_module(mod)
+            except ImportError as e:
+                if name in ("s3", "ssjf", "encoder-l1", "listmle"):
+                    raise ValueError(f"predictor {name!r} needs the encoder extra "
+                                     f"(pip install 'presched[encoder]'): {e}") from None  # fmt: skip
+    return PREDICTORS.get(name)  # type: ignore[return-value]
+
 
 def load_predictor(path: str | Path) -> Predictor:
     """Load any saved predictor; refuses files of another format version clearly."""
@@ -104,7 +123,7 @@ def load_predictor(path: str | Path) -> Predictor:
             f"this presched ({__version__}) reads format {FORMAT_VERSION}: retrain with "
             f"`presched train`"
         )
-    cls = PREDICTORS.get(header["predictor"])
+    cls = predictor_class(header["predictor"])
     pred = cls.from_state(header.get("params", {}), arrays, header.get("values", {}))
     pred.fitted = True
     return pred
