@@ -46,7 +46,7 @@ from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.workload.request import Request
 
 DEFAULTS: dict[str, Any] = {
-    "bits": 18, "order": 2, "head": 384, "tail": 128,           # n-gram hasher
+    "bits": 18, "order": 2, "head": 256, "tail": 64,            # n-gram hasher
     "alpha": 0.3, "folds": 5,                             # ridge text score (out-of-fold)
     "svd": 48, "svd_min_df": 5,                           # LSA topics
     "learning_rate": 0.05, "num_leaves": 31, "min_data_in_leaf": 50, "feature_fraction": 0.8,
