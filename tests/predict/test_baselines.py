@@ -87,3 +87,14 @@ def test_model_file_from_another_version_is_refused(small, tmp_path):
         load_predictor(tmp_path / "junk.npz")
     with pytest.raises(ModelFileError, match="not found"):
         load_predictor(tmp_path / "missing.npz")
+
+
+@pytest.mark.parametrize("name", [*BASELINES, "lexical-gbm", "text-gbm"])
+def test_predict_never_reads_the_labels(name, small):
+    import dataclasses
+
+    train, test = small
+    pred = PREDICTORS.create(name).fit(train)
+    unlabelled = [dataclasses.replace(r, output_tokens=None, output_samples=()) for r in test[:300]]
+    a, b = pred.predict(test[:300]), pred.predict(unlabelled)
+    assert np.array_equal(a.quantiles, b.quantiles) and np.array_equal(a.point, b.point)
