@@ -40,19 +40,23 @@ def castillo_requests(
 ) -> list[Request]:
     """CASTILLO rows of `models` (default: all 13) in `split` (one name, several, or None = all),
     keeping prompt sets in `datasets` (default all) minus `exclude_datasets`."""
-    splits = [split] if split is None or isinstance(split, str) else list(split)
+    splits = None if split is None else [split] if isinstance(split, str) else list(dict.fromkeys(split))
+    one = splits[0] if splits is not None and len(splits) == 1 else None
     keep = set(datasets) if datasets is not None else None
     drop = set(exclude_datasets)
     home = _home_split(str(path) if path is not None else None)
     out: list[Request] = []
     for model in models if models is not None else castillo_models(path):
-        for sp in splits:
-            for r in load_castillo(path, model=model, split=sp, sample=0):
+        # one read per model: its rows of all wanted splits, in the file's order per split
+        rows = load_castillo(path, model=model, split=one, sample=0)
+        for sp in [one] if splits is None or one is not None else splits:
+            for r in rows:
                 md = r.metadata
                 ds = md.get("dataset")
-                if (keep is None or ds in keep) and ds not in drop:
-                    if home.get(str(md.get("prompt_id")), md.get("split")) == md.get("split"):
-                        out.append(r)
+                if (sp is not None and md.get("split") != sp) or (keep is not None and ds not in keep):
+                    continue
+                if ds not in drop and home.get(str(md.get("prompt_id")), md.get("split")) == md.get("split"):
+                    out.append(r)
     return out
 
 

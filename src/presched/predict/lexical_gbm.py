@@ -37,7 +37,7 @@ from presched.predict import features as F
 from presched.predict.base import PREDICTORS, Predictor, check_requests
 from presched.predict.conformal import ConformalQuantiles
 from presched.predict.estimate import LEVELS, LengthEstimate
-from presched.predict.text_gbm import labelled, prompt_split
+from presched.predict.text_gbm import fit_and_calibration
 from presched.workload.request import Request
 
 _CODE_KEYWORDS = frozenset(
@@ -114,15 +114,7 @@ class LexicalGBM(Predictor):
 
         t0 = time.perf_counter()
         p = self.params
-        reqs, y = labelled(requests)
-        if validation is None:
-            fit_m, cal_m = prompt_split(reqs, p["calib_frac"], p["seed"])
-            if not cal_m.any() or not fit_m.any():
-                raise ValueError("requests: need at least two distinct prompts to hold one out for calibration")
-            cal, y_cal = [r for r, k in zip(reqs, cal_m) if k], y[cal_m]
-            reqs, y = [r for r, k in zip(reqs, fit_m) if k], y[fit_m]
-        else:
-            cal, y_cal = labelled(validation, "validation")
+        reqs, y, cal, y_cal = fit_and_calibration(requests, validation, p["calib_frac"], p["seed"])
         ly = np.log(y)
         models = np.array([r.model for r in reqs])
         self.model_mean = {str(m): float(ly[models == m].mean()) for m in np.unique(models)}

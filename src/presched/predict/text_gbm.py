@@ -80,6 +80,22 @@ def prompt_split(requests: Sequence[Request], frac: float, seed: int) -> tuple[n
     return ~held, held
 
 
+
+def fit_and_calibration(
+    requests: Sequence[Request], validation: Sequence[Request] | None, frac: float, seed: int
+) -> tuple[list[Request], np.ndarray, list[Request], np.ndarray]:
+    """(fit requests, their targets, calibration requests, their targets): `validation` when
+    given, else a prompt-disjoint `frac` of `requests` held out (`prompt_split`)."""
+    reqs, y = labelled(requests)
+    if validation is not None:
+        cal, y_cal = labelled(validation, "validation")
+        return reqs, y, cal, y_cal
+    fit_m, cal_m = prompt_split(reqs, frac, seed)
+    if not cal_m.any() or not fit_m.any():
+        raise ValueError("requests: need at least two distinct prompts to hold one out for calibration")
+    cal = [r for r, k in zip(reqs, cal_m) if k]
+    return [r for r, k in zip(reqs, fit_m) if k], y[fit_m], cal, y[cal_m]
+
 def model_offsets(prompt_idx: np.ndarray, model_idx: np.ndarray, ly: np.ndarray, n_models: int,
                   iters: int = 5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """Two-way additive fit ly ~ t_p + b_m by alternating means. Returns (unique prompt indices,
@@ -157,16 +173,7 @@ class TextGBM(Predictor):
 
         t0 = time.perf_counter()
         p = self.params
-        reqs, y = labelled(requests)
-        if validation is None:
-            fit_m, cal_m = prompt_split(reqs, p["calib_frac"], p["seed"])
-            if not cal_m.any() or not fit_m.any():
-                raise ValueError("requests: need at least two distinct prompts to hold one out for calibration")
-            cal = [r for r, k in zip(reqs, cal_m) if k]
-            y_cal = y[cal_m]
-            reqs, y = [r for r, k in zip(reqs, fit_m) if k], y[fit_m]
-        else:
-            cal, y_cal = labelled(validation, "validation")
+        reqs, y, cal, y_cal = fit_and_calibration(requests, validation, p["calib_frac"], p["seed"])
         ly, ly_cal = np.log(y), np.log(y_cal)
         rng = np.random.default_rng(p["seed"])
 

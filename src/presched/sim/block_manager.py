@@ -11,10 +11,6 @@ from __future__ import annotations
 from presched.sim.seq import Seq
 
 
-class OutOfBlocks(Exception):
-    pass
-
-
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
@@ -31,21 +27,8 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def extra_needed(self, seq: Seq, num_new_tokens: int) -> int:
-        """Blocks `seq` must gain to hold KV for `computed + num_new_tokens` tokens."""
-        need = -(-(seq.computed + num_new_tokens) // self.block_size) - seq.blocks
-        return need if need > 0 else 0
-
-    def can_allocate(self, seq: Seq, num_new_tokens: int) -> bool:
-        return self.extra_needed(seq, num_new_tokens) <= self.free
-
-    def allocate(self, seq: Seq, num_new_tokens: int) -> None:
-        extra = self.extra_needed(seq, num_new_tokens)
-        if extra > self.free:
-            raise OutOfBlocks(f"{seq.id} needs {extra} blocks, {self.free} free")
-        self.take(seq, extra)
-
     def take(self, seq: Seq, extra: int) -> None:
+        """Give `seq` `extra` more blocks (the caller has checked `extra <= free`)."""
         seq.blocks += extra
         self.free -= extra
         used = self.num_blocks - self.free

@@ -44,9 +44,6 @@ class Cluster:
             for i in range(num_instances)
         ]
         self.router = router
-        self.engine = engine
-        self.num_blocks = num_blocks
-        self.step_model = step_model
 
     def run(
         self, requests: Sequence[Request], progress: Callable[[int], None] | None = None,
