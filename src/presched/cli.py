@@ -495,10 +495,9 @@ def main() -> None:
     except UserError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
         sys.exit(2)
-    except (ValueError, FileNotFoundError, KeyError) as e:
-        # loader errors name file, line and field; config errors name the field
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        err.print(f"[red]error:[/red] {msg}", highlight=False)
+    except (ValueError, FileNotFoundError) as e:
+        # loader errors name file, line and field; config and registry errors name the field
+        err.print(f"[red]error:[/red] {e}", highlight=False)
         sys.exit(2)
 
 
