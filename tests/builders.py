@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.schedule import POLICIES, Policy
 from presched.sim.config import EngineConfig
 from presched.sim.instance import Instance
@@ -64,11 +65,24 @@ def make_engine(
                     step_model or constant_steps(), fast_forward)  # fmt: skip
 
 
-def run_engine(inst: Instance, requests: Sequence[Request]) -> list[Seq]:
-    """Feed arrivals in order and run to completion; returns the seqs in request order."""
+def run_engine(inst: Instance, requests: Sequence[Request], estimates=None) -> list[Seq]:
+    """Feed arrivals in order and run to completion; returns the seqs in request order.
+    `estimates`: a `LengthEstimate` (one row per request) attached as `seq.estimate`."""
     seqs = [Seq(r, i) for i, r in enumerate(requests)]
+    if estimates is not None:
+        for s in seqs:
+            s.estimate = estimates[s.index]
     for seq in sorted(seqs, key=lambda s: (s.arrival, s.index)):
         inst.advance(seq.arrival)
         inst.add(seq, seq.arrival)
     inst.advance(float("inf"))
     return seqs
+
+
+def make_estimates(values: Sequence[float], sigma: float = 0.0) -> LengthEstimate:
+    """Hand-made predictions: median `values[i]`, log-normal spread `sigma` (0 = exact)."""
+    from statistics import NormalDist
+
+    v = np.asarray(values, dtype=float)
+    z = np.array([NormalDist().inv_cdf(p) for p in LEVELS])
+    return LengthEstimate(v[:, None] * np.exp(sigma * z)[None, :], v, v)

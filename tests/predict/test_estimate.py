@@ -62,3 +62,41 @@ def test_rows_and_views():
     assert one.quantile(0.5) == pytest.approx(both.quantile(0.5)[1])
     assert one.survival(500) == pytest.approx(both.survival(500)[1])
     assert one.mean_remaining(50) == pytest.approx(both.mean_remaining(50)[1])
+
+
+@given(st.lists(st.floats(2, 500), min_size=11, max_size=11), st.floats(0, 3000))
+def test_mean_remaining_matches_numeric_integration(steps, g):
+    """The closed form against the definition, integral of S from g / S(g), on a grid (knots
+    kept apart so the trapezoid rule sees no jumps)."""
+    est = LengthEstimate.from_quantiles(np.array([np.cumsum(steps)]))[0]
+    s_g = est.survival(g)
+    if s_g < 1e-6:
+        return
+    xs = np.linspace(g, est.quantile(0.9999999) + 50 * est.dist.tail, 400001)
+    sv = np.array([est.survival(x) for x in xs[::50]])
+    num = np.trapezoid(sv, xs[::50]) / s_g
+    assert est.mean_remaining(g) == pytest.approx(num, rel=0.02, abs=1.0)
+
+
+def test_gittins_of_a_known_length_is_srpt():
+    est = LengthEstimate.from_quantiles(np.full((1, len(LEVELS)), 100.0))[0]
+    # the knots put 10 % of the mass on [1, 100] and the rest at 100: near-deterministic
+    assert 1 / est.gittins(99.0) == pytest.approx(1.0, abs=0.02)
+    assert 1 / est.gittins(50.0) == pytest.approx(50.0, rel=0.1)
+    assert est.quantile_remaining(30, 0.5) == 70
+
+
+def test_gittins_prefers_a_likely_short_job_over_a_longer_mean():
+    # a: usually 10 tokens, sometimes 2000 (heavy tail); b: always about 200 tokens
+    a = LengthEstimate.from_quantiles(np.array([[5, 6, 7, 8, 10, 12, 15, 20, 1500, 1800, 2000.0]]))[0]
+    b = LengthEstimate.from_quantiles(np.full((1, len(LEVELS)), 200.0))[0]
+    assert a.mean > b.mean * 0.9  # a's mean is not much shorter ...
+    assert a.gittins(0) > b.gittins(0)  # ... but its index says: try it first
+    # once a has run past its short mode without finishing, it drops behind b
+    assert a.gittins(25) < b.gittins(0)
+
+
+def test_gittins_is_at_least_the_inverse_mean_remaining():
+    est = LengthEstimate.from_quantiles(np.array([[20, 40, 60, 80, 100, 130, 170, 220, 300, 400, 700.0]]))[0]
+    for g in (0, 50, 150, 400, 1000):
+        assert est.gittins(g) >= 1 / est.mean_remaining(g) - 1e-12

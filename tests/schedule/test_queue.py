@@ -50,3 +50,57 @@ def test_refresh_reorders_dynamic_priorities():
     assert q.peek() is a
     q.refresh(10.0)  # now b: -(5)*100 = -500 < a: -(10)*1
     assert q.peek() is b
+
+
+class Promote(Policy):
+    """Score order; a request that waited 10 s is promoted ahead of all unpromoted ones."""
+
+    def priority(self, s, now):
+        return (0, s.arrival) if now - s.arrival >= 10 else (1, s.target)
+
+    def rekey_at(self, s, now):
+        return s.arrival + 10 if now - s.arrival < 10 else None
+
+
+def test_rekey_at_promotes_exactly_at_its_time():
+    q = WaitingQueue(Promote())
+    old, short = seq(0, 0.0, target=500), seq(1, 5.0, target=1)
+    q.push(old, 0.0)
+    q.push(short, 5.0)
+    assert q.next_rekey() == 10.0
+    q.update(9.99)
+    assert q.peek() is short
+    q.update(10.0)
+    assert q.peek() is old and len(q) == 2
+    assert q.next_rekey() == 15.0  # short's own promotion time
+
+
+def test_rekey_timer_of_a_removed_request_is_ignored():
+    q = WaitingQueue(Promote())
+    a = seq(0, 0.0, target=500)
+    q.push(a, 0.0)
+    q.remove(a)
+    assert q.next_rekey() == float("inf") and not q
+    q.update(20.0)
+    assert not q and q.peek() is None
+
+
+def test_epoch_bump_rekeys_once():
+    class Switch(Policy):
+        flip = False
+
+        def priority(self, s, now):
+            return -s.target if self.flip else s.target
+
+    p = Switch()
+    q = WaitingQueue(p)
+    a, b = seq(0, 0.0, target=1), seq(1, 0.0, target=9)
+    q.push(a, 0.0)
+    q.push(b, 0.0)
+    assert q.peek() is a
+    p.flip = True
+    q.update(1.0)
+    assert q.peek() is a  # same epoch: keys kept
+    p.epoch += 1
+    q.update(1.0)
+    assert q.peek() is b and len(q) == 2

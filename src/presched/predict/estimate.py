@@ -19,7 +19,10 @@ LEVELS[-1] on an exponential tail through the last two knots (exact for exponent
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -87,67 +90,154 @@ class LengthEstimate:
 
 @dataclass(frozen=True, eq=False)
 class RequestEstimate:
-    """One request's predicted length distribution (see the module doc)."""
+    """One request's predicted length distribution (see the module doc). Methods run in pure
+    Python on knots built once per request (a few microseconds each): schedulers call them on
+    their hot path."""
 
     quantiles: np.ndarray
     point: float
     rank_score: float
 
+    @cached_property
+    def dist(self) -> "Dist":
+        return Dist(self.quantiles)
+
+    @property
+    def mean(self) -> float:
+        """E[L]."""
+        return self.dist.mean_remaining(0.0)
+
     def quantile(self, p: float) -> float:
-        return _quantile(self.quantiles, p)
+        return self.dist.quantile(p)
 
     def survival(self, x: float) -> float:
-        return _survival(self.quantiles, x)
+        return self.dist.survival(x)
 
     def mean_remaining(self, generated: float) -> float:
-        return _mean_remaining(self.quantiles, generated)
+        return self.dist.mean_remaining(generated)
+
+    def quantile_remaining(self, generated: float, p: float) -> float:
+        return self.dist.quantile_remaining(generated, p)
+
+    def gittins(self, generated: float) -> float:
+        return self.dist.gittins(generated)
 
 
-# --- the distribution behind a row of quantiles --------------------------------------------------
-def _knots(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """CDF knots (x, F) from 1 token (F = 0) through every quantile, and the tail's mean excess."""
-    x = np.concatenate(([1.0], q))
-    f = np.concatenate(([0.0], _LEVELS))
-    # exponential tail beyond the last knot, through the last two knots: for S(x) = c e^{-x/m},
-    # q99 - q95 = m ln((1 - 0.95) / (1 - 0.99))
-    tail = max((q[-1] - q[-2]) / _TAIL_LOG, 1.0)
-    return x, f, tail
+class Dist:
+    """The distribution behind one row of quantiles: CDF knots (x_j, F_j) from (1 token, 0)
+    through every (q_j, LEVELS[j]), linear in between, exponential tail of mean excess `tail`
+    beyond the last knot. Right-continuous: where knots coincide the CDF jumps."""
+
+    __slots__ = ("xs", "fs", "ss", "tail", "suffix")
+
+    def __init__(self, q) -> None:
+        xs = [1.0, *(float(v) for v in q)]
+        fs = [0.0, *LEVELS]
+        self.xs, self.fs = xs, fs
+        self.ss = [1.0 - f for f in fs]
+        # exponential tail through the last two knots: for S(x) = c e^{-x/m},
+        # q99 - q95 = m ln((1 - 0.95) / (1 - 0.99))
+        self.tail = max((xs[-1] - xs[-2]) / _TAIL_LOG, 1.0)
+        # suffix[j] = integral of S from x_j to infinity
+        n = len(xs)
+        suffix = [0.0] * n
+        acc = self.ss[-1] * self.tail
+        suffix[-1] = acc
+        for j in range(n - 2, -1, -1):
+            acc += (self.ss[j] + self.ss[j + 1]) / 2 * (xs[j + 1] - xs[j])
+            suffix[j] = acc
+        self.suffix = suffix
+
+    def survival(self, x: float) -> float:
+        """P(L > x)."""
+        xs = self.xs
+        if x < xs[0]:
+            return 1.0
+        if x >= xs[-1]:
+            return self.ss[-1] * math.exp(-(x - xs[-1]) / self.tail)
+        j = bisect_right(xs, x) - 1
+        x0, x1 = xs[j], xs[j + 1]
+        return self.ss[j] + (self.ss[j + 1] - self.ss[j]) * (x - x0) / (x1 - x0)
+
+    def quantile(self, p: float) -> float:
+        """The smallest x with P(L <= x) >= p (linear between knots, exponential tail)."""
+        if not 0 <= p < 1:
+            raise ValueError(f"quantile level must be in [0, 1), got {p}")
+        fs, xs = self.fs, self.xs
+        if p > fs[-1]:
+            return xs[-1] + self.tail * math.log((1 - fs[-1]) / (1 - p))
+        j = bisect_left(fs, p)
+        if j == 0 or fs[j] == p:
+            return xs[j]
+        f0, f1 = fs[j - 1], fs[j]
+        return xs[j - 1] + (xs[j] - xs[j - 1]) * (p - f0) / (f1 - f0)
+
+    def _integral_from(self, g: float) -> float:
+        """Integral of S from g to infinity."""
+        xs = self.xs
+        if g < xs[0]:
+            return xs[0] - g + self.suffix[0]
+        if g >= xs[-1]:
+            return self.survival(g) * self.tail
+        j = bisect_right(xs, g) - 1
+        return (self.survival(g) + self.ss[j + 1]) / 2 * (xs[j + 1] - g) + self.suffix[j + 1]
+
+    def mean_remaining(self, g: float) -> float:
+        """E[L - g | L > g] = integral of S from g to infinity / S(g)."""
+        s_g = self.survival(g)
+        if s_g <= 1e-12:
+            return self.tail  # beyond the model's support: the tail's mean excess
+        return self._integral_from(g) / s_g
+
+    def quantile_remaining(self, g: float, p: float) -> float:
+        """The p-quantile of L - g given L > g: Q(1 - (1 - p) S(g)) - g (at least 1 token)."""
+        s_g = self.survival(g)
+        if s_g <= 1e-12:
+            return self.tail * math.log(1 / (1 - p)) if p > 0 else 1.0
+        return max(self.quantile(min(1 - (1 - p) * s_g, 1 - 1e-12)) - g, 1.0)
+
+    def gittins(self, g: float) -> float:
+        """Gittins index of a job that has received g tokens of service:
+        sup over horizons D of P(L - g <= D | L > g) / E[min(L - g, D) | L > g], i.e. the best
+        completion probability per unit of expected service. Higher runs first; its inverse
+        is an "effective remaining size" (= L - g for a known length). Within a linear piece of
+        S the hazard rate grows, so the sup is attained at a knot or at D -> infinity."""
+        s_g = self.survival(g)
+        if s_g <= 1e-12:
+            return 1.0 / self.tail
+        xs, ss = self.xs, self.ss
+        best = s_g / self._integral_from(g)  # D -> infinity: completion certain
+        j = bisect_right(xs, g)  # first knot above g
+        if j < len(xs):
+            # integral of S from g to x_j, then accumulate knot to knot
+            if g < xs[0]:
+                area = xs[0] - g
+                j = 0
+                s_prev, x_prev = 1.0, xs[0]
+            else:
+                s_prev = ss[j]
+                area = (s_g + s_prev) / 2 * (xs[j] - g)
+                x_prev = xs[j]
+            if area > 0:
+                best = max(best, (s_g - s_prev) / area)
+            for k in range(j + 1, len(xs)):
+                area += (s_prev + ss[k]) / 2 * (xs[k] - x_prev)
+                s_prev, x_prev = ss[k], xs[k]
+                if area > 0:
+                    r = (s_g - s_prev) / area
+                    if r > best:
+                        best = r
+        return best
 
 
+# --- vectorised forms over rows (LengthEstimate) ----------------------------------------------------
 def _survival(q: np.ndarray, x: float) -> float:
-    xs, fs, tail = _knots(q)
-    if x < xs[0]:
-        return 1.0
-    if x >= xs[-1]:
-        return float((1 - fs[-1]) * np.exp(-(x - xs[-1]) / tail))
-    return float(1 - np.interp(x, xs, fs))
+    return Dist(q).survival(x)
 
 
 def _quantile(q: np.ndarray, p: float) -> float:
-    if not 0 <= p < 1:
-        raise ValueError(f"quantile level must be in [0, 1), got {p}")
-    xs, fs, tail = _knots(q)
-    if p <= fs[-1]:
-        # np.interp needs increasing x; fs is increasing, xs non-decreasing
-        return float(np.interp(p, fs, xs))
-    return float(xs[-1] + tail * np.log((1 - fs[-1]) / (1 - p)))
+    return Dist(q).quantile(p)
 
 
 def _mean_remaining(q: np.ndarray, g: float) -> float:
-    """E[L - g | L > g], integrating the survival function: ∫_g^∞ S(x) dx / S(g)."""
-    xs, fs, tail = _knots(q)
-    s_g = _survival(q, g)
-    if s_g <= 1e-12:
-        return tail  # beyond the model's support: the tail's mean excess
-    total = 0.0
-    if g < xs[-1]:
-        # piecewise-linear S between knots above g
-        pts = np.concatenate(([max(g, xs[0])], xs[xs > g]))
-        svals = np.array([_survival(q, v) for v in pts])
-        total += float(np.sum((svals[1:] + svals[:-1]) / 2 * np.diff(pts)))
-        if g < xs[0]:
-            total += xs[0] - g  # S = 1 below one token
-        total += (1 - fs[-1]) * tail  # ∫ of the exponential tail from the last knot
-    else:
-        total = s_g * tail
-    return total / s_g
+    return Dist(q).mean_remaining(g)

@@ -19,14 +19,23 @@ drivers provide (the simulator's `presched.sim.seq.Seq` is the reference):
     seq.target           ORACLE ONLY: the true number of tokens it will generate. Only policies
                          with `oracle = True` may read it; the gateway does not know it.
 
-Call order for one request: `on_arrival` -> `priority` (when it enters the waiting queue) ->
-`on_schedule` (each time it is admitted to the running batch) -> `on_tokens` (as it generates)
--> [`on_preempt` -> `priority` -> `on_schedule` ...] -> `on_finish`.
+Call order: `attach` once, before any request (what the engine offers). Then for one request:
+`on_arrival` -> `priority` (+ `rekey_at`) when it enters the waiting queue -> `admit` when it is at
+the head and fits -> `on_schedule` (each time it is admitted to the running batch) -> `on_tokens`
+(as it generates) -> [`on_preempt` -> `priority` -> `on_schedule` ...] -> `on_finish`.
+
+Keeping decisions cheap (the gateway and the simulator call these on their hot path): a key that
+changes with time in a way known in advance (starvation promotion at a wait threshold, an SLO
+becoming unreachable) is expressed with `rekey_at`, which costs O(log n) per change; linear aging
+is a static key (score - a*(now - arrival) orders like score + a*arrival). `dynamic = True`
+(re-key every waiting request at every decision, O(n log n)) is the last resort. A policy whose
+whole order changes at once (a mode switch) bumps `epoch`; the queue re-keys once.
 """
 
 from __future__ import annotations
 
 from abc import ABC
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Sequence
 
 
@@ -43,6 +52,25 @@ class SeqView(Protocol):
     preemptions: int
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    """What one engine offers, given to `Policy.attach` by the driver before any request.
+
+    kv_tokens            KV-cache capacity in tokens (num_blocks * block_size); None if unknown
+                         (a gateway in front of an engine that does not report it)
+    block_size           tokens per KV block (1 if unknown)
+    max_num_seqs         the most requests that run at once (the gateway: max in-flight)
+    max_num_batched_tokens  token budget of one step (None if unknown)
+    step_model           a `sim.steptime.StepTimeModel` of this engine (seconds per step), or None
+    """
+
+    kv_tokens: int | None = None
+    block_size: int = 1
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    step_model: Any = None
+
+
 class Policy(ABC):
     """Base class of scheduling policies. Subclass, override what you need, register by name.
 
@@ -51,11 +79,19 @@ class Policy(ABC):
     """
 
     name: ClassVar[str] = "base"
-    oracle: ClassVar[bool] = False
+    oracle: bool = False
     """True when the policy reads true lengths (`seq.target`): a bound, not deployable."""
-    dynamic: ClassVar[bool] = False
-    """True when `priority` changes with `now` (aging). The driver then re-evaluates the
-    priorities of all waiting requests each time it picks from the queue (O(n log n))."""
+    dynamic: bool = False
+    """True when `priority` changes with `now` in ways `rekey_at` cannot express. The queue then
+    re-evaluates the priorities of all waiting requests at each decision (O(n log n))."""
+    epoch: int = 0
+    """Bump (on the instance) when the order of requests already queued changes at once, e.g. a
+    switch of mode; the queue re-keys every waiting request once, at its next decision."""
+
+    def attach(self, engine: EngineInfo) -> None:
+        """Called once by the driver, before any request, with what the engine offers (KV
+        capacity, batch size, a step-time model). Policies that reason about memory or time
+        keep what they need. Default: ignore."""
 
     def priority(self, seq: SeqView, now: float) -> float:
         """Sort key of a waiting request: lower runs first; ties go to the earlier arrival.
@@ -65,6 +101,32 @@ class Policy(ABC):
         it is called once per request per queue entry on the simulator's hot path.
         """
         return seq.arrival
+
+    def rekey_at(self, seq: SeqView, now: float) -> float | None:
+        """The time at which the waiting request's `priority` will change by itself (e.g. it
+        reaches a starvation threshold), or None. Called right after `priority` each time the
+        request enters the queue; at that time the queue calls `priority` and `rekey_at` again.
+        The simulator ends fast-forwarded runs there, so the decision is taken on time."""
+        return None
+
+    def admit(self, seq: SeqView, running: Sequence[SeqView], now: float) -> bool:
+        """May `seq`, the head of the waiting queue, start now? Called by the engine after it
+        checked that a batch slot and its KV blocks for this step are free. Return False to
+        keep it (and, as the order is strict, everyone behind it) waiting, e.g. because its
+        predicted footprint would over-commit memory later. Default: True. A refusal must not
+        turn into a yes while the running requests only decode (no arrival, completion,
+        `wakeup` or re-key in between): the simulator fast-forwards such stretches."""
+        return True
+
+    def new_queue(self) -> Any:
+        """The waiting queue this policy orders (called once by each driver). Default: a
+        `WaitingQueue` keyed by `priority`. Policies that pick across sub-queues (per-tenant
+        fair share) return their own object with the same methods: `push(seq, now)`,
+        `update(now)`, `peek()`, `pop()`, `remove(seq)`, `next_rekey()`, `len`, `bool`, `in`,
+        iteration (see `queue.py`)."""
+        from presched.schedule.queue import WaitingQueue
+
+        return WaitingQueue(self)
 
     def victim(self, candidates: Sequence[SeqView], now: float) -> SeqView:
         """Which running request gives up its KV blocks when memory runs out.

@@ -1,14 +1,19 @@
-"""The waiting queue, ordered by a policy's `priority` (lowest first, then arrival, then id).
+"""The waiting queue, ordered by a policy's `priority` (lowest first, then arrival, then FIFO).
 
 Shared by every driver: the simulator's engine and the gateway's admission queue hold their
 waiting requests here, so a policy orders requests identically under both clocks.
-For `dynamic` policies, `refresh(now)` recomputes every key before the driver looks at the head.
+
+Keys are computed when a request enters the queue. The driver calls `update(now)` before it
+looks at the head; that re-keys the requests whose `rekey_at` time has come (O(log n) each), all
+requests once when the policy's `epoch` changed, and all requests every time for `dynamic`
+policies. Removal is lazy: an entry is live while it is the request's latest one.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from typing import Iterator
 
 from presched.schedule.interface import Policy, SeqView
@@ -17,53 +22,100 @@ from presched.schedule.interface import Policy, SeqView
 class WaitingQueue:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self._heap: list[tuple[float, float, int, SeqView]] = []
-        self._tie = itertools.count()  # FIFO among equal (priority, arrival)
-        self._dropped: set[int] = set()  # lazy removals, by id(seq)
-        self._size = 0
+        self._heap: list[tuple] = []  # (key, arrival, tie, seq)
+        self._timers: list[tuple[float, int, SeqView]] = []  # (rekey time, tie, seq)
+        self._tie = itertools.count()  # FIFO among equal (priority, arrival); entry identity
+        self._live: dict[int, tuple[int, SeqView]] = {}  # id(seq) -> (tie of its entry, seq)
+        self._epoch = policy.epoch
+        self._timed = type(policy).rekey_at is not Policy.rekey_at
 
     def push(self, seq: SeqView, now: float) -> None:
-        key = (self.policy.priority(seq, now), seq.arrival, next(self._tie), seq)
-        heapq.heappush(self._heap, key)
-        self._size += 1
+        tie = next(self._tie)
+        heapq.heappush(self._heap, (self.policy.priority(seq, now), seq.arrival, tie, seq))
+        self._live[id(seq)] = (tie, seq)
+        if self._timed:
+            t = self.policy.rekey_at(seq, now)
+            if t is not None:
+                heapq.heappush(self._timers, (t, tie, seq))
+
+    def update(self, now: float) -> None:
+        """Bring keys up to date at `now` (see module doc). Call before `peek`/`pop`."""
+        policy = self.policy
+        if policy.dynamic or policy.epoch != self._epoch:
+            self._epoch = policy.epoch
+            self._rekey_all(now)
+            return
+        timers, live = self._timers, self._live
+        while timers and timers[0][0] <= now:
+            _, tie, seq = heapq.heappop(timers)
+            entry = live.get(id(seq))
+            if entry is not None and entry[0] == tie:
+                self.push(seq, now)  # the new entry supersedes the old one
+
+    def next_rekey(self) -> float:
+        """The earliest pending `rekey_at` time (inf if none): decisions may change then."""
+        timers, live = self._timers, self._live
+        while timers:
+            _, tie, seq = timers[0]
+            entry = live.get(id(seq))
+            if entry is not None and entry[0] == tie:
+                return timers[0][0]
+            heapq.heappop(timers)
+        return math.inf
 
     def peek(self) -> SeqView | None:
-        self._drop_removed()
+        self._drop_stale()
         return self._heap[0][3] if self._heap else None
 
     def pop(self) -> SeqView:
-        self._drop_removed()
-        self._size -= 1
-        return heapq.heappop(self._heap)[3]
+        self._drop_stale()
+        seq = heapq.heappop(self._heap)[3]
+        del self._live[id(seq)]
+        return seq
 
     def remove(self, seq: SeqView) -> None:
         """Remove a request that is still waiting (e.g. a client cancelled). O(1), lazy."""
-        self._dropped.add(id(seq))
-        self._size -= 1
+        del self._live[id(seq)]
 
     def refresh(self, now: float) -> None:
-        """Recompute all keys (for policies whose priority depends on `now`)."""
-        self._drop_removed_all()
-        prio = self.policy.priority
-        self._heap = [(prio(s, now), s.arrival, t, s) for _, _, t, s in self._heap]
-        heapq.heapify(self._heap)
+        """Recompute every key now."""
+        self._rekey_all(now)
 
     def __len__(self) -> int:
-        return self._size
+        return len(self._live)
 
     def __bool__(self) -> bool:
-        return self._size > 0
+        return bool(self._live)
+
+    def __contains__(self, seq: object) -> bool:
+        return id(seq) in self._live
 
     def __iter__(self) -> Iterator[SeqView]:
         """Waiting requests in no particular order (use for inspection, not for scheduling)."""
-        return (s for _, _, _, s in self._heap if id(s) not in self._dropped)
+        return iter([s for _, s in self._live.values()])
 
-    def _drop_removed(self) -> None:
-        heap, dropped = self._heap, self._dropped
-        while dropped and heap and id(heap[0][3]) in dropped:
-            dropped.discard(id(heapq.heappop(heap)[3]))
+    def _drop_stale(self) -> None:
+        heap, live = self._heap, self._live
+        while heap:
+            entry = live.get(id(heap[0][3]))
+            if entry is not None and entry[0] == heap[0][2]:
+                return
+            heapq.heappop(heap)
 
-    def _drop_removed_all(self) -> None:
-        if self._dropped:
-            self._heap = [e for e in self._heap if id(e[3]) not in self._dropped]
-            self._dropped.clear()
+    def _rekey_all(self, now: float) -> None:
+        entries = sorted(self._live.values(), key=lambda e: e[0])  # FIFO among equal keys
+        prio, rekey = self.policy.priority, self.policy.rekey_at
+        heap: list[tuple] = []
+        timers: list[tuple[float, int, SeqView]] = []
+        live: dict[int, tuple[int, SeqView]] = {}
+        for _, s in entries:
+            tie = next(self._tie)
+            heap.append((prio(s, now), s.arrival, tie, s))
+            live[id(s)] = (tie, s)
+            if self._timed:
+                t = rekey(s, now)
+                if t is not None:
+                    timers.append((t, tie, s))
+        heapq.heapify(heap)
+        heapq.heapify(timers)
+        self._heap, self._timers, self._live = heap, timers, live

@@ -7,7 +7,8 @@ j-th next step lasts t0 + s*B*j (the step model's `decode_line`), so k steps tak
 k*t0 + s*B*k(k-1)/2 and the run length k is the largest that
 
 - ends no later than the first completion (min remaining tokens over the batch),
-- starts its last step before `until` (next arrival) and before the policy's `wakeup`,
+- starts its last step before `until` (next arrival), the policy's `wakeup` and the queue's next
+  re-key time (`rekey_at`),
 - keeps every request's KV blocks allocatable (otherwise the next step preempts, one at a time),
 - stays inside the step model's exact-line range.
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from presched.schedule.interface import Policy
+from presched.schedule.interface import EngineInfo, Policy
 from presched.sim.config import EngineConfig
 from presched.sim.itl import ItlLog
 from presched.sim.scheduler import Scheduler
@@ -40,6 +41,11 @@ class Instance:
         step_model: StepTimeModel, fast_forward: bool = True, lazy: bool = True,
     ) -> None:  # fmt: skip
         self.index = index
+        policy.attach(EngineInfo(
+            kv_tokens=num_blocks * cfg.block_size, block_size=cfg.block_size,
+            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            step_model=step_model,
+        ))  # fmt: skip
         self.sched = Scheduler(cfg, num_blocks, policy)
         self.policy = policy
         self.step_model = step_model
@@ -158,6 +164,10 @@ class Instance:
         if self._wakeup_hook:
             w = self.policy.wakeup(now)
             if w is not None and now < w < limit:
+                limit = w
+        if self.sched.waiting:
+            w = self.sched.waiting.next_rekey()
+            if now < w < limit:
                 limit = w
         if limit != math.inf and k > 1:
             k = min(k, _steps_starting_before(limit - now, t0, s))

@@ -18,7 +18,6 @@ The caller runs the step for `step_time(shape)` seconds and then calls `postproc
 from __future__ import annotations
 
 from presched.schedule.interface import Policy
-from presched.schedule.queue import WaitingQueue
 from presched.sim.block_manager import BlockManager
 from presched.sim.config import EngineConfig
 from presched.sim.seq import RUNNING, WAITING, Seq
@@ -29,10 +28,11 @@ class Scheduler:
         self.cfg = cfg
         self.policy = policy
         self.kv = BlockManager(num_blocks, cfg.block_size)
-        self.waiting = WaitingQueue(policy)
+        self.waiting = policy.new_queue()
         self.running: list[Seq] = []
         self.num_preemptions = 0
         self._preemptive = type(policy).preempt_for is not Policy.preempt_for
+        self._admits = type(policy).admit is not Policy.admit
         self._max_tokens = cfg.max_num_batched_tokens
         self._threshold = cfg.long_prefill_token_threshold
         self._kv_tokens = num_blocks * cfg.block_size
@@ -100,8 +100,7 @@ class Scheduler:
     def _admit(self, now: float, batch: "Batch", budget: int) -> None:
         """B. Waiting requests in policy order (see module doc)."""
         waiting, kv, running, policy = self.waiting, self.kv, self.running, self.policy
-        if policy.dynamic:
-            waiting.refresh(now)
+        waiting.update(now)
         seqs, ntoks = batch.seqs, batch.ntoks
         max_seqs, threshold = self.cfg.max_num_seqs, self._threshold
         while waiting and budget > 0:
@@ -124,6 +123,8 @@ class Scheduler:
                 self._preempt(victim, now)
                 batch.changed = True
                 continue
+            if self._admits and not policy.admit(seq, running, now):
+                break
             waiting.pop()
             seq.status = RUNNING
             running.append(seq)

@@ -1,0 +1,77 @@
+"""`Wrapper`: a policy that adds one concern (fair share, KV admission, fallback) on top of an
+inner policy chosen by name, delegating every hook it does not change.
+
+    POLICIES.create("kv-admission", inner="sjf", inner_params={"stat": "mean"})
+
+Subclasses override the hooks they change and call `self.inner` for the rest. `oracle` and
+`dynamic` are the inner policy's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from presched.schedule.interface import EngineInfo, Policy
+from presched.schedule.registry import POLICIES
+
+
+class Wrapper(Policy):
+    name = "wrapper"
+
+    def __init__(self, inner: str = "fcfs", inner_params: dict[str, Any] | None = None) -> None:
+        try:
+            self.inner: Policy = POLICIES.create(inner, **(inner_params or {}))
+        except TypeError as e:
+            raise ValueError(f"field 'inner_params' for {inner!r}: {e}") from None
+        self.oracle = self.inner.oracle
+        self.dynamic = self.inner.dynamic
+
+    @property
+    def epoch(self) -> int:  # type: ignore[override]
+        return self.inner.epoch
+
+    def new_queue(self):
+        """The inner policy's own queue if it has one (e.g. per-tenant fair share, ordered by
+        the inner policy), else a `WaitingQueue` keyed by this wrapper's `priority`."""
+        if type(self.inner).new_queue is not Policy.new_queue:
+            return self.inner.new_queue()
+        return super().new_queue()
+
+    def attach(self, engine: EngineInfo) -> None:
+        self.inner.attach(engine)
+
+    def priority(self, seq, now):
+        return self.inner.priority(seq, now)
+
+    def rekey_at(self, seq, now):
+        return self.inner.rekey_at(seq, now)
+
+    def admit(self, seq, running, now):
+        return self.inner.admit(seq, running, now)
+
+    def victim(self, candidates, now):
+        return self.inner.victim(candidates, now)
+
+    def preempt_for(self, candidate, running, now):
+        return self.inner.preempt_for(candidate, running, now)
+
+    def wakeup(self, now):
+        return self.inner.wakeup(now)
+
+    def on_arrival(self, seq, now):
+        self.inner.on_arrival(seq, now)
+
+    def on_schedule(self, seq, now):
+        self.inner.on_schedule(seq, now)
+
+    def on_tokens(self, seq, num_tokens, now):
+        self.inner.on_tokens(seq, num_tokens, now)
+
+    def on_preempt(self, seq, now):
+        self.inner.on_preempt(seq, now)
+
+    def on_finish(self, seq, now):
+        self.inner.on_finish(seq, now)
+
+    def describe(self) -> str:
+        return f"{self.name}({self.inner.describe()})"
