@@ -187,6 +187,7 @@ def simulate(
 ) -> None:
     """Simulate one workload under one policy (at the workload's own rate) and print every metric."""
     from presched.metrics.summary import summarize
+    from presched.predict.source import predictions_for
     from presched.sim.setup import simulate as run_sim
     from presched.workload.config import build_workload
 
@@ -194,7 +195,7 @@ def simulate(
     flags.update({"workload.rate": rate, "sim.policy": policy})
     cfg = build_config(config, flags, set_)
     reqs = build_workload(cfg.workload)
-    res = run_sim(reqs, cfg.sim)
+    res = run_sim(reqs, cfg.sim, estimates=predictions_for(reqs, cfg.predictions))
     summary = summarize(res.records, res.itl.values(), cfg.slo)
     summary.update({"sim_wall_s": res.wall_seconds, "sim_steps": res.num_steps,
                     "realtime_factor": res.realtime_factor})  # fmt: skip

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from builders import make_requests
 
@@ -60,3 +61,28 @@ def test_untimed_source_gets_poisson_arrivals_in_a_bench(data_dir):
     assert cfg.workload.arrivals == "poisson" and cfg.workload.rate == 1.0
     with pytest.raises(ValueError, match="arrivals='trace' is impossible"):
         BenchConfig.model_validate({"workload": {"source": "castillo", "model": "llama-3.1-8b", "arrivals": "trace"}})
+
+
+def test_predictions_config_names_the_missing_or_stray_field():
+    from pydantic import ValidationError
+
+    from presched.predict.source import PredictionsConfig
+
+    with pytest.raises(ValidationError, match="path is required"):
+        PredictionsConfig(source="model")
+    with pytest.raises(ValidationError, match="path is only used"):
+        PredictionsConfig(source="noisy-oracle", path="x.npz")
+    with pytest.raises(ValidationError, match="sigma"):
+        PredictionsConfig(source="noisy-oracle", sigma=-1)
+
+
+def test_noisy_oracle_predictions_reach_the_policy_in_request_order():
+    from presched.predict.source import PredictionsConfig, predictions_for
+
+    reqs = make_requests(n=200, seed=3)
+    exact = predictions_for(reqs, PredictionsConfig(source="noisy-oracle", sigma=0.0))
+    assert [float(p) for p in exact.point] == [float(r.target_tokens) for r in reqs]
+    noisy = predictions_for(reqs, PredictionsConfig(source="noisy-oracle", sigma=1.0, seed=1))
+    ratio = np.log(noisy.point / np.array([r.target_tokens for r in reqs]))
+    assert 0.8 < ratio.std() < 1.2  # log-scale error sigma
+    assert predictions_for(reqs, PredictionsConfig()) is None

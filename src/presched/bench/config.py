@@ -3,7 +3,8 @@ several policies and loads. An experiment file (YAML or JSON) sets any of these 
 
     workload: {source: azure-conv, num_requests: 4000}
     sim: {num_instances: 1, engine: {max_num_seqs: 64}, step_time: {hardware: h100-sxm}}
-    policies: [fcfs, sjf-oracle, srpt-oracle]
+    policies: [fcfs, sjf-oracle, srpt-oracle, sjf]
+    predictions: {source: model, path: text-gbm.npz}
     loads: [0.5, 0.8, 0.9, 0.95]
     slo: {ttft_ms: 2000, tpot_ms: 100}
 """
@@ -17,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from presched.config import Config
 from presched.metrics.summary import GoodputSLO
+from presched.predict.source import PredictionsConfig
 from presched.schedule import POLICIES
 from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig
@@ -34,6 +36,10 @@ class BenchConfig(Config):
         description="The simulated deployment. The bench default caps the batch at 64 requests so "
         "that requests queue near capacity: with vLLM's 256 slots the default workload never queues "
         "on one H100 and every ordering policy ties.",
+    )
+    predictions: PredictionsConfig = Field(
+        default_factory=PredictionsConfig,
+        description="Length predictions given to every run (needed by length-aware policies).",
     )
     policies: list[str] = Field(
         default_factory=lambda: ["fcfs", "sjf-oracle", "srpt-oracle"],

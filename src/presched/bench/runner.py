@@ -11,6 +11,7 @@ import numpy as np
 from presched.bench.capacity import saturated_throughput
 from presched.bench.config import BenchConfig
 from presched.metrics.summary import summarize
+from presched.predict.source import predictions_for
 from presched.sim.setup import simulate
 from presched.workload.arrivals import apply_arrivals, rescale
 from presched.workload.config import build_workload
@@ -51,6 +52,7 @@ def run_bench(
     if on_run:
         on_run("capacity")
     mean_out = float(np.mean([r.target_tokens for r in reqs]))
+    estimates = predictions_for(reqs, cfg.predictions)  # rescaling arrivals keeps the order
     result = BenchResult(cfg, capacity, mean_out)
     for load in cfg.loads:
         loaded = arrivals_at_load(reqs, load, capacity)
@@ -58,7 +60,7 @@ def run_bench(
             sim = cfg.sim.model_copy(
                 update={"policy": policy, "policy_params": cfg.policy_params.get(policy, {})}
             )
-            res = simulate(loaded, sim)
+            res = simulate(loaded, sim, estimates=estimates)
             row: dict[str, Any] = {"load": load, "policy": policy,
                                    "rate_req_s": len(loaded) / max(loaded[-1].arrival, 1e-9)}  # fmt: skip
             row.update(summarize(res.records, res.itl.values(), cfg.slo))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from presched.registry import UnknownNameError
 from presched.schedule.interface import EngineInfo, Policy
 from presched.schedule.registry import POLICIES
 
@@ -21,6 +22,8 @@ class Wrapper(Policy):
     def __init__(self, inner: str = "fcfs", inner_params: dict[str, Any] | None = None) -> None:
         try:
             self.inner: Policy = POLICIES.create(inner, **(inner_params or {}))
+        except UnknownNameError as e:
+            raise ValueError(f"field 'inner': {e}") from None
         except TypeError as e:
             raise ValueError(f"field 'inner_params' for {inner!r}: {e}") from None
         self.oracle = self.inner.oracle

@@ -52,13 +52,7 @@ class Cluster:
         """Simulate all requests to completion. `progress(n)` is called every 1024 arrivals.
         `estimates` (a `predict.LengthEstimate`, one row per request, in request order) sets each
         request's `seq.estimate` for policies and routers that read predictions."""
-        order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
-        seqs = [Seq(requests[i], i) for i in order]
-        if estimates is not None:
-            if len(estimates) != len(requests):
-                raise ValueError(f"estimates: {len(estimates)} rows for {len(requests)} requests")
-            for seq in seqs:
-                seq.estimate = estimates[seq.index]
+        seqs = make_seqs(requests, estimates)
         insts = self.instances
         router = self.router
         wall = time.perf_counter()
@@ -92,3 +86,15 @@ class Cluster:
             for seq in fin[done[inst.index]:]:
                 self.router.on_finish(seq, inst.index, seq.finish)  # type: ignore[union-attr]
             done[inst.index] = len(fin)
+
+
+def make_seqs(requests: Sequence[Request], estimates=None) -> list[Seq]:
+    """One `Seq` per request, in (arrival, workload position) order, with its estimate set."""
+    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
+    seqs = [Seq(requests[i], i) for i in order]
+    if estimates is not None:
+        if len(estimates) != len(requests):
+            raise ValueError(f"estimates: {len(estimates)} rows for {len(requests)} requests")
+        for seq in seqs:
+            seq.estimate = estimates[seq.index]
+    return seqs

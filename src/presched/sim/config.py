@@ -1,10 +1,14 @@
-"""Engine configuration: the vLLM v1 scheduler knobs the simulator models."""
+"""Engine configuration: the vLLM v1 scheduler knobs the simulator models, and the layout of a
+prefill/decode-disaggregated cluster."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, field_validator
 
 from presched.config import Config
+from presched.schedule.routers import ROUTERS
 
 
 class EngineConfig(Config):
@@ -25,3 +29,28 @@ class EngineConfig(Config):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Share of GPU memory for weights + KV cache when num_blocks is derived (vLLM --gpu-memory-utilization)."
     )
+
+
+class DisaggConfig(Config):
+    """Prefill/decode disaggregation (DistServe, Splitwise, vLLM disaggregated prefill): see
+    sim/disagg.py and docs/simulator.md."""
+
+    num_prefill: int = Field(1, ge=1, description="Prefill instances: each computes prompts and samples the first token (TTFT), then hands the request over.")
+    num_decode: int = Field(1, ge=1, description="Decode instances: each admits handed-over requests with their prompt KV present and generates the rest.")
+    prefill_router: str = Field("round-robin", description="Router across the prefill instances (at arrival): " + ", ".join(ROUTERS.names()) + ".")
+    prefill_router_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the prefill router.")
+    decode_router: str = Field("round-robin", description="Router across the decode instances (when a request's KV arrives): " + ", ".join(ROUTERS.names()) + ".")
+    decode_router_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the decode router.")
+    kv_transfer_gbps: float = Field(
+        400.0, gt=0, description="Bandwidth of one prefill-to-decode KV transfer, in Gb/s (gigabits per second; 400 = one 400G InfiniBand/RoCE NIC, 50 GB/s; NVLink in a node is ~3,600-7,200). Transfer time = prompt_tokens * kv_bytes_per_token * 8 / (kv_transfer_gbps * 1e9) + transfer_latency_ms."
+    )
+    transfer_latency_ms: float = Field(1.0, ge=0, description="Fixed cost of one KV transfer in ms (connection, metadata, completion notification), added to the bandwidth term.")
+    prefill_engine: EngineConfig | None = Field(
+        None, description="vLLM scheduler knobs of the prefill instances (e.g. a bigger max_num_batched_tokens); default: the same as `engine`."
+    )
+
+    @field_validator("prefill_router", "decode_router")
+    @classmethod
+    def _router_known(cls, v: str) -> str:
+        ROUTERS.get(v)
+        return v

@@ -1,5 +1,8 @@
 """One simulated engine instance: runs scheduler steps on a virtual clock.
 
+A request leaves the instance when it has generated `seq.stop` tokens: its true length, or 1 on
+a prefill instance of a disaggregated cluster (disagg.py).
+
 `advance(until)` executes every step that starts before `until` (a step is atomic: a request
 that arrives mid-step joins at the next step, as in a real engine). Steps that only decode, while
 the batch cannot change, are fast-forwarded: with B requests decoding and total context C, the
@@ -149,7 +152,7 @@ class Instance:
                 seq.last_token = end
                 if self._tokens_hook:
                     self.policy.on_tokens(seq, 1, end)
-                if seq.generated >= seq.target:
+                if seq.generated >= seq.stop:
                     self._finish(seq, end)
         if contiguous:
             self.itl.add(dur, 0.0, 1, contiguous)
@@ -157,7 +160,7 @@ class Instance:
     def _run_decodes(self, seqs: list[Seq], B: int, C: int, now: float, until: float) -> None:
         t0, slope, valid = self.step_model.decode_line(B, C)
         s = slope * B  # each step is s seconds longer than the previous one
-        k = min(seq.target - seq.generated for seq in seqs)
+        k = min(seq.stop - seq.generated for seq in seqs)
         if valid != math.inf:
             k = min(k, int((valid - C) // B) + 1)
         limit = math.inf if self.lazy else until
@@ -213,7 +216,7 @@ class Instance:
             seq.last_token = end
             if self._tokens_hook:
                 self.policy.on_tokens(seq, k, end)
-            if seq.generated >= seq.target:
+            if seq.generated >= seq.stop:
                 self._finish(seq, end)
         if contiguous:
             self.itl.add(t0, 0.0, 1, contiguous)

@@ -1,4 +1,9 @@
-"""The outcome of one simulation: every request's timeline plus engine counters."""
+"""The outcome of one simulation: every request's timeline plus engine counters.
+
+Under prefill/decode disaggregation a request's record joins its two instances: arrival,
+first_scheduled and first_token on the prefill instance, finish and `instance` on the decode one
+(the prefill one for a 1-token reply), preemptions and recomputed tokens summed over both; the
+per-instance lists hold every instance, prefill ones first (`roles`)."""
 
 from __future__ import annotations
 
@@ -21,9 +26,17 @@ class SimResult:
     peak_kv_blocks: list[int]
     num_blocks: list[int]
     seqs: list[Seq] = field(repr=False, default_factory=list)
+    roles: list[str] = field(default_factory=list)
+    """Per instance (same order as busy_seconds ...): "colocated", "prefill" or "decode"."""
+    kv_transfer_bytes: float = 0.0
+    """Disaggregated: prompt KV bytes sent from prefill to decode instances in all."""
 
     @classmethod
-    def from_instances(cls, seqs: list[Seq], instances, wall: float) -> "SimResult":
+    def from_instances(
+        cls, seqs: list[Seq], instances, wall: float, roles: list[str] | None = None,
+        kv_transfer_bytes: float = 0.0,
+    ) -> "SimResult":  # fmt: skip
+        """`instances`: every instance (a disaggregated cluster: prefill ones, then decode)."""
         itl = ItlLog()
         for inst in instances:
             itl.extend(inst.itl)
@@ -38,6 +51,8 @@ class SimResult:
             peak_kv_blocks=[i.sched.kv.peak_used for i in instances],
             num_blocks=[i.sched.kv.num_blocks for i in instances],
             seqs=seqs,
+            roles=roles if roles is not None else ["colocated"] * len(instances),
+            kv_transfer_bytes=kv_transfer_bytes,
         )
 
     @property

@@ -10,7 +10,10 @@ A. Running requests, in admission order: each gets the tokens it still has to co
 B. Only if nothing was preempted in A (vLLM's anti-thrash rule): waiting requests in policy
    order, while budget, `max_num_seqs` and free blocks allow. When the head cannot start, the
    policy may name a running request to preempt for it (`preempt_for`); otherwise B stops
-   (strict order: a blocked head is not skipped).
+   (strict order: a blocked head is not skipped). A waiting request computes its
+   `num_tokens - computed` tokens: all of them (computed == 0), except on a decode instance of a
+   disaggregated cluster, where its prompt KV came from a prefill instance (computed = prompt)
+   and its first step feeds its first token: a decode (vLLM's KV-connector semantics).
 
 The caller runs the step for `step_time(shape)` seconds and then calls `postprocess`.
 """
@@ -38,11 +41,11 @@ class Scheduler:
         self._kv_tokens = num_blocks * cfg.block_size
 
     def add(self, seq: Seq, now: float) -> None:
-        # KV is needed for every token but the last one generated (it is sampled, never fed back)
-        if seq.prompt_tokens + seq.target - 1 > self._kv_tokens:
+        # KV is needed for every token but the last one generated here (sampled, never fed back)
+        if seq.prompt_tokens + seq.stop - 1 > self._kv_tokens:
             raise ValueError(
                 f"request {seq.id!r}: prompt_tokens + output tokens = "
-                f"{seq.prompt_tokens + seq.target} exceeds the KV cache of one instance "
+                f"{seq.prompt_tokens + seq.stop} exceeds the KV cache of one instance "
                 f"({self._kv_tokens} tokens); raise num_blocks or cap max_tokens"
             )
         seq.status = WAITING
@@ -105,7 +108,9 @@ class Scheduler:
         max_seqs, threshold = self.cfg.max_num_seqs, self._threshold
         while waiting and budget > 0:
             seq = waiting.peek()
-            n = seq.prompt_tokens + seq.generated  # computed == 0 while waiting
+            c = seq.computed  # 0, or the prompt when its KV came from a prefill instance
+            total = seq.prompt_tokens + seq.generated
+            n = total - c
             if threshold and n > threshold:
                 n = threshold
             if n > budget:
@@ -113,7 +118,7 @@ class Scheduler:
                     n = budget
                 elif budget < self._max_tokens:  # not chunked: wait for a step with room
                     break
-            extra = kv.blocks_for(n)
+            extra = kv.blocks_for(c + n)  # a waiting request holds no blocks
             if len(running) >= max_seqs or extra > kv.free:
                 victim = policy.preempt_for(seq, running, now) if self._preemptive else None
                 if victim is None:
@@ -131,7 +136,11 @@ class Scheduler:
             kv.take(seq, extra)
             seqs.append(seq)
             ntoks.append(n)
-            batch.add_prefill(n, 0)
+            if c and n == 1 and c + 1 == total and seq.generated:  # KV arrived: a decode
+                batch.num_decode += 1
+                batch.decode_context += total
+            else:
+                batch.add_prefill(n, c)
             budget -= n
             batch.changed = True
             if seq.first_scheduled is None:

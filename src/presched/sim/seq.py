@@ -4,6 +4,11 @@ Token accounting follows vLLM v1: a request has `num_tokens = prompt + generated
 step computes KV for some of them (`computed` catches up to `num_tokens`); when a step brings
 `computed` to `num_tokens`, the step samples one new token. Preemption by recompute sets
 `computed` back to 0, so the prompt and every generated token are prefilled again.
+
+`stop` is the output length at which the request leaves the instance it is on: its true length
+`target` on a colocated or decode instance, 1 on a prefill instance of a disaggregated cluster
+(see disagg.py), which hands it over after its first token. Schedulers stop on `stop`; oracle
+policies read `target`.
 """
 
 from __future__ import annotations
@@ -17,10 +22,10 @@ WAITING, RUNNING, FINISHED = 0, 1, 2
 
 class Seq:
     __slots__ = (
-        "request", "id", "index", "arrival", "prompt_tokens", "target", "tenant",
+        "request", "id", "index", "arrival", "prompt_tokens", "target", "stop", "tenant",
         "generated", "computed", "blocks", "status", "instance", "estimate",
         "first_scheduled", "first_token", "last_token", "finish",
-        "preemptions", "recomputed_tokens", "max_itl",
+        "preemptions", "recomputed_tokens", "max_itl", "prefill_instance", "kv_ready",
     )  # fmt: skip
 
     def __init__(self, request: Request, index: int) -> None:
@@ -30,6 +35,7 @@ class Seq:
         self.arrival = request.arrival
         self.prompt_tokens = request.prompt_tokens
         self.target = request.target_tokens  # true length; only oracle policies may read it
+        self.stop = self.target  # leaves this instance at this many output tokens
         self.tenant = request.tenant
         self.generated = 0
         self.computed = 0
@@ -44,6 +50,8 @@ class Seq:
         self.preemptions = 0
         self.recomputed_tokens = 0  # tokens prefilled again because of preemptions
         self.max_itl = 0.0
+        self.prefill_instance = -1  # disaggregated: the prefill instance (`instance`: decode)
+        self.kv_ready: float | None = None  # disaggregated: time its prompt KV reached decode
 
     @property
     def num_tokens(self) -> int:

@@ -3,19 +3,22 @@
     from presched.sim import SimConfig, simulate
     result = simulate(requests, SimConfig(policy="srpt-oracle", num_instances=4,
                                           router="least-work"))
+    # 1 prefill + 3 decode instances (prefill/decode disaggregation, see disagg.py):
+    result = simulate(requests, SimConfig(disaggregated=DisaggConfig(num_prefill=1, num_decode=3)))
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from presched.config import Config
 from presched.schedule import POLICIES
 from presched.schedule.routers import ROUTERS
 from presched.sim.cluster import Cluster
-from presched.sim.config import EngineConfig
+from presched.sim.config import DisaggConfig, EngineConfig
+from presched.sim.disagg import DisaggCluster
 from presched.sim.result import SimResult
 from presched.sim.steptime import StepTimeConfig, build_step_model, kv_cache_blocks
 from presched.workload.request import Request
@@ -30,6 +33,9 @@ class SimConfig(Config):
     policy: str = Field("fcfs", description="Scheduling policy of every instance: " + ", ".join(POLICIES.names()) + ".")
     policy_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the policy.")
     fast_forward: bool = Field(True, description="Advance runs of decode-only steps at once (exact; turn off only to check it).")
+    disaggregated: DisaggConfig | None = Field(
+        None, description="Prefill/decode disaggregation: separate prefill and decode instances with a KV transfer between them (fields: num_prefill, num_decode, prefill_router, decode_router, their _params, kv_transfer_gbps, transfer_latency_ms, prefill_engine). Unset: colocated instances (num_instances, router). Every instance runs `policy`; decode instances use `engine`."
+    )
 
     @field_validator("router")
     @classmethod
@@ -43,15 +49,29 @@ class SimConfig(Config):
         POLICIES.get(v)
         return v
 
-    def num_blocks(self) -> int:
-        """KV blocks per instance: `engine.num_blocks`, else derived from model and hardware."""
-        if self.engine.num_blocks is not None:
-            return self.engine.num_blocks
+    @model_validator(mode="after")
+    def _one_layout(self) -> "SimConfig":
+        d = self.disaggregated
+        if d is None or "num_instances" not in self.model_fields_set:
+            return self
+        if self.num_instances != d.num_prefill + d.num_decode:
+            raise ValueError(
+                f"field 'num_instances': {self.num_instances} does not match disaggregated "
+                f"num_prefill + num_decode = {d.num_prefill + d.num_decode}; leave it unset"
+            )
+        return self
+
+    def num_blocks(self, engine: EngineConfig | None = None) -> int:
+        """KV blocks per instance of `engine` (default: `self.engine`): its `num_blocks`, else
+        derived from model and hardware."""
+        engine = engine or self.engine
+        if engine.num_blocks is not None:
+            return engine.num_blocks
         st = self.step_time
         return kv_cache_blocks(
             st.model_spec(), st.hardware_spec(), tp=st.tp,
-            gpu_memory_utilization=self.engine.gpu_memory_utilization,
-            block_size=self.engine.block_size,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            block_size=engine.block_size,
         )  # fmt: skip
 
     def policy_factory(self) -> Callable:
@@ -64,16 +84,41 @@ class SimConfig(Config):
         return lambda: factory(**params)
 
 
-def build_cluster(cfg: SimConfig) -> Cluster:
+def _router(name: str, params: dict, field: str):
+    try:
+        return ROUTERS.create(name, **params)
+    except TypeError as e:
+        raise ValueError(f"{field} for {name!r}: {e}") from None
+
+
+def build_cluster(cfg: SimConfig) -> Cluster | DisaggCluster:
+    """The colocated `Cluster`, or a `DisaggCluster` when `cfg.disaggregated` is set."""
+    if cfg.disaggregated is not None:
+        return _build_disagg(cfg, cfg.disaggregated)
     router = None
     if cfg.num_instances > 1:
-        try:
-            router = ROUTERS.create(cfg.router, **cfg.router_params)
-        except TypeError as e:
-            raise ValueError(f"router_params for {cfg.router!r}: {e}") from None
+        router = _router(cfg.router, cfg.router_params, "router_params")
     return Cluster(
         engine=cfg.engine, num_blocks=cfg.num_blocks(), step_model=build_step_model(cfg.step_time),
         policy_factory=cfg.policy_factory(), router=router, num_instances=cfg.num_instances,
+        fast_forward=cfg.fast_forward,
+    )  # fmt: skip
+
+
+def _build_disagg(cfg: SimConfig, d: DisaggConfig) -> DisaggCluster:
+    prefill_engine = d.prefill_engine or cfg.engine
+    return DisaggCluster(
+        prefill_engine=prefill_engine, decode_engine=cfg.engine,
+        prefill_blocks=cfg.num_blocks(prefill_engine), decode_blocks=cfg.num_blocks(),
+        step_model=build_step_model(cfg.step_time), policy_factory=cfg.policy_factory(),
+        prefill_router=_router(d.prefill_router, d.prefill_router_params,
+                               "disaggregated.prefill_router_params"),
+        decode_router=_router(d.decode_router, d.decode_router_params,
+                              "disaggregated.decode_router_params"),
+        num_prefill=d.num_prefill, num_decode=d.num_decode,
+        kv_bytes_per_token=cfg.step_time.model_spec().kv_bytes_per_token,
+        transfer_bandwidth=d.kv_transfer_gbps * 1e9 / 8,  # Gb/s -> bytes/s
+        transfer_latency=d.transfer_latency_ms / 1e3,
         fast_forward=cfg.fast_forward,
     )  # fmt: skip
 

@@ -1,0 +1,347 @@
+"""Do predictive policies beat FCFS on real traces, and how much of the oracle's gain do they keep?
+
+    python benchmarks/policies.py                 # full run (~15 min on 2 cores)
+    python benchmarks/policies.py --quick         # fewer requests and loads (~2 min)
+    python benchmarks/policies.py --predictor m.npz   # reuse a text-gbm saved by `presched train`
+
+Workloads (one Llama-3.1-8B on an H100, vLLM v1 continuous batching, 64 slots):
+- conv / code: Azure LLM 2023 conv / code arrival times x CASTILLO Llama-3.1-8B prompts of the
+  TEST split (true length = one sampled generation, as a live request has), composed seeded;
+  predictions from presched's default text predictor (text-gbm) trained on the CASTILLO TRAIN
+  split (all 13 models), so no test prompt was seen in training;
+- mooncake: the Mooncake conversation trace (its own arrivals and lengths). It has no prompt
+  text, so no text predictor can run: its predictions are the noisy oracle at the sigma whose
+  Kendall tau-b matches text-gbm's on the code workload (said in every output).
+
+Load = offered output-token rate / the deployment's maximum output-token throughput (a
+saturated FCFS run of the same requests); arrival times are rescaled to each load, keeping their
+shape. Gain capture = (FCFS - policy) / (FCFS - srpt-oracle) on mean E2E.
+
+Writes benchmarks/results/policies.json and policies-*.png, then prints the headline figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from scipy.stats import kendalltau
+
+from presched.bench.capacity import saturated_throughput
+from presched.bench.runner import arrivals_at_load
+from presched.metrics.summary import GoodputSLO, summarize
+from presched.predict import LengthEstimate
+from presched.predict.noisy_oracle import noisy_oracle
+from presched.schedule import POLICIES
+from presched.sim.config import EngineConfig
+from presched.sim.setup import SimConfig, simulate
+from presched.workload.config import WorkloadConfig, build_workload
+
+OUT = Path(__file__).parent / "results"
+SLO = GoodputSLO(ttft_ms=2000, tpot_ms=100)
+LLAMA = "llama-3.1-8b"
+
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "conv": dict(source="azure-conv", lengths_from="castillo", lengths_model=LLAMA, lengths_split="test"),
+    "code": dict(source="azure-code", lengths_from="castillo", lengths_model=LLAMA, lengths_split="test"),
+    "mooncake": dict(source="mooncake-conv"),
+}
+
+# name -> (policy, params). Oracles read true lengths; the rest read predictions.
+POLICY_SET: dict[str, tuple[str, dict[str, Any]]] = {
+    "fcfs": ("fcfs", {}),
+    "sjf-oracle": ("sjf-oracle", {}),
+    "srpt-oracle": ("srpt-oracle", {}),
+    "sjf": ("sjf", {}),
+    "srpt": ("srpt", {}),
+    "trail": ("trail", {}),
+    "gittins": ("gittins", {}),
+    "rank": ("rank", {}),
+    "aging": ("aging", {}),
+    "hrrn": ("hrrn", {}),
+    "mlfq": ("mlfq", {}),
+    "kv-admission": ("kv-admission", {"inner": "sjf"}),
+    "fallback": ("fallback", {"inner": "sjf"}),
+}
+ORACLES = {"sjf-oracle", "srpt-oracle"}
+BASELINES = {"fcfs", "mlfq"}  # non-predictive
+DEFAULT_POLICY = "aging"  # presched's recommended predictive policy (docs/policies.md)
+NOISE_POLICIES = ("sjf", "srpt", "gittins", DEFAULT_POLICY)
+SIGMAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+
+
+def sim_config(instances: int = 1, router: str = "least-work") -> SimConfig:
+    return SimConfig(engine=EngineConfig(max_num_seqs=64), num_instances=instances,
+                     router=router if instances > 1 else "round-robin")  # fmt: skip
+
+
+def run(reqs, policy: str, params: dict, est, sim: SimConfig) -> dict[str, Any]:
+    cfg = sim.model_copy(update={"policy": policy, "policy_params": params})
+    res = simulate(reqs, cfg, estimates=est)
+    row = summarize(res.records, res.itl.values(), SLO)
+    row["sim_wall_s"] = res.wall_seconds
+    return row
+
+
+def train_predictor(path: str | None, console: Console):
+    from presched.predict import load_predictor
+    from presched.predict.base import PREDICTORS
+    from presched.predict.data import castillo_requests
+
+    if path:
+        return load_predictor(path), 0.0
+    t = time.perf_counter()
+    console.print("training text-gbm on the CASTILLO train split (all 13 models) ...")
+    pred = PREDICTORS.create("text-gbm")
+    pred.fit(castillo_requests(split="train"))
+    return pred, time.perf_counter() - t
+
+
+def tau(est: LengthEstimate, reqs) -> float:
+    return float(kendalltau(est.point, [r.target_tokens for r in reqs]).statistic)
+
+
+def sigma_for_tau(reqs, target: float) -> float:
+    """The noisy-oracle sigma whose tau-b on `reqs` matches `target` (bisection; tau falls with sigma)."""
+    lo, hi = 0.0, 5.0
+    for _ in range(25):
+        mid = (lo + hi) / 2
+        if tau(noisy_oracle(reqs, mid, seed=1), reqs) > target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def capture(fcfs: float, oracle: float, x: float) -> float:
+    return (fcfs - x) / (fcfs - oracle) if fcfs != oracle else float("nan")
+
+
+def decision_cost(n: int = 10_000, policies=(DEFAULT_POLICY, "sjf", "srpt", "rank", "gittins", "fcfs")) -> dict[str, float]:
+    """Microseconds per request for the policy's queue work with `n` requests waiting: every
+    request pushed (priority + timers), keys brought up to date, then popped one by one in
+    policy order (each pop = one admission decision)."""
+    from presched.sim.seq import Seq
+    from presched.workload.request import Request
+
+    rng = np.random.default_rng(0)
+    lens = rng.lognormal(5, 1, n).astype(int) + 1
+    reqs = [Request(id=f"r{i}", prompt_tokens=100, output_tokens=int(x), arrival=i * 1e-3)
+            for i, x in enumerate(lens)]  # fmt: skip
+    est = noisy_oracle(reqs, 0.8)
+    out = {}
+    for name in policies:
+        pol, params = POLICY_SET.get(name, (name, {}))
+        best = float("inf")
+        for _ in range(3):
+            policy = POLICIES.create(pol, **params)
+            q = policy.new_queue()
+            seqs = [Seq(r, i) for i, r in enumerate(reqs)]
+            for s in seqs:
+                s.estimate = est[s.index]  # attaching the prediction is the predictor's cost
+            now = n * 1e-3
+            t = time.perf_counter()
+            for s in seqs:
+                policy.on_arrival(s, s.arrival)
+                q.push(s, s.arrival)
+            while q:
+                q.update(now)
+                q.pop()
+                now += 1e-3
+            best = min(best, (time.perf_counter() - t) / n * 1e6)
+        out[name] = best
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer requests and loads (a smoke run)")
+    ap.add_argument("--num-requests", type=int, default=None, help="requests per workload (default 8000; quick 2500)")
+    ap.add_argument("--predictor", default=None, help="a text-gbm file from `presched train` (default: train one)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    console = Console()
+    n_req = args.num_requests or (2500 if args.quick else 8000)
+    loads = (0.8, 0.9, 0.95) if args.quick else (0.5, 0.7, 0.8, 0.9, 0.95)
+    wall = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    predictor, fit_s = train_predictor(args.predictor, console)
+    work = {name: build_workload(WorkloadConfig(num_requests=n_req, seed=0, **w)) for name, w in WORKLOADS.items()}
+    preds: dict[str, LengthEstimate] = {}
+    meta: dict[str, Any] = {"fit_s": fit_s}
+    for name in ("conv", "code"):
+        preds[name] = predictor.predict(work[name])
+        meta[f"tau_{name}"] = tau(preds[name], work[name])
+    meta["mooncake_sigma"] = sigma_for_tau(work["mooncake"], meta["tau_code"])
+    preds["mooncake"] = noisy_oracle(work["mooncake"], meta["mooncake_sigma"], seed=0)
+    meta["tau_mooncake"] = tau(preds["mooncake"], work["mooncake"])
+    console.print(f"predictions: tau-b conv {meta['tau_conv']:.3f}, code {meta['tau_code']:.3f}; "
+                  f"mooncake noisy oracle sigma {meta['mooncake_sigma']:.2f} (tau-b {meta['tau_mooncake']:.3f})")  # fmt: skip
+
+    names = [p for p in POLICY_SET if POLICY_SET[p][0] in POLICIES]
+    missing = [p for p in POLICY_SET if p not in names]
+    rows: list[dict[str, Any]] = []
+    caps: dict[str, float] = {}
+    plan = [(w, inst, load) for w in WORKLOADS for inst in (1, 4) for load in loads]
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)  # fmt: skip
+    with prog:
+        task = prog.add_task("policies", total=sum(len(names) if i == 1 else 4 for _, i, _ in plan))
+        for w, inst, load in plan:
+            sim = sim_config(inst)
+            key = f"{w}/{inst}"
+            if key not in caps:
+                caps[key] = saturated_throughput(work[w][:2000], sim)
+            reqs = arrivals_at_load(work[w], load, caps[key])
+            todo = names if inst == 1 else ["fcfs", "srpt-oracle", DEFAULT_POLICY, "srpt"]
+            for p in todo:
+                if p not in names:
+                    continue
+                pol, params = POLICY_SET[p]
+                prog.update(task, description=f"{w} x{inst} load {load:.2f} {p}")
+                row = run(reqs, pol, params, preds[w], sim)
+                row.update(workload=w, instances=inst, load=load, policy=p)
+                rows.append(row)
+                prog.advance(task)
+
+    # noise sweep: how prediction accuracy maps to gain (code 90 %, conv 95 %)
+    sweep: list[dict[str, Any]] = []
+    for w, load in (("code", 0.9), ("conv", 0.95)):
+        sim = sim_config(1)
+        reqs = arrivals_at_load(work[w], load, caps[f"{w}/1"])
+        for sigma in SIGMAS:
+            est = noisy_oracle(work[w], sigma, seed=0)
+            t = tau(est, work[w])
+            for p in NOISE_POLICIES:
+                if p not in names:
+                    continue
+                pol, params = POLICY_SET[p]
+                r = run(reqs, pol, params, est, sim)
+                sweep.append(dict(workload=w, load=load, sigma=sigma, tau=t, policy=p,
+                                  mean_e2el_ms=r["mean_e2el_ms"], p99_e2el_ms=r["p99_e2el_ms"]))  # fmt: skip
+
+    decision = decision_cost()
+    result = dict(meta=dict(meta, command=" ".join(["python", "benchmarks/policies.py", *sys.argv[1:]]),
+                            num_requests=n_req, loads=loads, missing_policies=missing,
+                            capacity_tok_s=caps, python=platform.python_version(),
+                            wall_s=time.perf_counter() - wall),
+                  rows=rows, noise_sweep=sweep, decision_us_per_request=decision)  # fmt: skip
+    figures = headline(rows, sweep, decision, names)
+    result["figures"] = figures
+    (args.out / "policies.json").write_text(json.dumps(result, indent=1, default=float))
+    plots(rows, sweep, args.out)
+    table(rows, console)
+    for k, v in figures.items():
+        print(f"figure: {k} = {v:.4g}")
+
+
+def pick(rows, w, load, p, inst=1):
+    for r in rows:
+        if r["workload"] == w and r["load"] == load and r["policy"] == p and r["instances"] == inst:
+            return r
+    return None
+
+
+def headline(rows, sweep, decision, names) -> dict[str, float]:
+    f: dict[str, float] = {}
+    predictive = [p for p in names if p not in ORACLES and p not in BASELINES]
+    best_code = None
+    for tag, w, load in (("conv95", "conv", 0.95), ("code90", "code", 0.9)):
+        fc, orc = pick(rows, w, load, "fcfs"), pick(rows, w, load, "srpt-oracle")
+        if fc is None or orc is None:
+            continue
+        cands = [(pick(rows, w, load, p)["mean_e2el_ms"], p) for p in predictive if pick(rows, w, load, p)]
+        best_val, best = min(cands)
+        f[f"gain_capture_{tag}"] = capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], best_val)
+        if tag == "code90":
+            best_code = best
+            b = pick(rows, w, load, best)
+            f["fcfs_over_best_mean_e2e_code90"] = fc["mean_e2el_ms"] / b["mean_e2el_ms"]
+            f["short_p99_vs_fcfs_code90"] = b["short_p99_e2el_ms"] / fc["short_p99_e2el_ms"]
+            d = pick(rows, w, load, DEFAULT_POLICY)
+            if d is not None:
+                f["default_p99_vs_fcfs_code90"] = d["p99_e2el_ms"] / fc["p99_e2el_ms"]
+                f["default_gain_capture_code90"] = capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], d["mean_e2el_ms"])
+    if DEFAULT_POLICY in decision:
+        f["decision_us_per_request_10k"] = decision[DEFAULT_POLICY]
+    if best_code:
+        print(f"best predictive policy on code 90 %: {best_code}")
+    return f
+
+
+def table(rows, console: Console) -> None:
+    t = Table(title="mean / p99 E2E (s), short-request p99 (s), by workload and load (1 instance)")
+    for c in ("workload", "load", "policy", "mean E2E", "p99 E2E", "short p99", "long p99 wait", "preempt", "capture"):
+        t.add_column(c, justify="right")
+    for r in rows:
+        if r["instances"] != 1:
+            continue
+        fc = pick(rows, r["workload"], r["load"], "fcfs")
+        orc = pick(rows, r["workload"], r["load"], "srpt-oracle")
+        cap = capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], r["mean_e2el_ms"]) if fc and orc else float("nan")
+        t.add_row(r["workload"], f"{r['load']:.2f}", r["policy"], f"{r['mean_e2el_ms'] / 1e3:.2f}",
+                  f"{r['p99_e2el_ms'] / 1e3:.1f}", f"{r['short_p99_e2el_ms'] / 1e3:.2f}",
+                  f"{r['long_p99_queue_wait_ms'] / 1e3:.1f}", str(r["preemptions"]), f"{cap:.2f}")  # fmt: skip
+    console.print(t)
+
+
+def plots(rows, sweep, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ws = sorted({r["workload"] for r in rows})
+    fig, axes = plt.subplots(2, len(ws), figsize=(5 * len(ws), 8), squeeze=False)
+    for j, w in enumerate(ws):
+        for i, (metric, label) in enumerate((("mean_e2el_ms", "mean E2E (s)"), ("p99_e2el_ms", "P99 E2E (s)"))):
+            ax = axes[i, j]
+            pols = sorted({r["policy"] for r in rows if r["workload"] == w and r["instances"] == 1})
+            for p in pols:
+                pts = sorted((r["load"], r[metric] / 1e3) for r in rows
+                             if r["workload"] == w and r["policy"] == p and r["instances"] == 1)  # fmt: skip
+                style = "--" if p in ORACLES else ":" if p in BASELINES else "-"
+                ax.plot(*zip(*pts), style, marker="o", ms=3, label=p)
+            ax.set_title(f"{w}, 1 instance")
+            ax.set_xlabel("load (fraction of capacity)")
+            ax.set_ylabel(label)
+            ax.set_yscale("log")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "policies-latency-vs-load.png", dpi=120)
+    plt.close(fig)
+
+    if sweep:
+        ws = sorted({s["workload"] for s in sweep})
+        fig, axes = plt.subplots(1, len(ws), figsize=(5 * len(ws), 4), squeeze=False)
+        for j, w in enumerate(ws):
+            ax = axes[0, j]
+            load = next(s["load"] for s in sweep if s["workload"] == w)
+            ref = [r for r in rows if r["workload"] == w and r["instances"] == 1 and r["load"] == load]
+            for p in sorted({s["policy"] for s in sweep}):
+                pts = sorted((s["tau"], s["mean_e2el_ms"] / 1e3) for s in sweep if s["workload"] == w and s["policy"] == p)
+                ax.plot(*zip(*pts), marker="o", ms=3, label=p)
+            for r in ref:
+                if r["policy"] in ("fcfs", "srpt-oracle"):
+                    ax.axhline(r["mean_e2el_ms"] / 1e3, ls="--", lw=0.8, color="k" if r["policy"] == "fcfs" else "g")
+            ax.set_title(f"{w}: noisy-oracle sweep (fcfs black, srpt-oracle green)")
+            ax.set_xlabel("Kendall tau-b of predictions vs true lengths")
+            ax.set_ylabel("mean E2E (s)")
+        axes[0, 0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "policies-noise-sweep.png", dpi=120)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""`vtc` — Virtual Token Counter fair share across tenants (Sheng et al., "Fairness in Serving
+Large Language Models", OSDI'24; artifact `Ying1123/VTC-artifact`).
+
+Each tenant u has a counter of the service it received, weighted and divided by its share:
+
+    c_u += w_in  * prompt_tokens / weight_u     when one of its requests is admitted
+    c_u += w_out * n             / weight_u     when its running requests generate n tokens
+
+The next request to start comes from the backlogged tenant (one with requests in the waiting
+queue) with the smallest counter; inside a tenant, requests are ordered by the `inner` policy
+(default `fcfs`, the paper's order; e.g. `sjf-oracle` or a predictive SJF).
+
+Counter lift (the paper's Algorithm 2): when tenant u becomes backlogged (its waiting queue goes
+from empty to non-empty), c_u <- max(c_u, min of the counters of the other backlogged tenants);
+if no other tenant is backlogged, c_u <- max(c_u, c_l) where l is the tenant that left the
+waiting queue last. A tenant that was idle thus cannot bank credit and then starve the others.
+(The artifact implements only the first branch; presched follows the paper.) It applies to every
+transition to backlogged, including a preempted request coming back to an empty tenant queue.
+
+Fairness bound (paper, Theorem 4.4): over any interval in which tenants f and g are both
+backlogged, |W_f - W_g| <= 2 * max(w_in * L_in, w_out * M), with L_in the longest prompt and M
+the most tokens the running batch holds. See docs/policies/vtc.md for the form this takes under
+presched's vLLM-style batching (which does not reserve memory for the whole output).
+
+Length-prediction variant (option `charge_predicted`, from the artifact's
+`vtc_pred_len_req_queue.py`): at admission the tenant is also charged w_out * (predicted output
+length); tokens are charged only beyond that prediction, and at completion a request that
+generated fewer tokens is refunded the difference. The prediction is `moving-average` (the
+artifact: per-tenant average of past output lengths, window 5, 0 before the first completion)
+or a statistic of `seq.estimate` (`mean`, `median`, `point`, `q10`...`q99`).
+
+Config: `inner`, `inner_params`, `w_in` (1), `w_out` (2; the paper's defaults), `weights`
+({tenant: weight}, default 1 each), `charge_predicted` (None). Preemption by recompute is not
+charged again (the tenant did not cause it): a request's prompt is charged once.
+
+    POLICIES.create("vtc", inner="sjf-oracle", weights={"gold": 2, "free": 1})
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from presched.schedule.interface import SeqView
+from presched.schedule.lengths import STATS, total
+from presched.schedule.queue import WaitingQueue
+from presched.schedule.registry import POLICIES
+from presched.schedule.wrapper import Wrapper
+
+_PREDICTED = tuple(s for s in STATS if s != "rank") + ("moving-average",)
+_MA_WINDOW = 5  # the artifact's predict_window
+
+
+def tenant_of(seq: SeqView) -> str:
+    return seq.request.tenant
+
+
+@POLICIES.register("vtc")
+class VTC(Wrapper):
+    name = "vtc"
+
+    def __init__(
+        self,
+        inner: str = "fcfs",
+        inner_params: dict[str, Any] | None = None,
+        w_in: float = 1.0,
+        w_out: float = 2.0,
+        weights: dict[str, float] | None = None,
+        charge_predicted: str | None = None,
+    ) -> None:
+        super().__init__(inner, inner_params)
+        q = self.inner.new_queue()
+        if not (isinstance(q, WaitingQueue) and q.policy is self.inner):
+            raise ValueError(f"field 'inner': {inner!r} has its own queue; vtc needs a plain order")
+        for field, v in (("w_in", w_in), ("w_out", w_out)):
+            if not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"field '{field}': must be a number >= 0, got {v!r}")
+        weights = dict(weights or {})
+        for t, w in weights.items():
+            if not isinstance(w, (int, float)) or not w > 0 or not math.isfinite(w):
+                raise ValueError(f"field 'weights': weight of tenant {t!r} must be > 0, got {w!r}")
+        if charge_predicted is not None and charge_predicted not in _PREDICTED:
+            raise ValueError(
+                f"field 'charge_predicted': must be one of {', '.join(_PREDICTED)} or None, "
+                f"got {charge_predicted!r}"
+            )
+        self.w_in, self.w_out, self.weights = float(w_in), float(w_out), weights
+        self.charge_predicted = charge_predicted
+        self._predict = None
+        if charge_predicted not in (None, "moving-average"):
+            self._predict = total(charge_predicted)
+        self.counters: dict[str, float] = {}  # tenant -> weighted service / weight
+        self.service: dict[str, float] = {}  # tenant -> weighted service (not divided)
+        self._charged: dict[int, float] = {}  # id(seq) -> output tokens charged in advance
+        self._avg: dict[str, float] = {}  # tenant -> moving average of output lengths
+
+    def new_queue(self) -> TenantQueues:
+        return TenantQueues(self)
+
+    def _charge(self, tenant: str, amount: float) -> None:
+        share = self.weights.get(tenant, 1.0)
+        self.service[tenant] = self.service.get(tenant, 0.0) + amount
+        self.counters[tenant] = self.counters.get(tenant, 0.0) + amount / share
+
+    # --- charging ----------------------------------------------------------------------
+    def on_schedule(self, seq, now):
+        key = id(seq)
+        if key not in self._charged:  # first admission (re-admissions after preemption are free)
+            tenant = tenant_of(seq)
+            pred = 0.0
+            if self._predict is not None:
+                pred = float(self._predict(seq))
+            elif self.charge_predicted == "moving-average":
+                pred = self._avg.get(tenant, 0.0)
+            self._charged[key] = pred
+            self._charge(tenant, self.w_in * seq.prompt_tokens + self.w_out * pred)
+        self.inner.on_schedule(seq, now)
+
+    def on_tokens(self, seq, num_tokens, now):
+        pred = self._charged.get(id(seq), 0.0)
+        g = seq.generated
+        # tokens beyond the advance charge: max(0, g - pred) - max(0, g - n - pred)
+        extra = max(0.0, g - pred) - max(0.0, g - num_tokens - pred)
+        if extra:
+            self._charge(tenant_of(seq), self.w_out * extra)
+        self.inner.on_tokens(seq, num_tokens, now)
+
+    def on_finish(self, seq, now):
+        pred = self._charged.pop(id(seq), 0.0)
+        tenant, g = tenant_of(seq), seq.generated
+        if pred > g:  # refund the over-charge
+            self._charge(tenant, -self.w_out * (pred - g))
+        if self.charge_predicted == "moving-average":
+            old = self._avg.get(tenant, 0.0)
+            self._avg[tenant] = g if old == 0 else (old * (_MA_WINDOW - 1) + g) / _MA_WINDOW
+        self.inner.on_finish(seq, now)
+
+    def describe(self) -> str:
+        return f"vtc({self.inner.describe()})"
+
+
+class TenantQueues:
+    """The waiting queue of `vtc`: one `WaitingQueue` per tenant, ordered by the inner policy;
+    the head is the head of the backlogged tenant with the smallest counter (ties: the earlier
+    head arrival, then the tenant seen first). O(#tenants) per peek/pop."""
+
+    def __init__(self, policy: VTC) -> None:
+        self.policy = policy
+        self.queues: dict[str, WaitingQueue] = {}  # in order of first appearance
+        self._n = 0
+        self._last_left: str | None = None  # tenant whose queue emptied last
+
+    def push(self, seq: SeqView, now: float) -> None:
+        tenant = tenant_of(seq)
+        q = self.queues.get(tenant)
+        if q is None:
+            q = self.queues[tenant] = WaitingQueue(self.policy)
+        if not q:
+            self._lift(tenant)
+        q.push(seq, now)
+        self._n += 1
+
+    def _lift(self, tenant: str) -> None:
+        counters = self.policy.counters
+        others = [counters.get(t, 0.0) for t, q in self.queues.items() if q and t != tenant]
+        if others:
+            floor = min(others)
+        elif self._last_left is not None and self._last_left != tenant:
+            floor = counters.get(self._last_left, 0.0)
+        else:
+            return
+        if counters.get(tenant, 0.0) < floor:
+            # keep `service` (the real tokens) as is; only the virtual counter moves
+            counters[tenant] = floor
+
+    def update(self, now: float) -> None:
+        for q in self.queues.values():
+            if q:
+                q.update(now)
+
+    def _head_queue(self) -> tuple[str, WaitingQueue] | None:
+        counters = self.policy.counters
+        best = None
+        best_key = None
+        for t, q in self.queues.items():
+            if not q:
+                continue
+            key = (counters.get(t, 0.0), q.peek().arrival)
+            if best_key is None or key < best_key:
+                best, best_key = (t, q), key
+        return best
+
+    def peek(self) -> SeqView | None:
+        head = self._head_queue()
+        return head[1].peek() if head else None
+
+    def pop(self) -> SeqView:
+        head = self._head_queue()
+        if head is None:
+            raise IndexError("pop from an empty queue")
+        tenant, q = head
+        seq = q.pop()
+        self._n -= 1
+        if not q:
+            self._last_left = tenant
+        return seq
+
+    def remove(self, seq: SeqView) -> None:
+        tenant = tenant_of(seq)
+        q = self.queues[tenant]
+        q.remove(seq)
+        self._n -= 1
+        if not q:
+            self._last_left = tenant
+
+    def next_rekey(self) -> float:
+        return min((q.next_rekey() for q in self.queues.values() if q), default=math.inf)
+
+    def refresh(self, now: float) -> None:
+        for q in self.queues.values():
+            q.refresh(now)
+
+    def backlogged(self) -> list[str]:
+        """Tenants with waiting requests."""
+        return [t for t, q in self.queues.items() if q]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __contains__(self, seq: object) -> bool:
+        q = self.queues.get(tenant_of(seq))  # type: ignore[arg-type]
+        return q is not None and seq in q
+
+    def __iter__(self) -> Iterator[SeqView]:
+        return iter([s for q in self.queues.values() for s in q])

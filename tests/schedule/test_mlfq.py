@@ -1,0 +1,131 @@
+"""`mlfq`: skip-join, demotion, optional preemption (real engine instance, 1 s per step: a
+request with o output tokens is served in o steps). Quanta in these tests: 4, 8, 16, 32 tokens,
+a prompt token costs one output token (prompt_weight=1)."""
+
+from __future__ import annotations
+
+import pytest
+from builders import make_engine, make_requests, run_engine
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from presched.schedule import POLICIES
+from presched.schedule.mlfq import MLFQ
+
+
+def mlfq(**kw):
+    return MLFQ(**{"num_levels": 4, "base_quantum": 4, "prompt_weight": 1.0, **kw})
+
+
+def starts(seqs):
+    return {s.id: s.first_scheduled for s in seqs}
+
+
+def test_skip_join_level_from_the_prompt():
+    pol = mlfq()
+    assert pol.quanta == [4, 8, 16, 32]
+    assert [pol.join_level(p) for p in (1, 4, 5, 10, 32, 500)] == [0, 0, 1, 2, 3, 3]
+    # r1 (prompt 10) joins level 2, r2 (prompt 2) level 0: r2 starts first although later
+    reqs = make_requests([(1, 5), (10, 1), (2, 1)], [0.0, 0.5, 1.0])
+    assert starts(run_engine(make_engine(mlfq(), max_num_seqs=1), reqs)) == {
+        "r0": 0.0, "r2": 5.0, "r1": 6.0}  # fmt: skip
+    # FIFO within a level: with prompt_weight 0 everyone is at level 0
+    assert starts(run_engine(make_engine(mlfq(prompt_weight=0.0), max_num_seqs=1), reqs)) == {
+        "r0": 0.0, "r1": 5.0, "r2": 6.0}  # fmt: skip
+
+
+class Recorder(MLFQ):
+    """Records r0's level at each event."""
+
+    def __init__(self, **kw):
+        super().__init__(**{"num_levels": 4, "base_quantum": 4, "prompt_weight": 1.0, **kw})
+        self.levels = []
+
+    def on_arrival(self, seq, now):
+        super().on_arrival(seq, now)
+        if seq.id != "r0":
+            self.levels.append((now, self.level(self.r0)))
+        else:
+            self.r0 = seq
+
+
+# r0 (prompt 1, 10 tokens) runs alone from t=0: usage 1 (its prompt) + 1 per token, quantum 4.
+# r1 (prompt 1, 2 tokens) arrives at 1.5, r2 (prompt 1, 1 token) at 5.5.
+LONG = make_requests([(1, 10), (1, 2), (1, 1)], [0.0, 1.5, 5.5])
+
+
+def test_demotion_after_the_quantum_at_the_next_event():
+    pol = Recorder(preempt=False)
+    seqs = run_engine(make_engine(pol, max_num_seqs=1), LONG)
+    # at 1.5 r0 has used 2 of 4; by 5.5 it used 6: demoted to level 1 (2 used of 8)
+    assert pol.levels == [(1.5, 0), (5.5, 1)]
+    assert starts(seqs) == {"r0": 0.0, "r1": 10.0, "r2": 12.0}  # non-preemptive: FIFO by level
+    assert not pol._state and not pol._due  # cleaned up on finish
+
+
+def test_preemption_a_new_short_request_preempts_a_demoted_long_one():
+    seqs = run_engine(make_engine(mlfq(preempt=True, recompute_weight=0.0), max_num_seqs=1), LONG)
+    r0, r1, r2 = seqs
+    # t=2: r1 and r0 both at level 0 -> no preemption. r0 is past its quantum from t=3, which
+    # takes effect at the next event (r2 arrives at 5.5); at t=6 r1 (level 0) preempts r0 (level 1)
+    assert r0.preemptions == 1 and r1.preemptions == 0
+    assert starts(seqs) == {"r0": 0.0, "r1": 6.0, "r2": 8.0}
+    # r0 resumes at 9: one step recomputes its 7 tokens and samples the 7th; 3 more steps
+    assert r1.finish == 8.0 and r2.finish == 9.0 and r0.finish == 13.0
+
+
+def test_recompute_guard_blocks_unprofitable_preemption():
+    # quantum gap 8 - 4 = 4 < recompute cost 1 * (prompt 1 + 6 generated) = 7
+    seqs = run_engine(make_engine(mlfq(preempt=True, recompute_weight=1.0), max_num_seqs=1), LONG)
+    assert [s.preemptions for s in seqs] == [0, 0, 0]
+    assert starts(seqs) == {"r0": 0.0, "r1": 10.0, "r2": 12.0}
+
+
+def test_no_predictor_needed_and_victim_is_the_lowest_priority():
+    pol = mlfq()
+    reqs = make_requests([(1, 3), (20, 3), (1, 3)], [0.0, 0.0, 0.0])  # levels 0, 3, 0
+    seqs = run_engine(make_engine(pol), reqs)
+    assert all(s.generated == s.target for s in seqs)
+    for s in seqs:
+        pol.on_arrival(s, 1.0)
+    assert pol.victim(seqs, now=1.0) is seqs[1]
+    assert pol.victim([seqs[0], seqs[2]], now=1.0) is seqs[2]  # same level and entry: last admitted
+
+
+def test_bad_config_names_the_field():
+    bad = [({"num_levels": 0}, "num_levels"), ({"num_levels": 2.5}, "num_levels"),
+           ({"base_quantum": 0}, "base_quantum"), ({"quantum_ratio": 0.5}, "quantum_ratio"),
+           ({"prompt_weight": -1}, "prompt_weight"), ({"preempt": "yes"}, "preempt"),
+           ({"recompute_weight": float("nan")}, "recompute_weight")]  # fmt: skip
+    for params, field in bad:
+        with pytest.raises(ValueError, match=f"field '{field}'"):
+            POLICIES.create("mlfq", **params)
+
+
+streams = st.lists(st.tuples(st.integers(1, 100), st.integers(1, 60), st.floats(0, 3)),
+                   min_size=1, max_size=25)  # fmt: skip
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=streams, slots=st.integers(1, 6), blocks=st.integers(40, 100),
+       q0=st.integers(1, 16), w=st.sampled_from([0.0, 0.1, 1.0]),
+       rw=st.sampled_from([0.0, 1.0]))  # fmt: skip
+def test_property_preemptive_complete_and_fast_forward_exact(stream, slots, blocks, q0, w, rw):
+    """With preemption on and KV pressure: every request finishes exactly once with its length,
+    and fast-forward (demotions applied at events) gives the step-by-step timelines."""
+    t, arrivals = 0.0, []
+    for *_, gap in stream:
+        t += gap
+        arrivals.append(t)
+    reqs = make_requests([(p, o) for p, o, _ in stream], arrivals)
+    runs = []
+    for ff in (True, False):
+        pol = MLFQ(num_levels=5, base_quantum=q0, prompt_weight=w, preempt=True,
+                   recompute_weight=rw)  # fmt: skip
+        eng = make_engine(pol, num_blocks=blocks, block_size=4, max_num_seqs=slots, fast_forward=ff)
+        seqs = run_engine(eng, reqs)
+        assert all(s.generated == s.target for s in seqs)
+        assert len(eng.finished) == len({id(s) for s in eng.finished}) == len(seqs)
+        assert not pol._state and not pol._due
+        runs.append([v for s in seqs for v in (s.first_scheduled, s.finish, s.preemptions)])
+    assert runs[0] == pytest.approx(runs[1])
