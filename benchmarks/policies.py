@@ -69,17 +69,24 @@ POLICY_SET: dict[str, tuple[str, dict[str, Any]]] = {
     "aging": ("aging", {}),
     "hrrn": ("hrrn", {}),
     "mlfq": ("mlfq", {}),
+    "mlfq+sjf": ("mlfq", {"within": "mean"}),
+    "mlfq-preempt+sjf": ("mlfq", {"within": "mean", "preempt": True, "recompute_weight": 5.0}),
     "kv-admission": ("kv-admission", {"inner": "sjf"}),
-    "fallback": ("fallback", {"inner": "sjf"}),
+    "fallback": ("fallback", {"inner": "srpt"}),
 }
 ORACLES = {"sjf-oracle", "srpt-oracle"}
 BASELINES = {"fcfs", "mlfq"}  # non-predictive
-DEFAULT_POLICY = "aging"  # presched's recommended predictive policy (docs/policies.md)
-NOISE_POLICIES = ("sjf", "srpt", "gittins", DEFAULT_POLICY)
+DEFAULT_POLICY = "rank"  # presched's recommended predictive policy (docs/policy-evidence.md)
+NOISE_POLICIES = ("sjf", "srpt", "gittins", DEFAULT_POLICY, "mlfq-preempt+sjf")
+MULTI_POLICIES = ("fcfs", "srpt-oracle", DEFAULT_POLICY, "srpt", "mlfq-preempt+sjf")  # 4 instances
+MULTI_ROUTER = "least-requests"  # measured best (docs/policies/routers.md)
+ROUTERS_COMPARED = ("round-robin", "least-requests", "least-work", "p2c-work", "short-long", "least-work-oracle")
+PARETO = {"rank": ("starvation_s", (15, 30, 60, 120, 240, 480, 1e9)),
+          "aging": ("rate", (0, 3, 10, 30, 100, 300))}
 SIGMAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 
 
-def sim_config(instances: int = 1, router: str = "least-work") -> SimConfig:
+def sim_config(instances: int = 1, router: str = MULTI_ROUTER) -> SimConfig:
     return SimConfig(engine=EngineConfig(max_num_seqs=64), num_instances=instances,
                      router=router if instances > 1 else "round-robin")  # fmt: skip
 
@@ -126,7 +133,7 @@ def capture(fcfs: float, oracle: float, x: float) -> float:
     return (fcfs - x) / (fcfs - oracle) if fcfs != oracle else float("nan")
 
 
-def decision_cost(n: int = 10_000, policies=(DEFAULT_POLICY, "sjf", "srpt", "rank", "gittins", "fcfs")) -> dict[str, float]:
+def decision_cost(n: int = 10_000, policies=("fcfs", "sjf", "srpt", "gittins", "rank", "aging", "mlfq-preempt+sjf")) -> dict[str, float]:
     """Microseconds per request for the policy's queue work with `n` requests waiting: every
     request pushed (priority + timers), keys brought up to date, then popped one by one in
     policy order (each pop = one admission decision)."""
@@ -196,14 +203,14 @@ def main() -> None:
     prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, transient=True)  # fmt: skip
     with prog:
-        task = prog.add_task("policies", total=sum(len(names) if i == 1 else 4 for _, i, _ in plan))
+        task = prog.add_task("policies", total=sum(len(names) if i == 1 else len(MULTI_POLICIES) for _, i, _ in plan))
         for w, inst, load in plan:
             sim = sim_config(inst)
             key = f"{w}/{inst}"
             if key not in caps:
                 caps[key] = saturated_throughput(work[w][:2000], sim)
             reqs = arrivals_at_load(work[w], load, caps[key])
-            todo = names if inst == 1 else ["fcfs", "srpt-oracle", DEFAULT_POLICY, "srpt"]
+            todo = names if inst == 1 else MULTI_POLICIES
             for p in todo:
                 if p not in names:
                     continue
@@ -230,16 +237,37 @@ def main() -> None:
                 sweep.append(dict(workload=w, load=load, sigma=sigma, tau=t, policy=p,
                                   mean_e2el_ms=r["mean_e2el_ms"], p99_e2el_ms=r["p99_e2el_ms"]))  # fmt: skip
 
+    # the starvation knob: mean vs P99 E2E on code at 90 % (real predictions)
+    pareto: list[dict[str, Any]] = []
+    reqs = arrivals_at_load(work["code"], 0.9, caps["code/1"])
+    for pol, (knob, values) in PARETO.items():
+        for v in values:
+            r = run(reqs, pol, {knob: v}, preds["code"], sim_config(1))
+            pareto.append(dict(policy=pol, knob=knob, value=v, mean_e2el_ms=r["mean_e2el_ms"],
+                               p99_e2el_ms=r["p99_e2el_ms"], short_p99_e2el_ms=r["short_p99_e2el_ms"]))  # fmt: skip
+
+    # routers, 4 instances, code at 90 %
+    routing: list[dict[str, Any]] = []
+    reqs = arrivals_at_load(work["code"], 0.9, caps["code/4"])
+    for router in ROUTERS_COMPARED:
+        for p in ("fcfs", "srpt"):
+            pol, params = POLICY_SET[p]
+            r = run(reqs, pol, params, preds["code"], sim_config(4, router))
+            routing.append(dict(router=router, policy=p, mean_e2el_ms=r["mean_e2el_ms"],
+                                p99_e2el_ms=r["p99_e2el_ms"], short_p99_e2el_ms=r["short_p99_e2el_ms"]))  # fmt: skip
+
     decision = decision_cost()
     result = dict(meta=dict(meta, command=" ".join(["python", "benchmarks/policies.py", *sys.argv[1:]]),
                             num_requests=n_req, loads=loads, missing_policies=missing,
                             capacity_tok_s=caps, python=platform.python_version(),
                             wall_s=time.perf_counter() - wall),
-                  rows=rows, noise_sweep=sweep, decision_us_per_request=decision)  # fmt: skip
+                  rows=rows, noise_sweep=sweep, pareto=pareto, routing=routing,
+                  decision_us_per_request=decision)  # fmt: skip
     figures = headline(rows, sweep, decision, names)
     result["figures"] = figures
     (args.out / "policies.json").write_text(json.dumps(result, indent=1, default=float))
     plots(rows, sweep, args.out)
+    plot_pareto(rows, pareto, args.out)
     table(rows, console)
     for k, v in figures.items():
         print(f"figure: {k} = {v:.4g}")
@@ -341,6 +369,34 @@ def plots(rows, sweep, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "policies-noise-sweep.png", dpi=120)
         plt.close(fig)
+
+
+def plot_pareto(rows, pareto, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for pol in sorted({p["policy"] for p in pareto}):
+        pts = [(p["mean_e2el_ms"] / 1e3, p["p99_e2el_ms"] / 1e3, p["value"]) for p in pareto if p["policy"] == pol]
+        ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=f"{pol} ({pareto[0]['knob'] if pol == pareto[0]['policy'] else 'rate'})")
+        for x, y, v in pts:
+            ax.annotate(f"{v:g}" if v < 1e8 else "off", (x, y), fontsize=6)
+    for name, marker in (("fcfs", "s"), ("srpt-oracle", "*"), ("sjf", "^"), ("mlfq-preempt+sjf", "D")):
+        r = pick(rows, "code", 0.9, name)
+        if r:
+            ax.plot(r["mean_e2el_ms"] / 1e3, r["p99_e2el_ms"] / 1e3, marker, ms=9, label=name)
+    fc = pick(rows, "code", 0.9, "fcfs")
+    if fc:
+        ax.axhline(1.5 * fc["p99_e2el_ms"] / 1e3, ls=":", color="grey", label="1.5x FCFS P99")
+    ax.set_xlabel("mean E2E (s)")
+    ax.set_ylabel("P99 E2E (s)")
+    ax.set_title("code, 90 % load: starvation knob (text-gbm predictions)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "policies-pareto.png", dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -71,3 +71,15 @@ def test_config_lists_every_field_with_help():
     assert r.returncode == 0
     for path in ("sim.engine.max_num_batched_tokens", "workload.arrivals", "sim.step_time.hardware", "slo.tpot_ms"):
         assert path in r.stdout
+
+
+def test_config_lists_fields_of_optional_sub_configs():
+    # sim.disaggregated is None by default: its fields are listed all the same (under a null row)
+    r = presched("config")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    for path in ("sim.disaggregated.num_prefill", "sim.disaggregated.kv_transfer_gbps",
+                 "sim.disaggregated.prefill_engine.max_num_seqs", "predictions.sigma"):  # fmt: skip
+        assert any(line.split("│")[1].strip() == path for line in lines if "│" in line), path
+    row = next(line for line in lines if "│" in line and line.split("│")[1].strip() == "sim.disaggregated")
+    assert row.split("│")[2].strip() == "null"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import typing
 from pathlib import Path
 from typing import Any, Optional
 
@@ -237,13 +238,28 @@ def show_config(
     Console(width=max(Console().width, 140)).print(table)
 
 
+def _optional_model(annotation):
+    """An instance of the BaseModel in `X | None`, if it can be built from defaults alone."""
+    for arg in typing.get_args(annotation):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            try:
+                return arg()
+            except ValidationError:
+                return None
+    return None
+
+
 def _fields(obj: BaseModel, prefix: str = ""):
+    """(dotted path, default, meaning) of every field, descending into sub-configs, including
+    optional ones that default to None (e.g. sim.disaggregated: listed as null, then its fields)."""
     for name, info in type(obj).model_fields.items():
         value = getattr(obj, name)
         path = f"{prefix}{name}"
-        if isinstance(value, BaseModel):
-            yield path, "", info.description or ""
-            yield from _fields(value, path + ".")
+        sub = value if isinstance(value, BaseModel) else (
+            _optional_model(info.annotation) if value is None else None)  # fmt: skip
+        if sub is not None:
+            yield path, "null" if value is None else "", info.description or ""
+            yield from _fields(sub, path + ".")
         else:
             yield path, json.dumps(value, default=str), info.description or ""
 

@@ -5,7 +5,7 @@ a prompt token costs one output token (prompt_weight=1)."""
 from __future__ import annotations
 
 import pytest
-from builders import make_engine, make_requests, run_engine
+from builders import make_engine, make_estimates, make_requests, run_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +24,7 @@ def starts(seqs):
 def test_skip_join_level_from_the_prompt():
     pol = mlfq()
     assert pol.quanta == [4, 8, 16, 32]
-    assert [pol.join_level(p) for p in (1, 4, 5, 10, 32, 500)] == [0, 0, 1, 2, 3, 3]
+    assert [pol.join_level(pol.prompt_weight * p) for p in (1, 4, 5, 10, 32, 500)] == [0, 0, 1, 2, 3, 3]
     # r1 (prompt 10) joins level 2, r2 (prompt 2) level 0: r2 starts first although later
     reqs = make_requests([(1, 5), (10, 1), (2, 1)], [0.0, 0.5, 1.0])
     assert starts(run_engine(make_engine(mlfq(), max_num_seqs=1), reqs)) == {
@@ -129,3 +129,20 @@ def test_property_preemptive_complete_and_fast_forward_exact(stream, slots, bloc
         assert not pol._state and not pol._due
         runs.append([v for s in seqs for v in (s.first_scheduled, s.finish, s.preemptions)])
     assert runs[0] == pytest.approx(runs[1])
+
+
+def test_within_orders_a_level_by_predicted_remaining():
+    # one slot; r0 runs; r1..r3 arrive together at the same level (same prompt): FIFO by
+    # default, shortest predicted first with within="mean"
+    reqs = make_requests([(4, 5), (4, 3), (4, 3), (4, 3)], arrivals=[0.0, 0.1, 0.2, 0.3])
+    est = make_estimates([5, 30, 20, 10])
+    fifo = run_engine(make_engine(MLFQ(), max_num_seqs=1), reqs, est)
+    sjf = run_engine(make_engine(MLFQ(within="mean"), max_num_seqs=1), reqs, est)
+    order = lambda seqs: [s.id for s in sorted(seqs, key=lambda s: s.first_scheduled)]  # noqa: E731
+    assert order(fifo) == ["r0", "r1", "r2", "r3"]
+    assert order(sjf) == ["r0", "r3", "r2", "r1"]
+
+
+def test_within_refuses_an_unknown_statistic():
+    with pytest.raises(ValueError, match="field 'stat'"):
+        MLFQ(within="average")

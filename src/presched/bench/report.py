@@ -38,11 +38,17 @@ def _cell(row: dict, col: tuple) -> str:
     return col[2].format(v)
 
 
+def _layout(cfg) -> str:
+    """How many instances: "4×", or "1P+3D" for a prefill/decode-disaggregated deployment."""
+    d = cfg.sim.disaggregated
+    return f"{d.num_prefill}P+{d.num_decode}D" if d else f"{cfg.sim.num_instances}×"
+
+
 def render_table(result: BenchResult, console: Console | None = None) -> Table:
     cfg = result.config
     st = cfg.sim.step_time
     title = (f"presched bench — {len(cfg.policies)} policies × {len(cfg.loads)} loads; "
-             f"{cfg.sim.num_instances}× {st.model_spec().name} on {st.hardware_spec().name}; "
+             f"{_layout(cfg)} {st.model_spec().name} on {st.hardware_spec().name}; "
              f"capacity {result.capacity_tok_s:.0f} output tok/s")  # fmt: skip
     table = Table(title=title, show_lines=False)
     for col in COLUMNS:
@@ -106,7 +112,7 @@ def plot(result: BenchResult, path: Path) -> None:
     axes.flat[0].legend(fontsize=9)
     cfg = result.config
     st = cfg.sim.step_time
-    fig.suptitle(f"{cfg.workload.source} workload, {cfg.sim.num_instances}× {st.model_spec().name} on "
+    fig.suptitle(f"{cfg.workload.source} workload, {_layout(cfg)} {st.model_spec().name} on "
                  f"{st.hardware_spec().name}, max_num_seqs {cfg.sim.engine.max_num_seqs}; "
                  f"capacity {result.capacity_tok_s:.0f} output tok/s", fontsize=10)  # fmt: skip
     fig.tight_layout()

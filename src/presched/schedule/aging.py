@@ -35,7 +35,7 @@ trace, docs/policies/aging.md; its scale is typical length differences / typical
 (default "mean"). KV-pressure victim: the running request with the largest key (remaining form).
 Non-preemptive.
 
-    presched simulate --policy aging --set policy_params.rate=300
+    presched simulate --policy aging --set sim.policy_params.rate=300
 
 Reference: aging is the classic remedy for SJF starvation (e.g. Silberschatz et al., Operating
 System Concepts, "priority scheduling with aging"); here on predicted LLM output lengths.

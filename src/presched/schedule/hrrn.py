@@ -20,7 +20,7 @@ knob, `rate`.
 Config: `stat` (default "mean"; "rank" is refused: a score is not a length). Non-preemptive;
 KV-pressure victim: the running request with the lowest ratio.
 
-    presched simulate --policy hrrn --set policy_params.stat=median
+    presched simulate --policy hrrn --set sim.policy_params.stat=median
 
 Reference: Brinch Hansen, "Short-term scheduling in multiprogramming systems", SOSP 1971.
 """

@@ -12,6 +12,10 @@ Levels 0 (highest priority) to K-1, with quanta growing geometrically, in output
   (the excess carries over, so a request is where its total service puts it, however the tokens
   were counted). The last level never demotes. Waiting requests are never demoted.
 - Order: key = (level, time it entered that level): higher levels first, FIFO within a level.
+  With `within` = a length statistic (e.g. "mean"), requests inside a level go shortest
+  predicted remaining first: key = (level, remaining(stat), entry time). That makes MLFQ
+  predictive while keeping its attained-service demotion, which guards against bad predictions
+  (measured in docs/policy-evidence.md).
 - Preemption (`preempt`, default off): when the head of the queue cannot start (batch full or KV
   short), the running request with the lowest priority (largest key) is preempted if it sits at
   a LOWER level and the gap pays for the recompute:
@@ -32,9 +36,10 @@ token costs 27 us of prefill and a decode token 0.27 ms of a 17.5 ms step: ~0.1,
 
 Config: `num_levels` (K, default 8), `base_quantum` (tokens, default 32), `quantum_ratio`
 (default 2), `prompt_weight` (default 0.1), `preempt` (default False), `recompute_weight`
-(default 1.0; 0 = preempt whenever the victim is at a lower level).
+(default 1.0; 0 = preempt whenever the victim is at a lower level), `within` (None = FIFO inside
+a level, as FastServe; or a statistic of schedule/lengths.py STATS).
 
-    presched simulate --policy mlfq --set policy_params.base_quantum=64
+    presched simulate --policy mlfq --set sim.policy_params.base_quantum=64
 
 Deviations from FastServe: quanta are in output tokens, not seconds (the gateway has no
 iteration clock; the simulator's iterations vary); FastServe preempts at every iteration and
@@ -49,6 +54,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from presched.schedule.interface import Policy, SeqView
+from presched.schedule.lengths import remaining
 from presched.schedule.registry import POLICIES
 
 
@@ -73,7 +79,7 @@ class MLFQ(Policy):
 
     def __init__(self, num_levels: int = 8, base_quantum: float = 32, quantum_ratio: float = 2.0,
                  prompt_weight: float = 0.1, preempt: bool = False,
-                 recompute_weight: float = 1.0) -> None:  # fmt: skip
+                 recompute_weight: float = 1.0, within: str | None = None) -> None:  # fmt: skip
         if isinstance(num_levels, bool) or not isinstance(num_levels, int) or num_levels < 1:
             raise ValueError(f"field 'num_levels': must be an integer >= 1, got {num_levels!r}")
         if not isinstance(preempt, bool):
@@ -84,18 +90,21 @@ class MLFQ(Policy):
         self.prompt_weight = _number("prompt_weight", prompt_weight, 0)
         self.recompute_weight = _number("recompute_weight", recompute_weight, 0)
         self.preempt = preempt
+        self.within = None if within is None else remaining(within)
         self._state: dict[int, _State] = {}  # id(seq) -> its level, usage there, entry time
         self._due: dict[int, _State] = {}  # states whose usage reached the quantum
 
     def level(self, seq: SeqView) -> int:
         return self._state[id(seq)].level
 
-    def join_level(self, prompt_tokens: int) -> int:
-        cost = self.prompt_weight * prompt_tokens
+    def join_level(self, cost: float) -> int:
+        """The highest level whose quantum covers `cost` (prefill, in output-token units)."""
         return next((i for i, q in enumerate(self.quanta) if q >= cost), len(self.quanta) - 1)
 
     def priority(self, seq: SeqView, now: float) -> tuple:
         st = self._state[id(seq)]
+        if self.within is not None:
+            return (st.level, self.within(seq), st.since)
         return (st.level, st.since)
 
     def _demote(self, now: float) -> None:
@@ -123,8 +132,8 @@ class MLFQ(Policy):
     # --- notifications: levels and usage ---------------------------------------------------
     def on_arrival(self, seq: SeqView, now: float) -> None:
         self._demote(now)
-        level = self.join_level(seq.prompt_tokens)
-        self._state[id(seq)] = _State(level, self.prompt_weight * seq.prompt_tokens, now)
+        cost = self.prompt_weight * seq.prompt_tokens
+        self._state[id(seq)] = _State(self.join_level(cost), cost, now)
 
     def on_schedule(self, seq: SeqView, now: float) -> None:
         self._demote(now)

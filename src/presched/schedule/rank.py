@@ -31,7 +31,7 @@ pure ranking, which can starve a long request forever under a stream of short on
 was measured on a bursty trace (Azure code, 64 slots) at 80-100 % load: P99 E2E within 1.1-1.25x
 FCFS's while keeping most of the ranking's mean gain (docs/policies/rank.md).
 
-    presched simulate --policy rank --set policy_params.starvation_s=60
+    presched simulate --policy rank --set sim.policy_params.starvation_s=60
 
 Deviation from LTR (vllm-ltr `vllm/core/scheduler.py`, policy `...-starvN-periodP`): LTR counts
 idle ENGINE STEPS (starv200) and promotes for P steps (period10) because it re-sorts running

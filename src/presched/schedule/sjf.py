@@ -17,7 +17,7 @@ request). Config: `stat` (default "mean"; one of `lengths.STATS`).
 
 Reference: Qiu et al., "Efficient Interactive LLM Serving with Proxy Model-based Sequence Length
 Prediction", AIOps@ASPLOS 2024 (repo James-QiuHaoran/LLM-serving-with-proxy-models). Deviation:
-SSJF's starvation promotion is not built in (wrap the policy for that).
+SSJF's starvation promotion is not built in: use `rank` (promotion after a wait) or `aging`.
 """
 
 from __future__ import annotations

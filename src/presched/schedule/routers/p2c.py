@@ -12,7 +12,7 @@ random routing. With N <= d it is least-work.
 
 Inputs: as `least-work`. Config: `d` (choices, default 2), `seed` (default 0), and the options
 of `least-work` (`stat`, `prompt_weight`, `prior_output_tokens`).
-Example: `presched simulate -i 8 --router p2c-work --set router_params.d=3`
+Example: `presched simulate -i 8 --router p2c-work --set sim.router_params.d=3`
 """
 
 from __future__ import annotations
