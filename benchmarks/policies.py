@@ -1,7 +1,7 @@
 """Do predictive policies beat FCFS on real traces, and how much of the oracle's gain do they keep?
 
-    python benchmarks/policies.py                 # full run (~15 min on 2 cores)
-    python benchmarks/policies.py --quick         # fewer requests and loads (~2 min)
+    python benchmarks/policies.py                 # full run (~6 min on 2 cores)
+    python benchmarks/policies.py --quick         # fewer requests and loads (~1.5 min)
     python benchmarks/policies.py --predictor m.npz   # reuse a text-gbm saved by `presched train`
 
 Workloads (one Llama-3.1-8B on an H100, vLLM v1 continuous batching, 64 slots):
@@ -172,12 +172,12 @@ def decision_cost(n: int = 10_000, policies=("fcfs", "sjf", "srpt", "gittins", "
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests and loads (a smoke run)")
-    ap.add_argument("--num-requests", type=int, default=None, help="requests per workload (default 8000; quick 2500)")
+    ap.add_argument("--num-requests", type=int, default=None, help="requests per workload (default 3000; quick 1500)")
     ap.add_argument("--predictor", default=None, help="a text-gbm file from `presched train` (default: train one)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     console = Console()
-    n_req = args.num_requests or (2500 if args.quick else 8000)
+    n_req = args.num_requests or (1500 if args.quick else 3000)
     loads = (0.8, 0.9, 0.95) if args.quick else (0.5, 0.7, 0.8, 0.9, 0.95)
     wall = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)

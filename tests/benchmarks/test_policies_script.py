@@ -1,0 +1,49 @@
+"""The headline arithmetic and the decision-cost probe of benchmarks/policies.py (fast parts;
+the full run is the script itself)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "policies.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    name = "policies_script"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SCRIPT)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def row(w, load, policy, mean, p99=100.0, short=10.0):
+    return dict(workload=w, load=load, policy=policy, instances=1, mean_e2el_ms=mean,
+                p99_e2el_ms=p99, short_p99_e2el_ms=short)  # fmt: skip
+
+
+def test_gain_capture_is_measured_against_fcfs_and_the_oracle(bench):
+    rows = [row("code", 0.9, "fcfs", 40.0, p99=100, short=50), row("code", 0.9, "srpt-oracle", 20.0),
+            row("code", 0.9, "sjf", 30.0, p99=300, short=20), row("code", 0.9, bench.DEFAULT_POLICY, 35.0, p99=120),
+            row("code", 0.9, "mlfq", 10.0)]  # fmt: skip
+    f = bench.headline(rows, [], {bench.DEFAULT_POLICY: 3.0}, ["fcfs", "srpt-oracle", "sjf", bench.DEFAULT_POLICY, "mlfq"])
+    # best predictive = sjf (30): (40 - 30) / (40 - 20); mlfq is a baseline, not a candidate
+    assert f["gain_capture_code90"] == pytest.approx(0.5)
+    assert f["fcfs_over_best_mean_e2e_code90"] == pytest.approx(40 / 30)
+    assert f["short_p99_vs_fcfs_code90"] == pytest.approx(20 / 50)
+    assert f["default_gain_capture_code90"] == pytest.approx(0.25)
+    assert f["default_p99_vs_fcfs_code90"] == pytest.approx(1.2)
+    assert f["decision_us_per_request_10k"] == 3.0
+    assert "gain_capture_conv95" not in f  # no conv rows: no figure, not a made-up one
+
+
+def test_decision_cost_is_positive_and_small_for_the_heap_policies(bench):
+    cost = bench.decision_cost(n=300, policies=("fcfs", bench.DEFAULT_POLICY))
+    assert set(cost) == {"fcfs", bench.DEFAULT_POLICY}
+    assert all(0 < v < 1000 for v in cost.values())
