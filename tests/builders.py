@@ -86,3 +86,17 @@ def make_estimates(values: Sequence[float], sigma: float = 0.0) -> LengthEstimat
     v = np.asarray(values, dtype=float)
     z = np.array([NormalDist().inv_cdf(p) for p in LEVELS])
     return LengthEstimate(v[:, None] * np.exp(sigma * z)[None, :], v, v)
+
+
+def first_kv_victim(policy: str | Policy, estimates: LengthEstimate | None = None) -> str:
+    """Id of the first request `policy` preempts under KV pressure: 5 blocks of 2 tokens;
+    r0 (prompt 2, 3 tokens), r1 (prompt 3, 7 tokens) and r2 (prompt 3, 4 tokens) fill them at
+    t=0; at step 1 r0 needs a 2nd block and none is free, so the policy picks a victim among
+    all three. Every request still finishes with its true length."""
+    pol = POLICIES.create(policy) if isinstance(policy, str) else policy
+    victims: list[str] = []
+    pol.on_preempt = lambda seq, now: victims.append(seq.id)
+    reqs = make_requests([(2, 3), (3, 7), (3, 4)], arrivals=[0.0, 0.0, 0.0])
+    seqs = run_engine(make_engine(pol, num_blocks=5, block_size=2), reqs, estimates)
+    assert all(s.generated == s.target for s in seqs)
+    return victims[0]

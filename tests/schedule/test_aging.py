@@ -7,6 +7,7 @@ import pytest
 from builders import make_engine, make_estimates, make_requests, run_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schedule.test_rank import build, streams
 
 from presched.schedule import POLICIES
 from presched.schedule.aging import Aging
@@ -70,21 +71,6 @@ def test_bad_config_names_the_field():
                           ({"rate": "fast"}, "rate"), ({"stat": "q42"}, "stat")):  # fmt: skip
         with pytest.raises(ValueError, match=f"field '{field}'"):
             POLICIES.create("aging", **params)
-
-
-def streams(prompt: int, output: int):
-    """(prompt, output, gap to the previous arrival, prediction unrelated to the output)."""
-    return st.lists(st.tuples(st.integers(1, prompt), st.integers(1, output), st.floats(0, 3),
-                              st.floats(1, 50)), min_size=1, max_size=25)  # fmt: skip
-
-
-def build(stream):
-    t, arrivals = 0.0, []
-    for _, _, gap, _ in stream:
-        t += gap
-        arrivals.append(t)
-    reqs = make_requests([(p, o) for p, o, _, _ in stream], arrivals)
-    return reqs, make_estimates([e for *_, e in stream])
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from builders import make_engine, make_estimates, make_requests, run_engine
+from builders import first_kv_victim, make_engine, make_estimates, make_requests, run_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schedule.test_srpt import run_checked
@@ -66,27 +66,15 @@ def test_exact_predictions_order_like_srpt(n, seed, max_num_seqs, rate):
     assert [s.first_scheduled for s in git] == [s.first_scheduled for s in srpt]
 
 
-def first_victim(est):
-    """5 blocks of 2 tokens: r0 (prompt 2), r1 and r2 (prompt 3) fill them at t=0; at step 1 r0
-    needs a 2nd block and none is free: the policy picks a victim among all three."""
-    policy = Gittins()
-    victims = []
-    policy.on_preempt = lambda seq, now: victims.append(seq.id)
-    reqs = make_requests([(2, 3), (3, 7), (3, 4)], arrivals=[0.0, 0.0, 0.0])
-    seqs = run_engine(make_engine(policy, num_blocks=5, block_size=2), reqs, est)
-    assert all(s.generated == s.target for s in seqs)
-    return victims[0]
-
-
 def test_kv_victim_is_the_lowest_index():
-    assert first_victim(make_estimates([3, 7, 4])) == "r1"
+    assert first_kv_victim(Gittins(), make_estimates([3, 7, 4])) == "r1"
     # r1 likely short (median 2, heavy tail: high index), r2 a sure 6: r2 has the lowest index
     est = LengthEstimate.concat(
         [make_estimates([3]), make_estimates([2], 2.0), make_estimates([6])]
     )
     assert est[1].mean > est[2].mean
-    assert first_victim(est) == "r2"
-    assert first_victim(make_estimates([5, 5, 5])) == "r2"  # tie: latest (here: last admitted)
+    assert first_kv_victim(Gittins(), est) == "r2"
+    assert first_kv_victim(Gittins(), make_estimates([5, 5, 5])) == "r2"  # tie: latest (here: last admitted)
 
 
 def test_limited_preemption_shares_srpts_guard():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from builders import make_engine, make_requests, run_engine
+from builders import first_kv_victim, make_engine, make_requests, run_engine
 
 from presched.registry import UnknownNameError
 from presched.schedule import POLICIES, Policy
@@ -54,22 +54,10 @@ def test_fcfs_never_preempts_to_admit():
     assert r0.preemptions == 0 and r1.first_scheduled == r0.finish
 
 
-def first_victim(policy_name):
-    """5 blocks of 2 tokens: r0 (prompt 2), r1 and r2 (prompt 3) fill them at t=0; at step 1 r0
-    needs a 2nd block and none is free, so the policy picks a victim among all three."""
-    policy = POLICIES.create(policy_name)
-    victims = []
-    policy.on_preempt = lambda seq, now: victims.append(seq.id)
-    reqs = make_requests([(2, 3), (3, 7), (3, 4)], arrivals=[0.0, 0.0, 0.0])
-    seqs = run_engine(make_engine(policy, num_blocks=5, block_size=2), reqs)
-    assert all(s.generated == s.target for s in seqs)
-    return victims[0]
-
-
 def test_kv_victim_fcfs_latest_arrival_oracle_most_remaining():
-    assert first_victim("fcfs") == "r2"  # the latest arrival (all at t=0: the last admitted)
-    assert first_victim("sjf-oracle") == "r1"  # 6 tokens left, the most
-    assert first_victim("srpt-oracle") == "r1"
+    assert first_kv_victim("fcfs") == "r2"  # the latest arrival (all at t=0: the last admitted)
+    assert first_kv_victim("sjf-oracle") == "r1"  # 6 tokens left, the most
+    assert first_kv_victim("srpt-oracle") == "r1"
 
 
 def test_oracle_srpt_beats_fcfs_on_a_saturated_workload():

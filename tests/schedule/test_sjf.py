@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from builders import make_engine, make_estimates, make_requests, run_engine
+from builders import first_kv_victim, make_engine, make_estimates, make_requests, run_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schedule.test_srpt import run_checked
@@ -59,22 +59,10 @@ def test_requeued_request_is_ordered_by_its_predicted_remaining():
     assert SJF(stat="point").priority(seq, 0.0) == 1.0  # max(50 - 80, 1)
 
 
-def first_victim(est):
-    """5 blocks of 2 tokens: r0 (prompt 2), r1 and r2 (prompt 3) fill them at t=0; at step 1 r0
-    needs a 2nd block and none is free: the policy picks a victim among all three."""
-    policy = SJF()
-    victims = []
-    policy.on_preempt = lambda seq, now: victims.append(seq.id)
-    reqs = make_requests([(2, 3), (3, 7), (3, 4)], arrivals=[0.0, 0.0, 0.0])
-    seqs = run_engine(make_engine(policy, num_blocks=5, block_size=2), reqs, est)
-    assert all(s.generated == s.target for s in seqs)
-    return victims[0]
-
-
 def test_kv_victim_is_the_largest_predicted_remaining_ties_to_the_latest_arrival():
-    assert first_victim(make_estimates([3, 7, 4])) == "r1"
-    assert first_victim(make_estimates([30, 7, 4])) == "r0"  # a wrong prediction decides
-    assert first_victim(make_estimates([5, 5, 5])) == "r2"  # tie: latest (here: last admitted)
+    assert first_kv_victim(SJF(), make_estimates([3, 7, 4])) == "r1"
+    assert first_kv_victim(SJF(), make_estimates([30, 7, 4])) == "r0"  # a wrong prediction decides
+    assert first_kv_victim(SJF(), make_estimates([5, 5, 5])) == "r2"  # tie: latest (here: last admitted)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -12,6 +12,7 @@ import pytest
 from builders import constant_steps, linear_steps, make_estimates, make_requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sim.test_invariants import engine_shapes
 
 from presched.metrics import summarize
 from presched.schedule import POLICIES
@@ -247,13 +248,7 @@ def check_both_ways(reqs, shapes, blocks, num, policy, router, link):
         assert a[3] == pytest.approx(b[3], rel=1e-9, abs=1e-9)
 
 
-shapes = st.fixed_dictionaries({
-    "max_num_seqs": st.integers(1, 16),
-    "max_num_batched_tokens": st.integers(32, 2048),
-    "enable_chunked_prefill": st.booleans(),
-    "long_prefill_token_threshold": st.sampled_from([0, 0, 64]),
-    "block_size": st.sampled_from([1, 4, 16]),
-})  # fmt: skip
+shapes = engine_shapes  # the colocated invariant tests' engine shapes
 links = st.sampled_from([(0, math.inf, 0), (131072.0, 50e9, 0.001), (1e6, 1e9, 0.0)])
 
 
