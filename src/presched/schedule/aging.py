@@ -47,6 +47,7 @@ from collections.abc import Sequence
 
 from presched.schedule.interface import Policy, SeqView
 from presched.schedule.lengths import remaining
+from presched.schedule.options import number
 from presched.schedule.registry import POLICIES
 
 
@@ -55,10 +56,7 @@ class Aging(Policy):
     name = "aging"
 
     def __init__(self, rate: float = 100.0, stat: str = "mean") -> None:
-        number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
-        if not (number and 0 <= rate < float("inf")):
-            raise ValueError(f"field 'rate': must be finite tokens/s >= 0, got {rate!r}")
-        self.rate = float(rate)
+        self.rate = number("rate", rate)  # tokens per second of waiting
         self.stat = stat
         self.length = remaining(stat)
 

@@ -43,11 +43,9 @@ import math
 from typing import Any
 
 from presched.predict.tracker import ErrorTracker
-from presched.registry import UnknownNameError
 from presched.schedule.interface import EngineInfo, Policy
-from presched.schedule.queue import WaitingQueue
 from presched.schedule.registry import POLICIES
-from presched.schedule.wrapper import Wrapper
+from presched.schedule.wrapper import Wrapper, create_policy, plain_order
 
 METRICS = ("discordance", "rel_mae", "coverage_error")
 PREDICTIVE, CONSERVATIVE = "predictive", "conservative"
@@ -71,14 +69,9 @@ class Fallback(Wrapper):
         level: float = 0.9,
     ) -> None:
         super().__init__(inner, inner_params)
-        try:
-            self.conservative: Policy = POLICIES.create(conservative, **(conservative_params or {}))
-        except UnknownNameError as e:
-            raise ValueError(f"field 'conservative': {e}") from None
-        except TypeError as e:
-            raise ValueError(f"field 'conservative_params' for {conservative!r}: {e}") from None
+        self.conservative: Policy = create_policy("conservative", conservative, conservative_params)
         for field, pol in (("inner", self.inner), ("conservative", self.conservative)):
-            if not _plain_order(pol):
+            if not plain_order(pol):
                 raise ValueError(
                     f"field '{field}': {pol.name!r} has its own queue and cannot be switched; "
                     "wrap the other way round (e.g. vtc with inner='fallback')"
@@ -184,9 +177,3 @@ class Fallback(Wrapper):
 
     def describe(self) -> str:
         return f"fallback({self.inner.describe()} -> {self.conservative.describe()})"
-
-
-def _plain_order(policy: Policy) -> bool:
-    """True if the policy's queue is a `WaitingQueue` keyed by its own `priority`."""
-    q = policy.new_queue()
-    return isinstance(q, WaitingQueue) and q.policy is policy

@@ -55,6 +55,7 @@ from collections.abc import Sequence
 
 from presched.schedule.interface import Policy, SeqView
 from presched.schedule.lengths import remaining
+from presched.schedule.options import number
 from presched.schedule.registry import POLICIES
 
 
@@ -63,14 +64,6 @@ class _State:
 
     def __init__(self, level: int, used: float, since: float) -> None:
         self.level, self.used, self.since = level, used, since
-
-
-def _number(field: str, value, low: float, strict: bool = False) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value < float("inf")
-    if not ok or value < low or (strict and value == low):
-        op = ">" if strict else ">="
-        raise ValueError(f"field '{field}': must be a finite number {op} {low:g}, got {value!r}")
-    return float(value)
 
 
 @POLICIES.register("mlfq")
@@ -84,11 +77,11 @@ class MLFQ(Policy):
             raise ValueError(f"field 'num_levels': must be an integer >= 1, got {num_levels!r}")
         if not isinstance(preempt, bool):
             raise ValueError(f"field 'preempt': must be true or false, got {preempt!r}")
-        q0 = _number("base_quantum", base_quantum, 0, strict=True)
-        ratio = _number("quantum_ratio", quantum_ratio, 1)
+        q0 = number("base_quantum", base_quantum, 0, strict=True)
+        ratio = number("quantum_ratio", quantum_ratio, 1)
         self.quanta = [q0 * ratio**i for i in range(num_levels)]
-        self.prompt_weight = _number("prompt_weight", prompt_weight, 0)
-        self.recompute_weight = _number("recompute_weight", recompute_weight, 0)
+        self.prompt_weight = number("prompt_weight", prompt_weight, 0)
+        self.recompute_weight = number("recompute_weight", recompute_weight, 0)
         self.preempt = preempt
         self.within = None if within is None else remaining(within)
         self._state: dict[int, _State] = {}  # id(seq) -> its level, usage there, entry time

@@ -47,16 +47,8 @@ from collections.abc import Sequence
 
 from presched.schedule.interface import Policy, SeqView
 from presched.schedule.lengths import remaining
+from presched.schedule.options import number
 from presched.schedule.registry import POLICIES
-
-
-def _seconds(field: str, value) -> float:
-    """A duration option: a number >= 0, or None (disabled: inf)."""
-    if value is None:
-        return math.inf
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"field '{field}': must be seconds >= 0 or null, got {value!r}")
-    return float(value)
 
 
 @POLICIES.register("rank")
@@ -66,7 +58,9 @@ class Rank(Policy):
     def __init__(self, stat: str = "rank", starvation_s: float | None = 60.0) -> None:
         self.score = remaining(stat)
         self.stat = stat
-        self.starvation_s = _seconds("starvation_s", starvation_s)
+        self.starvation_s = (  # None disables promotion
+            math.inf if starvation_s is None else number("starvation_s", starvation_s, finite=False)
+        )
 
     def priority(self, seq: SeqView, now: float) -> tuple:
         if now >= seq.arrival + self.starvation_s:

@@ -41,16 +41,10 @@ import math
 
 from presched.schedule.interface import EngineInfo, Policy, SeqView
 from presched.schedule.lengths import remaining
+from presched.schedule.options import number
 from presched.schedule.registry import POLICIES
 
 ORDERS = ("slack", "shortest")
-
-
-def _positive(field: str, v, allow_none: bool = True) -> None:
-    if v is None and allow_none:
-        return
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
-        raise ValueError(f"field '{field}': must be a positive number, got {v!r}")
 
 
 @POLICIES.register("slo")
@@ -73,7 +67,8 @@ class SLOAware(Policy):
             raise ValueError(f"field 'order': must be one of {', '.join(ORDERS)}, got {order!r}")
         for field, v in (("e2e_slo_s", e2e_slo_s), ("ttft_slo_s", ttft_slo_s), ("tpot_s", tpot_s),
                          ("prefill_s_per_token", prefill_s_per_token)):  # fmt: skip
-            _positive(field, v)
+            if v is not None:
+                number(field, v, strict=True)
         if batch is not None and (
             isinstance(batch, bool) or not isinstance(batch, int) or batch < 1
         ):

@@ -51,15 +51,8 @@ from collections.abc import Sequence
 
 from presched.schedule import lengths
 from presched.schedule.interface import Policy, SeqView
+from presched.schedule.options import number
 from presched.schedule.registry import POLICIES
-
-
-def _number(field: str, value, lo: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"field {field!r}: must be a finite number, got {value!r}")
-    if value < lo:
-        raise ValueError(f"field {field!r}: must be >= {lo:g}, got {value}")
-    return float(value)
 
 
 class LimitedPreemption(Policy):
@@ -72,7 +65,7 @@ class LimitedPreemption(Policy):
     def __init__(
         self, c_frac: float, max_preemptions: int | None, min_gap: float, recompute_weight: float
     ) -> None:
-        self.c_frac = _number("c_frac", c_frac)
+        self.c_frac = number("c_frac", c_frac)
         if max_preemptions is not None and (
             isinstance(max_preemptions, bool) or not isinstance(max_preemptions, int)
             or max_preemptions < 0
@@ -82,8 +75,8 @@ class LimitedPreemption(Policy):
                 f"got {max_preemptions!r}"
             )
         self.max_preemptions = max_preemptions
-        self.min_gap = _number("min_gap", min_gap)
-        self.recompute_weight = _number("recompute_weight", recompute_weight)
+        self.min_gap = number("min_gap", min_gap)
+        self.recompute_weight = number("recompute_weight", recompute_weight)
         self._max_p = math.inf if max_preemptions is None else max_preemptions
         self._initial: dict[int, float] = {}  # id(seq) -> initial(seq), from arrival to finish
         self._batch_version = 0  # bumped whenever the running batch changes

@@ -46,7 +46,7 @@ from presched.schedule.interface import SeqView
 from presched.schedule.lengths import STATS, total
 from presched.schedule.queue import WaitingQueue
 from presched.schedule.registry import POLICIES
-from presched.schedule.wrapper import Wrapper
+from presched.schedule.wrapper import Wrapper, plain_order
 
 _PREDICTED = tuple(s for s in STATS if s != "rank") + ("moving-average",)
 _MA_WINDOW = 5  # the artifact's predict_window
@@ -70,8 +70,7 @@ class VTC(Wrapper):
         charge_predicted: str | None = None,
     ) -> None:
         super().__init__(inner, inner_params)
-        q = self.inner.new_queue()
-        if not (isinstance(q, WaitingQueue) and q.policy is self.inner):
+        if not plain_order(self.inner):
             raise ValueError(f"field 'inner': {inner!r} has its own queue; vtc needs a plain order")
         for field, v in (("w_in", w_in), ("w_out", w_out)):
             if not isinstance(v, (int, float)) or not v >= 0:

@@ -20,12 +20,7 @@ class Wrapper(Policy):
     name = "wrapper"
 
     def __init__(self, inner: str = "fcfs", inner_params: dict[str, Any] | None = None) -> None:
-        try:
-            self.inner: Policy = POLICIES.create(inner, **(inner_params or {}))
-        except UnknownNameError as e:
-            raise ValueError(f"field 'inner': {e}") from None
-        except TypeError as e:
-            raise ValueError(f"field 'inner_params' for {inner!r}: {e}") from None
+        self.inner: Policy = create_policy("inner", inner, inner_params)
         self.oracle = self.inner.oracle
         self.dynamic = self.inner.dynamic
 
@@ -78,3 +73,23 @@ class Wrapper(Policy):
 
     def describe(self) -> str:
         return f"{self.name}({self.inner.describe()})"
+
+
+def create_policy(field: str, name: str, params: dict[str, Any] | None) -> Policy:
+    """The policy `name` built with `params`, for the option `field` (and `field`_params) of a
+    wrapper; errors name the field."""
+    try:
+        return POLICIES.create(name, **(params or {}))
+    except UnknownNameError as e:
+        raise ValueError(f"field '{field}': {e}") from None
+    except TypeError as e:
+        raise ValueError(f"field '{field}_params' for {name!r}: {e}") from None
+
+
+def plain_order(policy: Policy) -> bool:
+    """True if the policy's queue is a `WaitingQueue` keyed by its own `priority` (so another
+    policy can order by that priority, e.g. inside a tenant or after a mode switch)."""
+    from presched.schedule.queue import WaitingQueue
+
+    q = policy.new_queue()
+    return isinstance(q, WaitingQueue) and q.policy is policy
