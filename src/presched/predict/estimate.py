@@ -31,6 +31,9 @@ LEVELS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 
 
 _LEVELS = np.asarray(LEVELS)
 _TAIL_LOG = float(np.log((1 - LEVELS[-2]) / (1 - LEVELS[-1])))
+_FS = [0.0, *LEVELS]  # CDF at the knots (1 token, then each quantile)
+_SS = [1.0 - f for f in _FS]  # survival at the knots
+_MID = [(a + b) / 2 for a, b in zip(_SS, _SS[1:])]  # mean survival over each linear piece
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,21 +134,18 @@ class Dist:
     __slots__ = ("xs", "fs", "ss", "tail", "suffix")
 
     def __init__(self, q) -> None:
-        xs = [1.0, *(float(v) for v in q)]
-        fs = [0.0, *LEVELS]
-        self.xs, self.fs = xs, fs
-        self.ss = [1.0 - f for f in fs]
+        xs = [1.0, *(q.tolist() if isinstance(q, np.ndarray) else map(float, q))]
+        self.xs, self.fs, self.ss = xs, _FS, _SS  # the level lists are shared, never mutated
         # exponential tail through the last two knots: for S(x) = c e^{-x/m},
         # q99 - q95 = m ln((1 - 0.95) / (1 - 0.99))
-        self.tail = max((xs[-1] - xs[-2]) / _TAIL_LOG, 1.0)
-        # suffix[j] = integral of S from x_j to infinity
-        n = len(xs)
-        suffix = [0.0] * n
-        acc = self.ss[-1] * self.tail
-        suffix[-1] = acc
-        for j in range(n - 2, -1, -1):
-            acc += (self.ss[j] + self.ss[j + 1]) / 2 * (xs[j + 1] - xs[j])
-            suffix[j] = acc
+        self.tail = tail = max((xs[-1] - xs[-2]) / _TAIL_LOG, 1.0)
+        # suffix[j] = integral of S from x_j to infinity (trapezoids of the linear pieces)
+        acc = _SS[-1] * tail
+        suffix = [acc]
+        for j in range(len(xs) - 2, -1, -1):
+            acc += _MID[j] * (xs[j + 1] - xs[j])
+            suffix.append(acc)
+        suffix.reverse()
         self.suffix = suffix
 
     def survival(self, x: float) -> float:
