@@ -5,7 +5,7 @@ a prompt token costs one output token (prompt_weight=1)."""
 from __future__ import annotations
 
 import pytest
-from builders import linear_steps, make_engine, make_estimates, make_requests, run_engine
+from builders import make_engine, make_estimates, make_requests, run_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

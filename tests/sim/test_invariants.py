@@ -159,3 +159,18 @@ def test_same_inputs_same_result():
     a, b = simulate(reqs, cfg), simulate(reqs, cfg)
     for col in ("first_scheduled", "first_token", "finish", "preemptions"):
         assert np.array_equal(getattr(a.records, col), getattr(b.records, col))
+
+
+@pytest.mark.parametrize("a0", [1.6885355304091472, 2.0208173470316306, 0.1, 7.3])
+def test_arrival_tied_with_a_step_start_lands_on_the_same_side_in_both_modes(a0):
+    # 1 s steps from a0; r1 arrives at a0 + 2.0, the start of r0's third step up to rounding
+    # (step-by-step sums 1 + 1, fast-forward multiplies, the trace adds 2.0): both modes must
+    # treat it as AT the step start (Instance.TIE), so r1 joins that step in both
+    from builders import constant_steps, make_engine, run_engine
+
+    reqs = make_requests([(1, 5), (1, 2)], arrivals=[a0, a0 + 2.0])
+    runs = [[t for s in run_engine(
+        make_engine("fcfs", step_model=constant_steps(), max_num_seqs=2, fast_forward=ff), reqs)
+        for t in (s.first_scheduled, s.first_token, s.finish)] for ff in (True, False)]  # fmt: skip
+    assert runs[0] == pytest.approx(runs[1], rel=1e-12)
+    assert runs[0][3] == pytest.approx(a0 + 2.0)  # r1 starts with that step

@@ -38,6 +38,13 @@ from presched.sim.seq import FINISHED, Seq
 from presched.sim.steptime.base import StepTimeModel
 
 
+TIE = 1e-9
+"""Seconds within which a step start counts as AT a time (an arrival, a wakeup), not before it.
+Step-by-step runs sum step durations one by one, fast-forwarded runs multiply them out, and a
+trace's arrival is a third sum: equal times can differ by rounding, and without this tolerance
+the two modes could put an arrival on different sides of the same step."""
+
+
 class Instance:
     def __init__(
         self, index: int, cfg: EngineConfig, num_blocks: int, policy: Policy,
@@ -106,12 +113,12 @@ class Instance:
             run = self._pending
             if run is not None:
                 start, k, t0, s, seqs, last_start = run
-                if until - start <= last_start:  # its last step starts at/after `until`
+                if until - start - TIE <= last_start:  # its last step starts at/after `until`
                     return  # still pending: steps after `until` only matter if nothing arrives
                 self._pending = None
                 self._apply_run(start, k, t0, s, seqs)
                 continue
-            if self.clock >= until or not (sched.running or sched.waiting):
+            if self.clock >= until - TIE or not (sched.running or sched.waiting):
                 return
             self._step(until)
 
@@ -233,7 +240,8 @@ class Instance:
 
 def _steps_starting_before(R: float, t0: float, s: float) -> int:
     """Number of steps (>= 1) of durations t0, t0+s, t0+2s, ... whose start lies before R:
-    1 + the largest m with S(m) = m*t0 + s*m(m-1)/2 < R."""
+    1 + the largest m with S(m) = m*t0 + s*m(m-1)/2 < R - TIE."""
+    R -= TIE
     if s <= 0:
         m = math.ceil(R / t0) - 1
     else:
