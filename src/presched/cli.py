@@ -506,6 +506,11 @@ def eval_(
         raise UserError("every predictor failed: " + "; ".join(f"{r['predictor']}: {r['error']}" for r in failed[:3]))
 
 
+from presched.serve.cli import serve as _serve  # noqa: E402 - after app, UserError (it imports them lazily)
+
+app.command("serve")(_serve)
+
+
 def main() -> None:
     try:
         app()

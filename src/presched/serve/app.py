@@ -1,0 +1,543 @@
+"""The ASGI front of the gateway: OpenAI-compatible HTTP in, the `Gateway`'s decisions, the
+backends' bytes out.
+
+    POST /v1/completions, /v1/chat/completions   (stream or not)
+    GET  /v1/models, /health, /metrics
+
+For each generation request: authenticate (401) -> read and check the body (400 naming the
+field, 413 when too large) -> count prompt tokens (413 over the limit) -> rate limit (429) ->
+predict its length -> `Gateway.accept` (429 when the queue is full, 503 when no backend is up)
+-> wait for a slot -> send upstream -> relay the backend's bytes unchanged -> `Gateway.finish`,
+one log row, metrics. From `accept` on, every request ends with a response or an error and one
+log row (status 499 when the client went away; its upstream request is closed, which makes vLLM
+abort it, and its slot goes to the next request).
+
+Failures: a backend that refuses, times out before its response headers, or answers 502/503 is
+marked down and the request is placed on another backend (up to `retries`); a non-streaming
+request whose backend dies mid-way is retried the same way (the client has seen nothing yet). A
+stream that breaks after bytes were sent ends with an OpenAI-style error event.
+
+Streaming: the gateway asks the backend for `stream_options.include_usage` (the true output
+token count); when the client did not ask for it, the usage-only event is not relayed, so the
+client receives exactly the bytes the backend would have sent it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+import uuid
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from presched.serve.backend import Backend
+from presched.serve.config import ServeConfig
+from presched.serve.gateway import Gateway, GatewayError
+from presched.serve.metrics import GatewayMetrics
+from presched.serve.predictions import PredictBatcher
+from presched.serve.seq import GatewaySeq
+from presched.serve.tenants import Tenants
+from presched.serve.tokens import counter, prompt_text
+from presched.workload.request import Request
+
+_RETRY_STATUS = (502, 503)  # the backend is unavailable: try another one
+
+
+def error_response(status: int, message: str, kind: str = "invalid_request_error",
+                   param: str | None = None, retry_after: float | None = None) -> JSONResponse:  # fmt: skip
+    """An OpenAI-format error body: {"error": {"message", "type", "param", "code"}}."""
+    headers = {"retry-after": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class _Done(Exception):
+    """Ends a request early with a prepared response (bad input, auth, limits)."""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+class GatewayApp:
+    """Owns the gateway's parts for one server run (built in `build_app`)."""
+
+    def __init__(self, cfg: ServeConfig, predictor: Any = None, log: Any = None) -> None:
+        self.cfg = cfg
+        self.gw = Gateway(cfg, predicts=predictor is not None)
+        self.tenants = Tenants(cfg.tenants)
+        self.count, self.count_how = counter(cfg.tokenizer)
+        self.predict = PredictBatcher(predictor) if predictor is not None else None
+        self.log = log
+        self.metrics = GatewayMetrics(self.gw)
+        self.client: httpx.AsyncClient | None = None
+        self._health_task: asyncio.Task | None = None
+        self.models = sorted({b.model for b in self.gw.backends if b.model})
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def startup(self) -> None:
+        total = sum(b.max_in_flight for b in self.gw.backends)
+        limits = httpx.Limits(max_connections=max(100, 2 * total), max_keepalive_connections=max(100, 2 * total))
+        timeout = httpx.Timeout(None, connect=self.cfg.connect_timeout_s)
+        self.client = httpx.AsyncClient(limits=limits, timeout=timeout)
+        await self._discover_models()
+        self._health_task = asyncio.create_task(self._health_loop())
+
+    async def shutdown(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        if self.client is not None:
+            await self.client.aclose()
+        if self.log is not None:
+            self.log.close()
+
+    async def _discover_models(self) -> None:
+        for b in self.gw.backends:
+            if b.model:
+                continue
+            try:
+                r = await self.client.get(f"{b.url}/v1/models", timeout=self.cfg.connect_timeout_s)
+                b.model = r.json()["data"][0]["id"]
+            except Exception:  # noqa: BLE001 - a down backend is found by the health loop
+                self.gw.set_health(b, False)
+        self.models = sorted({b.model for b in self.gw.backends if b.model})
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.health_interval_s)
+            await asyncio.gather(*(self._check(b) for b in self.gw.backends))
+
+    async def _check(self, b: Backend) -> None:
+        try:
+            r = await self.client.get(f"{b.url}/health", timeout=self.cfg.connect_timeout_s)
+            ok = r.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if ok and b.model is None:
+            await self._discover_models()
+            ok = b.model is not None
+        self.gw.set_health(b, ok)
+
+    # --- small endpoints ----------------------------------------------------------------------
+    async def list_models(self, request: HTTPRequest) -> Response:
+        if self.tenants.identify(request.headers) is None:
+            return error_response(401, "invalid or missing API key", "authentication_error")
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "presched"} for m in self.models]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(self, request: HTTPRequest) -> Response:
+        snap = self.gw.snapshot()
+        up = any(b["healthy"] for b in snap["backends"])
+        return JSONResponse({"status": "ok" if up else "no healthy backend", **snap},
+                            status_code=200 if up else 503)  # fmt: skip
+
+    async def prometheus(self, request: HTTPRequest) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    # --- generation ---------------------------------------------------------------------------
+    async def generate(self, scope, receive, send) -> None:
+        """ASGI endpoint of /v1/completions and /v1/chat/completions."""
+        request = HTTPRequest(scope, receive)
+        chat = scope["path"].endswith("/chat/completions")
+        try:
+            tenant, body, text = await self._parse(request, chat)
+            seq = await self._accept(tenant, body, text, chat)
+        except _Done as d:
+            await d.response(scope, receive, send)
+            return
+        out = _Outcome()
+        try:
+            if await _until_disconnect(self._serve(seq, body, chat, out, send), receive):
+                out.status, out.error = 499, "the client disconnected"
+        except Exception as e:  # noqa: BLE001 - a bug must still end the request and its row
+            out.status, out.error, out.kind = 500, f"gateway error: {type(e).__name__}: {e}", "server_error"
+            if not out.started:
+                with contextlib.suppress(Exception):
+                    await self._send_error(out, send)
+        finally:
+            self._end(seq, body, chat, out, text)
+
+    async def _parse(self, request: HTTPRequest, chat: bool) -> tuple[str, dict, str]:
+        tenant = self.tenants.identify(request.headers)
+        if tenant is None:
+            raise _Done(error_response(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                                       "authentication_error"))  # fmt: skip
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > self.cfg.max_body_bytes:
+            raise _Done(error_response(413, f"request body of {size} bytes exceeds {self.cfg.max_body_bytes}"))
+        raw = await request.body()
+        if len(raw) > self.cfg.max_body_bytes:
+            raise _Done(error_response(413, f"request body of {len(raw)} bytes exceeds {self.cfg.max_body_bytes}"))
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise _Done(error_response(400, f"body: not valid JSON ({e})", param="body")) from None
+        if not isinstance(body, dict):
+            raise _Done(error_response(400, "body: expected a JSON object", param="body"))
+        problem = _check_fields(body, chat, self.models)
+        if problem is not None:
+            raise _Done(error_response(problem[2], problem[1], param=problem[0],
+                                       kind="invalid_request_error" if problem[2] == 400 else "not_found_error"))  # fmt: skip
+        try:
+            text, _, ids = prompt_text(body, chat)
+        except ValueError as e:
+            field = str(e).split(":", 1)[0]
+            raise _Done(error_response(400, str(e), param=field)) from None
+        if "model" not in body and len(self.models) == 1:
+            body["model"] = self.models[0]
+        return tenant, body, text if ids is None else ids
+
+    async def _accept(self, tenant: str, body: dict, text, chat: bool) -> GatewaySeq:
+        if isinstance(text, list):  # token ids
+            n_prompt, text = len(text), None
+        else:
+            n_prompt = max(1, self.count(text) + (4 * len(body["messages"]) if chat else 0))
+        if n_prompt > self.cfg.max_prompt_tokens:
+            raise _Done(error_response(413, f"prompt: {n_prompt} tokens exceed the limit of "
+                                       f"{self.cfg.max_prompt_tokens}", param="prompt"))  # fmt: skip
+        wait = self.tenants.allow(tenant)
+        if wait is not None:
+            raise _Done(error_response(429, f"tenant {tenant!r} is over its rate limit",
+                                       "rate_limit_error", retry_after=wait))  # fmt: skip
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) if chat else body.get("max_tokens")
+        req = Request(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}",
+                      prompt_tokens=n_prompt, tenant=tenant, model=body.get("model") or "",
+                      prompt=text, max_tokens=max_tokens)  # fmt: skip
+        target = max_tokens if body.get("ignore_eos") and max_tokens else None
+        estimate = None
+        if self.predict is not None:
+            try:
+                estimate = await self.predict.estimate(req)
+            except Exception as e:  # noqa: BLE001
+                raise _Done(error_response(500, f"length predictor failed: {type(e).__name__}: {e}",
+                                           "server_error")) from None  # fmt: skip
+        try:
+            return self.gw.accept(req, target, estimate)
+        except GatewayError as e:
+            raise _Done(error_response(e.status, str(e), e.kind, e.param, e.retry_after)) from None
+
+    def _upstream_body(self, seq: GatewaySeq, body: dict) -> tuple[dict, bool]:
+        """The body sent to the backend, and whether the gateway added include_usage."""
+        up = dict(body)
+        injected = False
+        if body.get("stream"):
+            opts = dict(body.get("stream_options") or {})
+            if not opts.get("include_usage"):
+                opts["include_usage"] = True
+                injected = True
+            up["stream_options"] = opts
+        if self.cfg.mode == "passthrough":
+            up["priority"] = int(seq.key or 0)
+        if self.cfg.send_prediction and seq.estimate is not None:
+            xargs = dict(body.get("vllm_xargs") or {})
+            xargs.update(presched_pred_mean=float(seq.estimate.mean),
+                         presched_pred_q90=float(seq.estimate.quantile(0.9)))  # fmt: skip
+            up["vllm_xargs"] = xargs
+        return up, injected
+
+    async def _serve(self, seq: GatewaySeq, body: dict, chat: bool, out: "_Outcome", send) -> None:
+        """Wait for a slot, send upstream (retrying elsewhere on early failure), relay."""
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        up, injected = self._upstream_body(seq, body)
+        payload = json.dumps(up).encode()
+        while True:
+            try:
+                b = await self.gw.wait(seq)
+            except asyncio.CancelledError:
+                raise
+            out.backend = b
+            try:
+                resp = await self._open(b, path, payload)
+            except _Unavailable as e:
+                if not self._retry(seq, out, f"backend {b.name}: {e}"):
+                    break
+                continue
+            if resp.status_code in _RETRY_STATUS:
+                await resp.aclose()
+                if not self._retry(seq, out, f"backend {b.name} answered {resp.status_code}"):
+                    break
+                continue
+            try:
+                if body.get("stream") and resp.status_code == 200:
+                    await self._relay_stream(seq, resp, injected, out, send)
+                else:
+                    if not await self._relay_whole(seq, resp, out, send):
+                        if not self._retry(seq, out, f"backend {b.name} failed mid-response"):
+                            break
+                        continue
+            finally:
+                await resp.aclose()
+            return
+        await self._send_error(out, send)
+
+    def _retry(self, seq: GatewaySeq, out: "_Outcome", why: str) -> bool:
+        out.retries += 1
+        try:
+            self.gw.failed(seq)
+            return True
+        except GatewayError as e:
+            out.status, out.error = e.status, f"{why}; {e}"
+            out.kind = e.kind
+            return False
+
+    async def _open(self, b: Backend, path: str, payload: bytes) -> httpx.Response:
+        req = self.client.build_request("POST", b.url + path, content=payload,
+                                        headers={"content-type": "application/json"})  # fmt: skip
+        try:
+            return await asyncio.wait_for(self.client.send(req, stream=True), self.cfg.first_byte_timeout_s)
+        except asyncio.TimeoutError:
+            raise _Unavailable(f"no response within {self.cfg.first_byte_timeout_s} s") from None
+        except httpx.HTTPError as e:
+            raise _Unavailable(f"{type(e).__name__}: {e}") from None
+
+    async def _relay_whole(self, seq: GatewaySeq, resp: httpx.Response, out: "_Outcome", send) -> bool:
+        try:
+            data = await resp.aread()
+        except httpx.HTTPError:
+            return False
+        now = self.gw.now()
+        usage = None
+        if resp.status_code == 200:
+            try:
+                parsed = json.loads(data)
+                usage = parsed.get("usage") or {}
+                out.finish_reason = (parsed.get("choices") or [{}])[0].get("finish_reason")
+            except (json.JSONDecodeError, AttributeError, IndexError):
+                usage = {}
+            seq.first_token = seq.last_token = now
+        out.status = resp.status_code
+        out.tokens = (usage or {}).get("completion_tokens")
+        if resp.status_code != 200:
+            out.error = data[:500].decode("utf-8", "replace")
+        headers = self._headers(seq, resp.headers.get("content-type", "application/json"))
+        await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
+        out.started = True
+        await send({"type": "http.response.body", "body": data})
+        return True
+
+    async def _relay_stream(self, seq: GatewaySeq, resp: httpx.Response, injected: bool,
+                            out: "_Outcome", send) -> None:  # fmt: skip
+        headers = self._headers(seq, resp.headers.get("content-type", "text/event-stream"))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        out.started = True
+        out.status = 200
+        buf = b""
+        clock = self.gw.now
+        try:
+            async for chunk in resp.aiter_raw():
+                buf += chunk
+                if b"\n\n" not in buf:
+                    continue
+                *events, buf = buf.split(b"\n\n")
+                relay = []
+                for ev in events:
+                    keep = _inspect(ev, seq, out, clock)
+                    if keep or not injected:
+                        relay.append(ev + b"\n\n")
+                if relay:
+                    await send({"type": "http.response.body", "body": b"".join(relay), "more_body": True})
+        except httpx.HTTPError as e:
+            out.status, out.error = 502, f"backend {out.backend.name} broke the stream: {type(e).__name__}"
+            err = {"error": {"message": out.error, "type": "server_error", "param": None, "code": 502}}
+            buf = b"data: " + json.dumps(err).encode() + b"\n\n"
+            self.gw.set_health(out.backend, False)
+        await send({"type": "http.response.body", "body": buf, "more_body": False})
+
+    def _headers(self, seq: GatewaySeq, content_type: str) -> list[tuple[bytes, bytes]]:
+        wait = (seq.first_scheduled or seq.arrival) - seq.arrival
+        return [(b"content-type", content_type.encode()),
+                (b"x-request-id", seq.id.encode()),
+                (b"x-presched-backend", str(seq.instance).encode()),
+                (b"x-presched-queue-wait-ms", f"{wait * 1e3:.3f}".encode())]  # fmt: skip
+
+    async def _send_error(self, out: "_Outcome", send) -> None:
+        resp = error_response(out.status, out.error or "no backend could serve the request", out.kind)
+        await send({"type": "http.response.start", "status": resp.status_code, "headers": resp.raw_headers})
+        out.started = True
+        await send({"type": "http.response.body", "body": resp.body})
+
+    def _end(self, seq: GatewaySeq, body: dict, chat: bool, out: "_Outcome", text) -> None:
+        """Every accepted request passes here once: slot, tracker, metrics, log row."""
+        if out.status == 200:
+            self.gw.finish(seq, out.tokens if out.tokens is not None else seq.generated)
+        else:
+            if out.status == 0:  # the client went away before it got anything
+                out.status = 499
+            self.gw.cancel(seq)
+            seq.finish = self.gw.now()
+        self.metrics.observe(seq, out.status)
+        if self.log is None:
+            return
+        est = seq.estimate
+        q = None
+        if est is not None:
+            from presched.predict.estimate import LEVELS
+
+            q = json.dumps([round(float(est.quantile(p)), 2) for p in LEVELS])
+        fs, ft = seq.first_scheduled, seq.first_token
+        self.log.write({
+            "id": seq.id, "ts": seq.ts, "tenant": seq.tenant, "model": seq.request.model,
+            "backend": out.backend.name if out.backend is not None else None,
+            "endpoint": "chat" if chat else "completions", "stream": int(bool(body.get("stream"))),
+            "status": out.status, "error": out.error, "prompt_tokens": seq.prompt_tokens,
+            "max_tokens": seq.request.max_tokens,
+            "output_tokens": (out.tokens if out.tokens is not None else seq.generated or None)
+            if out.status == 200 else None,
+            "finish_reason": out.finish_reason,
+            "pred_mean": float(est.mean) if est is not None else None, "pred_quantiles": q,
+            "priority": seq.key, "queue_wait_s": None if fs is None else fs - seq.arrival,
+            "ttft_s": None if ft is None else ft - seq.arrival, "e2e_s": seq.finish - seq.arrival,
+            "retries": out.retries, "prompt": text if isinstance(text, str) else None,
+        })  # fmt: skip
+
+
+class _Unavailable(Exception):
+    pass
+
+
+class _Outcome:
+    """What happened to one accepted request (filled while serving, read by `_end`)."""
+
+    __slots__ = ("status", "error", "kind", "tokens", "backend", "retries", "started", "finish_reason")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.error: str | None = None
+        self.kind = "server_error"
+        self.tokens: int | None = None
+        self.backend: Backend | None = None
+        self.retries = 0
+        self.started = False
+        self.finish_reason: str | None = None
+
+
+def _inspect(ev: bytes, seq: GatewaySeq, out: _Outcome, clock) -> bool:
+    """Account one SSE event of the backend's stream; False for the usage-only event (which the
+    gateway asked for itself and may hide)."""
+    if not ev.startswith(b"data:"):
+        return True
+    data = ev[5:].strip()
+    if data == b"[DONE]":
+        return True
+    try:
+        obj = json.loads(data)
+    except json.JSONDecodeError:
+        return True
+    choices = obj.get("choices")
+    usage = obj.get("usage")
+    if usage and not choices:
+        out.tokens = usage.get("completion_tokens")
+        return False
+    if usage:
+        out.tokens = usage.get("completion_tokens")
+    for c in choices or ():
+        delta = c.get("delta")
+        piece = delta.get("content") if isinstance(delta, dict) else c.get("text")
+        if piece:
+            seq.on_token(clock())
+        if c.get("finish_reason"):
+            out.finish_reason = c["finish_reason"]
+    return True
+
+
+def _check_fields(body: dict, chat: bool, models: list[str]) -> tuple[str, str, int] | None:
+    """(field, message, status) of the first bad field, or None."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        return "model", "model: expected a string", 400
+    if model is None and len(models) != 1:
+        return "model", "model: required (this gateway serves " + ", ".join(models or ["no model yet"]) + ")", 400
+    if model is not None and models and model not in models:
+        return "model", f"model: {model!r} is not served here (served: {', '.join(models)})", 404
+    for name in ("max_tokens", "max_completion_tokens"):
+        v = body.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            return name, f"{name}: expected an integer >= 1, got {v!r}", 400
+    for name in ("stream", "ignore_eos"):
+        v = body.get(name)
+        if v is not None and not isinstance(v, bool):
+            return name, f"{name}: expected true or false, got {v!r}", 400
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        return "stream_options", "stream_options: expected an object", 400
+    n = body.get("n")
+    if n is not None and n != 1:
+        return "n", f"n: only 1 is supported, got {n!r}", 400
+    xargs = body.get("vllm_xargs")
+    if xargs is not None and not isinstance(xargs, dict):
+        return "vllm_xargs", "vllm_xargs: expected an object", 400
+    if chat and "prompt" in body:
+        return "prompt", "prompt: not a field of chat completions (use messages)", 400
+    return None
+
+
+async def _until_disconnect(work, receive) -> bool:
+    """Run `work`; if the client disconnects first, cancel it (closing the upstream request)
+    and return True."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watcher):
+            if not t.done():
+                t.cancel()
+        for t in (task, watcher):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+    if task.cancelled():
+        return True
+    if task.exception() is not None:
+        raise task.exception()  # type: ignore[misc]
+    return False
+
+
+class _ASGI:
+    """Marks a coroutine as a raw ASGI endpoint for Starlette's Route."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.fn(scope, receive, send)
+
+
+def build_app(cfg: ServeConfig, predictor: Any = None, log: Any = None) -> Starlette:
+    """The Starlette app of `presched serve` (run it with uvicorn). `app.state.gateway` is the
+    `GatewayApp` (tests and benchmarks read its `gw`)."""
+    g = GatewayApp(cfg, predictor, log)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await g.startup()
+        try:
+            yield
+        finally:
+            await g.shutdown()
+
+    routes = [
+        Route("/v1/completions", _ASGI(g.generate), methods=["POST"]),
+        Route("/v1/chat/completions", _ASGI(g.generate), methods=["POST"]),
+        Route("/v1/models", g.list_models),
+        Route("/health", g.health),
+        Route("/metrics", g.prometheus),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.gateway = g
+    return app

@@ -1,0 +1,110 @@
+"""`presched serve`: the gateway in front of real engines (registered in `presched.cli`).
+
+    presched serve --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 \
+                   --policy sjf --predictor model.npz --max-in-flight 16
+    presched serve -c serve.yaml --set mode=passthrough
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from pydantic import ValidationError
+
+from presched.serve.config import BackendConfig, LogConfig, ServeConfig
+
+_F = ServeConfig.model_fields
+
+
+def serve(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON file with the gateway's settings (ServeConfig: backends, mode, policy, router, predictor, tenants, log, limits); flags and --set override it."),
+    backend: list[str] = typer.Option([], "--backend", "-b", help="Backend base URL (repeatable), e.g. http://127.0.0.1:8001; replaces the file's backends."),
+    max_in_flight: Optional[int] = typer.Option(None, "--max-in-flight", help="max_in_flight of each backend: " + (BackendConfig.model_fields["max_in_flight"].description or "")),
+    mode: Optional[str] = typer.Option(None, "--mode", help=_F["mode"].description),
+    policy: Optional[str] = typer.Option(None, "--policy", "-p", help=_F["policy"].description),
+    router: Optional[str] = typer.Option(None, "--router", help=_F["router"].description),
+    predictor: Optional[Path] = typer.Option(None, "--predictor", "-m", help=_F["predictor"].description),
+    host: Optional[str] = typer.Option(None, "--host", help=_F["host"].description),
+    port: Optional[int] = typer.Option(None, "--port", help=_F["port"].description),
+    log: Optional[str] = typer.Option(None, "--log", help=(LogConfig.model_fields["path"].description or "") + " 'none' disables it."),
+    store_prompts: bool = typer.Option(False, "--store-prompts", help=LogConfig.model_fields["store_prompts"].description),
+    set_: list[str] = typer.Option([], "--set", "-s", help="Set any ServeConfig field by dotted path, e.g. --set max_queue=500 --set policy_params.starvation_s=30."),
+) -> None:
+    """Run the OpenAI-compatible gateway: predict each request's length, order and route by
+    policy, relay the engines' answers, log every request (SQLite) and export /metrics."""
+    from presched.cli import UserError, _load_file, _set_path
+
+    import yaml
+
+    data = _load_file(config) if config else {}
+    if backend:
+        data["backends"] = [{"url": u, **({"max_in_flight": max_in_flight} if max_in_flight else {})}
+                            for u in backend]  # fmt: skip
+    elif max_in_flight is not None:
+        for b in data.get("backends") or []:
+            if isinstance(b, dict):
+                b["max_in_flight"] = max_in_flight
+    flags = {"mode": mode, "policy": policy, "router": router, "host": host, "port": port,
+             "predictor": str(predictor) if predictor else None}  # fmt: skip
+    for k, v in flags.items():
+        if v is not None:
+            data[k] = v
+    if log is not None:
+        _set_path(data, "log.path", None if log.lower() == "none" else log)
+    if store_prompts:
+        _set_path(data, "log.store_prompts", True)
+    for item in set_:
+        if "=" not in item:
+            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. max_queue=500")
+        key, raw = item.split("=", 1)
+        _set_path(data, key.strip(), yaml.safe_load(raw))
+    if not data.get("backends"):
+        raise UserError("backends: at least one --backend URL (or backends: in --config) is required")
+    try:
+        cfg = ServeConfig.model_validate(data)
+    except ValidationError as e:
+        from presched.config import format_validation_error
+
+        raise UserError("invalid configuration:\n" + format_validation_error(e)) from None
+    run_server(cfg)
+
+
+def load_parts(cfg: ServeConfig):
+    """(predictor or None, RequestLog or None) for a config; errors name the field."""
+    pred = None
+    if cfg.predictor is not None:
+        from presched.predict.base import ModelFileError, load_predictor
+
+        try:
+            pred = load_predictor(cfg.predictor)
+        except (ModelFileError, FileNotFoundError, ValueError) as e:
+            raise ValueError(f"predictor: {e}") from None
+    log = None
+    if cfg.log.path is not None:
+        from presched.serve.log import RequestLog
+
+        try:
+            log = RequestLog(cfg.log.path, store_prompts=cfg.log.store_prompts)
+        except Exception as e:  # noqa: BLE001 - named below
+            raise ValueError(f"log.path: {e}") from None
+    return pred, log
+
+
+def run_server(cfg: ServeConfig) -> None:
+    import uvicorn
+    from rich.console import Console
+
+    from presched.serve.app import build_app
+
+    pred, log = load_parts(cfg)
+    app = build_app(cfg, pred, log)
+    g = app.state.gateway
+    Console(stderr=True).print(
+        f"presched gateway on http://{cfg.host}:{cfg.port}  mode={cfg.mode} policy={cfg.policy} "
+        f"router={cfg.router} predictor={cfg.predictor or 'none'} tokens={g.count_how} "
+        f"log={cfg.log.path or 'off'}; backends: " + ", ".join(b.url for b in cfg.backends),
+        highlight=False,
+    )
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False)

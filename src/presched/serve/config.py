@@ -1,0 +1,101 @@
+"""`ServeConfig`: everything `presched serve` needs, from a YAML/JSON file and flags.
+
+    backends:
+      - {url: http://127.0.0.1:8001, model: tiny, max_in_flight: 8}
+      - {url: http://127.0.0.1:8002, model: tiny, max_in_flight: 8}
+    mode: queue                 # or passthrough
+    policy: sjf                 # any registered policy; policy_params: {...}
+    router: least-requests
+    predictor: model.npz        # a file from `presched train`; omit for none
+    tenants:
+      - {name: gold, api_key: sk-gold, weight: 2}
+      - {name: free, api_key: sk-free, rate_limit_rps: 5}
+    log: {path: presched-requests.sqlite}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from presched.config import Config
+from presched.schedule.registry import POLICIES
+from presched.schedule.routers import ROUTERS
+
+
+class BackendConfig(Config):
+    url: str = Field(..., description="Base URL of an OpenAI-compatible engine (e.g. http://127.0.0.1:8000), without /v1.")
+    model: str | None = Field(None, description="Model name the backend serves (default: asked from its /v1/models at start).")
+    name: str | None = Field(None, description="Label in metrics and the log (default: the URL).")
+    max_in_flight: int = Field(16, ge=1, description="Most requests the gateway sends to this backend at once in queue mode. Set it to the engine's max_num_seqs (or below) so the gateway's order is the order that runs.")
+    kv_tokens: int | None = Field(None, ge=1, description="The engine's KV capacity in tokens, for KV-aware policies (kv-admission); unknown if unset.")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/").removesuffix("/v1")
+
+
+class TenantConfig(Config):
+    name: str = Field(..., min_length=1, description="Tenant name (log, metrics, fair share).")
+    api_key: str = Field(..., min_length=1, description="The API key (Authorization: Bearer KEY) that identifies this tenant.")
+    weight: float = Field(1.0, gt=0, description="Share for fair policies (vtc): a tenant with weight 2 gets twice the service of one with weight 1 when both wait.")
+    rate_limit_rps: float | None = Field(None, gt=0, description="Most requests per second this tenant may start (token bucket); more get 429.")
+    burst: int | None = Field(None, ge=1, description="Bucket size of the rate limit (default: max(1, rate_limit_rps)).")
+
+
+class LogConfig(Config):
+    path: Path | None = Field(Path("presched-requests.sqlite"), description="SQLite file with one row per accepted request (prediction, true tokens, timings); null disables it.")
+    store_prompts: bool = Field(False, description="Also store the prompt text (needed by `presched train --from-log` for text predictors).")
+
+
+class ServeConfig(Config):
+    host: str = Field("127.0.0.1", description="Address the gateway listens on.")
+    port: int = Field(8080, ge=0, le=65535, description="Port the gateway listens on.")
+    backends: list[BackendConfig] = Field(..., min_length=1, description="Engines behind the gateway.")
+    mode: Literal["queue", "passthrough"] = Field("queue", description="'queue': hold requests in the gateway and release them in policy order, at most max_in_flight per backend. 'passthrough': send at once with a vLLM `priority` from the prediction (needs --scheduling-policy priority on the engine).")
+    policy: str = Field("fcfs", description="Order of the gateway queue (queue mode): " + ", ".join(POLICIES.names()) + ".")
+    policy_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the policy.")
+    router: str = Field("least-requests", description="Which backend gets a request: " + ", ".join(ROUTERS.names()) + ".")
+    router_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the router.")
+    predictor: Path | None = Field(None, description="Length predictor file from `presched train` (.npz); none: policies that need predictions cannot be used.")
+    tokenizer: Path | None = Field(None, description="A tokenizer.json of the served model to count prompt tokens exactly (default: o200k_base if toktok is installed, else ~4 characters per token).")
+    priority_stat: str = Field("mean", description="Passthrough mode: the statistic of the predicted length sent as vLLM `priority` (mean, median, q90, ...; lower runs first).")
+    send_prediction: bool = Field(False, description="Add the prediction to the upstream body as vllm_xargs (presched_pred_mean, presched_pred_q90), for engine-side plug-ins.")
+    tenants: list[TenantConfig] = Field(default_factory=list, description="API keys and their tenants. Empty: no authentication, every request is tenant 'default'.")
+    max_queue: int = Field(10_000, ge=1, description="Most requests waiting in the gateway; more get 429 with Retry-After.")
+    max_prompt_tokens: int = Field(32_768, ge=1, description="Longer prompts get 413.")
+    max_body_bytes: int = Field(8 * 2**20, ge=1024, description="Larger request bodies get 413.")
+    connect_timeout_s: float = Field(5.0, gt=0, description="Backend connect timeout; a backend that refuses or times out is retried on another.")
+    first_byte_timeout_s: float = Field(600.0, gt=0, description="Most seconds from sending to the backend's response headers before it counts as failed (and is retried elsewhere).")
+    health_interval_s: float = Field(2.0, gt=0, description="Seconds between health checks (GET /health) of each backend.")
+    retries: int = Field(2, ge=0, description="Other backends to try when one fails before the first byte.")
+    log: LogConfig = Field(default_factory=LogConfig, description="The request log.")
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_known(cls, v: str) -> str:
+        if v not in POLICIES:
+            raise ValueError(f"unknown policy {v!r}; known: {', '.join(POLICIES.names())}")
+        return v
+
+    @field_validator("router")
+    @classmethod
+    def _router_known(cls, v: str) -> str:
+        if v not in ROUTERS:
+            raise ValueError(f"unknown router {v!r}; known: {', '.join(ROUTERS.names())}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ServeConfig":
+        keys = [t.api_key for t in self.tenants]
+        if len(set(keys)) != len(keys):
+            raise ValueError("tenants: two tenants share an api_key")
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError("tenants: two tenants share a name")
+        return self

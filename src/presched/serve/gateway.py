@@ -1,0 +1,261 @@
+"""`Gateway`: the gateway's decisions, free of any HTTP framework (the ASGI app in `app.py` is
+one front; an Envoy ext_proc front can call the same object).
+
+Life of a request (who calls what):
+
+    seq = gw.accept(request, target)      # app: after parsing; predicts, may raise QueueFull
+    backend = await gw.wait(seq)          # queue mode: until the policy releases it to a slot
+    ... app sends it to backend.url, streaming tokens: seq.on_token(gw.now()) ...
+    gw.finish(seq, output_tokens)         # or gw.failed(seq) before the first byte (retried on
+                                          # another backend), or gw.cancel(seq) (client left)
+
+Queue mode: each backend has its own policy object and waiting queue (as each simulated
+instance does); the router picks the backend at arrival; `dispatch` releases the head of the
+queue while the backend has fewer than `max_in_flight` requests and the policy's `admit` agrees.
+Decisions happen at arrivals and completions, plus at `Policy.wakeup` times. The gateway never
+preempts a request the engine is running (it cannot take it back without losing its work).
+
+Passthrough mode: no gateway queue; the request goes to the routed backend at once, with a vLLM
+`priority` (lower first) = the configured statistic of its predicted length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any, Callable
+
+from presched.predict.tracker import ErrorTracker
+from presched.schedule.lengths import total
+from presched.schedule.registry import POLICIES
+from presched.schedule.routers import ROUTERS
+from presched.serve.backend import Backend
+from presched.serve.config import ServeConfig
+from presched.serve.seq import GatewaySeq
+from presched.workload.request import Request
+
+
+class GatewayError(Exception):
+    """A request the gateway cannot serve: `status` is the HTTP status, the message says why."""
+
+    def __init__(self, status: int, message: str, *, kind: str = "server_error",
+                 param: str | None = None, retry_after: float | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.kind, self.param, self.retry_after = status, kind, param, retry_after
+
+
+def _needs_no_prediction(policy, field: str) -> None:
+    """Refuse, at start, a policy that reads predictions when there is no predictor."""
+    probe = GatewaySeq(Request(id="probe", prompt_tokens=1), 0.0, 0.0, target=None)
+    try:
+        policy.priority(probe, 0.0)
+    except ValueError as e:
+        if "no length prediction" in str(e):
+            raise ValueError(f"{field}: {policy.name!r} orders by predicted length; set predictor "
+                             "(a file from `presched train`)") from None
+        raise
+
+
+class Gateway:
+    def __init__(self, cfg: ServeConfig, predicts: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        """`predicts`: whether requests come with length estimates (a predictor is loaded)."""
+        self.cfg = cfg
+        self.clock = clock
+        self._t0 = clock()
+        params = dict(cfg.policy_params)
+        if cfg.policy == "vtc" and cfg.tenants and "weights" not in params:
+            params["weights"] = {t.name: t.weight for t in cfg.tenants}
+        try:
+            self.backends = [Backend(i, b, POLICIES.create(cfg.policy, **params))
+                             for i, b in enumerate(cfg.backends)]  # fmt: skip
+            self.router = ROUTERS.create(cfg.router, **cfg.router_params)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"policy_params / router_params: {e}") from None
+        self.oracle = self.backends[0].policy.oracle or self.router.oracle
+        if not predicts and not self.oracle:
+            _needs_no_prediction(POLICIES.create(cfg.policy, **params), "policy")
+        self.tracker = ErrorTracker()
+        self._priority_of = total(cfg.priority_stat)
+        self._wakeups: dict[int, asyncio.TimerHandle] = {}
+        self.accepted = 0
+        self.finished = 0
+
+    def now(self) -> float:
+        """Seconds since the gateway started: the clock policies see."""
+        return self.clock() - self._t0
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(b.queue) for b in self.backends)
+
+    # --- arrival ----------------------------------------------------------------------------
+    def accept(self, request: Request, target: int | None = None, estimate: Any = None) -> GatewaySeq:
+        """Admit a parsed request: route it and, in queue mode, queue it (then `wait`).
+        Raises GatewayError: 429 when the queue is full, 503 when no backend is healthy,
+        400 when an oracle policy gets a request without a forced length."""
+        if self.oracle and target is None:
+            raise GatewayError(400, f"policy {self.cfg.policy!r} / router {self.cfg.router!r} "
+                               "reads true lengths: send ignore_eos=true with max_tokens",
+                               kind="invalid_request_error", param="ignore_eos")  # fmt: skip
+        if self.cfg.mode == "queue" and self.num_waiting >= self.cfg.max_queue:
+            raise GatewayError(429, f"the gateway queue is full ({self.cfg.max_queue} waiting)",
+                               kind="rate_limit_error", retry_after=self._retry_after())  # fmt: skip
+        now = self.now()
+        seq = GatewaySeq(request, now, time.time(), target, estimate)
+        self._place(seq, now)
+        self.accepted += 1
+        return seq
+
+    def _candidates(self, seq: GatewaySeq) -> list[Backend]:
+        model = seq.request.model
+        return [b for b in self.backends
+                if b.healthy and b.index not in seq.tried and (not model or not b.model or b.model == model)]  # fmt: skip
+
+    def _place(self, seq: GatewaySeq, now: float) -> None:
+        """Route `seq` to a healthy backend and queue (or start) it there."""
+        ok = self._candidates(seq)
+        if not ok:
+            raise GatewayError(503, "no healthy backend serves model "
+                               f"{seq.request.model!r}" + (" (others failed this request)" if seq.tried else ""))  # fmt: skip
+        if seq.routed < 0:
+            seq.routed = self.router.route(seq, self.backends, now)
+        b = self.backends[seq.routed]
+        if b not in ok:  # the router chose a backend that is down or failed it: least loaded
+            b = min(ok, key=lambda x: (x.num_outstanding, x.index))
+        seq.instance = b.index
+        seq.released = asyncio.get_running_loop().create_future()
+        b.policy.on_arrival(seq, now)
+        if self.cfg.mode == "passthrough":
+            seq.key = float(round(self._priority_of(seq))) if seq.estimate is not None else 0.0
+            self._start(b, seq, now)
+            return
+        b.queue.push(seq, now)
+        seq.key = b.policy.priority(seq, now)
+        self.dispatch(b)
+
+    async def wait(self, seq: GatewaySeq) -> Backend:
+        """Until `seq` may go to its backend (at once in passthrough mode)."""
+        return await seq.released  # type: ignore[misc]
+
+    # --- decisions --------------------------------------------------------------------------
+    def dispatch(self, b: Backend) -> None:
+        """Release waiting requests of `b` in policy order while it has free slots."""
+        if self.cfg.mode != "queue" or not b.healthy:
+            return
+        now = self.now()
+        q, policy = b.queue, b.policy
+        q.update(now)
+        while q and len(b.running) < b.max_in_flight:
+            head = q.peek()
+            if not policy.admit(head, b.running, now):
+                break
+            self._start(b, q.pop(), now)
+        self._arm_wakeup(b, now)
+
+    def _start(self, b: Backend, seq: GatewaySeq, now: float) -> None:
+        b.running.append(seq)
+        if seq.first_scheduled is None:
+            seq.first_scheduled = now
+        b.policy.on_schedule(seq, now)
+        seq.released.set_result(b)  # type: ignore[union-attr]
+
+    def _arm_wakeup(self, b: Backend, now: float) -> None:
+        t = b.policy.wakeup(now)
+        old = self._wakeups.pop(b.index, None)
+        if old is not None:
+            old.cancel()
+        if t is not None and math.isfinite(t) and b.queue:
+            loop = asyncio.get_running_loop()
+            self._wakeups[b.index] = loop.call_later(max(t - now, 0.0), self.dispatch, b)
+
+    # --- outcomes ---------------------------------------------------------------------------
+    def finish(self, seq: GatewaySeq, output_tokens: int | None) -> None:
+        """The request completed on its backend; `output_tokens` from the engine's usage."""
+        now = self.now()
+        seq.finish = now
+        if output_tokens is not None:
+            seq.generated = output_tokens
+        b = self.backends[seq.instance]
+        self._leave(b, seq)
+        b.served += 1
+        b.failures = 0
+        b.policy.on_finish(seq, now)
+        if seq.estimate is not None and output_tokens:
+            self.tracker.add(seq.estimate, output_tokens)
+        self.finished += 1
+        self.dispatch(b)
+
+    def failed(self, seq: GatewaySeq, mark_down: bool = True) -> None:
+        """The backend refused or timed out before the first byte: free the slot, mark the
+        backend down (health checks bring it back) and place the request on another healthy
+        backend (then `wait` again). Raises GatewayError(502/503) when none is left."""
+        b = self.backends[seq.instance]
+        self._leave(b, seq)
+        seq.tried.add(b.index)
+        if mark_down:
+            self.set_health(b, False)
+        if len(seq.tried) > self.cfg.retries:
+            raise GatewayError(502, f"backend {b.name} failed before responding and "
+                               f"{len(seq.tried)} backends were tried")  # fmt: skip
+        self._place(seq, self.now())
+
+    def cancel(self, seq: GatewaySeq) -> None:
+        """The client went away: drop `seq` from its queue or free its slot."""
+        if seq.instance < 0:
+            return
+        b = self.backends[seq.instance]
+        if seq in b.queue:
+            b.queue.remove(seq)
+            self._route_done(seq)
+        else:
+            self._leave(b, seq)
+            self.dispatch(b)
+        if seq.released is not None and not seq.released.done():
+            seq.released.cancel()
+
+    def _leave(self, b: Backend, seq: GatewaySeq) -> None:
+        if seq in b.running:
+            b.running.remove(seq)
+            self._route_done(seq)
+
+    def _route_done(self, seq: GatewaySeq) -> None:
+        if seq.routed >= 0:
+            self.router.on_finish(seq, seq.routed, self.now())
+            seq.routed = -1
+
+    # --- health -----------------------------------------------------------------------------
+    def set_health(self, b: Backend, healthy: bool) -> None:
+        """Health checks and request failures call this. A backend that goes down hands its
+        waiting requests to the others (or keeps them, if none is up, until one comes back)."""
+        if healthy == b.healthy:
+            return
+        b.healthy = healthy
+        if healthy:
+            b.failures = 0
+            self.dispatch(b)
+            return
+        moved = [s for s in b.queue]
+        moved.sort(key=lambda s: s.arrival)
+        for s in moved:
+            if not self._candidates(s):
+                continue
+            b.queue.remove(s)
+            self._route_done(s)
+            self._place(s, self.now())
+
+    def _retry_after(self) -> float:
+        """Seconds a refused client should wait: the time for the queue to drain by one
+        backend-slot turnover, at least 1 s (a hint, not a promise)."""
+        return 1.0
+
+    def snapshot(self) -> dict[str, Any]:
+        """State for /health and /metrics."""
+        return {
+            "accepted": self.accepted, "finished": self.finished, "waiting": self.num_waiting,
+            "backends": [{"name": b.name, "url": b.url, "healthy": b.healthy,
+                          "running": b.num_running, "waiting": b.num_waiting, "served": b.served}
+                         for b in self.backends],
+            "predictor": self.tracker.snapshot() if self.tracker.n else {},
+        }  # fmt: skip

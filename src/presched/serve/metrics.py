@@ -1,0 +1,76 @@
+"""Prometheus metrics of the gateway (`GET /metrics`).
+
+Per request (updated when it ends): `presched_requests_total{tenant,status}`, histograms of
+`presched_e2e_seconds`, `presched_ttft_seconds`, `presched_queue_wait_seconds` (gateway queue
+only), `presched_output_tokens_total`, `presched_prompt_tokens_total`. Read at scrape time from
+the gateway: `presched_waiting{backend}`, `presched_running{backend}`, `presched_backend_up`,
+and the rolling prediction error of the last completed requests (`ErrorTracker`, the numbers
+the `fallback` policy acts on): `presched_predictor_mae_tokens`, `..._rel_mae`,
+`..._kendall_tau`, `..._discordance`, `..._coverage_q50`, `..._coverage_q90`, `..._samples`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+
+disable_created_metrics()  # no *_created series: counters and histograms only
+
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+
+
+class GatewayMetrics:
+    def __init__(self, gateway) -> None:
+        self.gw = gateway
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("presched_requests", "Requests that ended, by tenant and HTTP status.",
+                                ["tenant", "status"], registry=r)  # fmt: skip
+        self.e2e = Histogram("presched_e2e_seconds", "End-to-end latency at the gateway.",
+                             buckets=_BUCKETS, registry=r)  # fmt: skip
+        self.ttft = Histogram("presched_ttft_seconds", "Time to first token at the gateway.",
+                              buckets=_BUCKETS, registry=r)  # fmt: skip
+        self.wait = Histogram("presched_queue_wait_seconds", "Time in the gateway queue.",
+                              buckets=_BUCKETS, registry=r)  # fmt: skip
+        self.out_tokens = Counter("presched_output_tokens", "Output tokens (engine usage).", registry=r)
+        self.in_tokens = Counter("presched_prompt_tokens", "Prompt tokens (gateway count).", registry=r)
+        r.register(_Live(gateway))
+
+    def observe(self, seq, status: int) -> None:
+        self.requests.labels(seq.tenant, str(status)).inc()
+        self.in_tokens.inc(seq.prompt_tokens)
+        if status != 200 or seq.finish is None:
+            return
+        self.e2e.observe(seq.finish - seq.arrival)
+        if seq.first_token is not None:
+            self.ttft.observe(seq.first_token - seq.arrival)
+        if seq.first_scheduled is not None:
+            self.wait.observe(seq.first_scheduled - seq.arrival)
+        self.out_tokens.inc(seq.generated)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Live:
+    """Gauges read from the gateway at scrape time."""
+
+    def __init__(self, gateway) -> None:
+        self.gw = gateway
+
+    def collect(self):
+        waiting = GaugeMetricFamily("presched_waiting", "Requests in the gateway queue.", labels=["backend"])
+        running = GaugeMetricFamily("presched_running", "Requests sent to the backend, unfinished.", labels=["backend"])
+        up = GaugeMetricFamily("presched_backend_up", "1 if the backend passed its last health check.", labels=["backend"])
+        for b in self.gw.backends:
+            waiting.add_metric([b.name], b.num_waiting)
+            running.add_metric([b.name], b.num_running)
+            up.add_metric([b.name], 1.0 if b.healthy else 0.0)
+        yield from (waiting, running, up)
+        for name, value in self.gw.tracker.snapshot().items():
+            g = GaugeMetricFamily(f"presched_predictor_{name}",
+                                  f"Length prediction {name} over the last completed requests (NaN before any).")  # fmt: skip
+            g.add_metric([], value if value is not None else math.nan)
+            yield g

@@ -1,0 +1,64 @@
+"""Tenants: API keys -> tenant names, and per-tenant rate limits (token buckets).
+
+With no tenants configured, authentication is off and every request is tenant 'default'.
+Otherwise `Authorization: Bearer KEY` (or `api-key: KEY`) must name a configured key: a
+missing or unknown key is refused (401) before anything else is done with the request.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping
+
+from presched.serve.config import TenantConfig
+
+
+class TokenBucket:
+    """`rate` tokens per second, at most `burst` saved; `take()` spends one if there is one."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.tokens = float(burst)
+        self.t = clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
+        self.t = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+    def wait_s(self) -> float:
+        """Seconds until the next token (for Retry-After)."""
+        return max(0.0, (1.0 - self.tokens) / self.rate)
+
+
+class Tenants:
+    def __init__(self, tenants: list[TenantConfig], clock: Callable[[], float] = time.monotonic) -> None:
+        self.by_key: Mapping[str, TenantConfig] = {t.api_key: t for t in tenants}
+        self.buckets = {
+            t.name: TokenBucket(t.rate_limit_rps, t.burst or max(1, int(t.rate_limit_rps)), clock)
+            for t in tenants if t.rate_limit_rps is not None
+        }  # fmt: skip
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.by_key)
+
+    def identify(self, headers: Mapping[str, str]) -> str | None:
+        """The tenant of a request's headers; None if authentication fails."""
+        if not self.by_key:
+            return "default"
+        auth = headers.get("authorization", "")
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("api-key", "")
+        t = self.by_key.get(key)
+        return t.name if t is not None else None
+
+    def allow(self, tenant: str) -> float | None:
+        """None if the tenant may start a request now, else seconds to wait (429)."""
+        bucket = self.buckets.get(tenant)
+        if bucket is None or bucket.take():
+            return None
+        return bucket.wait_s()
