@@ -351,8 +351,10 @@ def train(
     validation_fraction: float = typer.Option(0.25, "--validation-fraction", help="Share of the prompts held out of training and passed to the predictor as validation data (early stopping, conformal calibration), grouped by prompt. For CASTILLO it is taken from the validate split when that is used. 0 = none."),
     seed: int = SeedPredOpt,
     param: list[str] = typer.Option([], "--param", help="Predictor constructor argument KEY=VALUE (value read as YAML); repeatable."),
+    from_log: Optional[Path] = typer.Option(None, "--from-log", help="Train on the gateway's request log (the SQLite file `presched serve` writes, log.path) instead of --data: requests that succeeded (status 200) with a known output length. Requests cut by max_tokens are left out (their true length is unknown). Predictors that read prompt text (text-gbm, lexical-gbm, encoders) need prompt logging (log.store_prompts) to have been on; model-median and linear-prompt train on any log."),
 ) -> None:
-    """Train one output-length predictor on labelled requests and save it as a .npz model file."""
+    """Train one output-length predictor on labelled requests (CASTILLO, your own file, or the
+    gateway's request log) and save it as a .npz model file."""
     import time
 
     from presched.predict import PREDICTORS
@@ -362,6 +364,20 @@ def train(
     if not 0 <= validation_fraction < 1:
         raise UserError(f"--validation-fraction: expected a number in [0, 1), got {validation_fraction}")
     kwargs = _params(param, scoped=False)
+    if from_log is not None:
+        if data != "castillo" or split is not None:
+            raise UserError("--from-log: give either --from-log or --data/--split, not both")
+        from presched.serve.train_log import train_from_log
+
+        try:
+            path, rep = train_from_log(from_log, predictor, out, params=kwargs,
+                                       validation_fraction=validation_fraction, seed=seed)  # fmt: skip
+        except ValueError as e:  # the log, its rows or the parameters: messages name them
+            raise UserError(str(e)) from None
+        Console().print(f"trained {predictor} on {rep['fit_requests']:,} logged requests "
+                        f"({rep['validation_requests']:,} for validation) in {rep['fit_s']:.1f} s; "
+                        f"{rep['summary']}; wrote {path} ({rep['bytes'] / 1024:,.0f} KB)")  # fmt: skip
+        return
     reqs, is_castillo = _load_data(data, split)
     check_labelled(reqs, "training data")
     if is_castillo and any(r.metadata.get("split") == "validate" for r in reqs):

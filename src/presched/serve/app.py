@@ -38,6 +38,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from presched.predict.estimate import LEVELS
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
 from presched.serve.gateway import Gateway, GatewayError
@@ -368,21 +369,20 @@ class GatewayApp:
     def _end(self, seq: GatewaySeq, body: dict, chat: bool, out: "_Outcome", text) -> None:
         """Every accepted request passes here once: slot, tracker, metrics, log row."""
         if out.status == 200:
-            self.gw.finish(seq, out.tokens if out.tokens is not None else seq.generated)
+            self.gw.finish(seq, out.tokens)  # None: no usage came back (the stream count stays)
         else:
             if out.status == 0:  # the client went away before it got anything
                 out.status = 499
             self.gw.cancel(seq)
             seq.finish = self.gw.now()
         self.metrics.observe(seq, out.status)
-        if self.log is None:
-            return
-        est = seq.estimate
-        q = None
-        if est is not None:
-            from presched.predict.estimate import LEVELS
+        if self.log is not None:
+            self._log_row(seq, body, chat, out, text)
+        self.gw.ended += 1
 
-            q = json.dumps([round(float(est.quantile(p)), 2) for p in LEVELS])
+    def _log_row(self, seq: GatewaySeq, body: dict, chat: bool, out: "_Outcome", text) -> None:
+        est = seq.estimate
+        q = None if est is None else [round(est.quantile(p), 2) for p in LEVELS]
         fs, ft = seq.first_scheduled, seq.first_token
         self.log.write({
             "id": seq.id, "ts": seq.ts, "tenant": seq.tenant, "model": seq.request.model,
@@ -390,8 +390,7 @@ class GatewayApp:
             "endpoint": "chat" if chat else "completions", "stream": int(bool(body.get("stream"))),
             "status": out.status, "error": out.error, "prompt_tokens": seq.prompt_tokens,
             "max_tokens": seq.request.max_tokens,
-            "output_tokens": (out.tokens if out.tokens is not None else seq.generated or None)
-            if out.status == 200 else None,
+            "output_tokens": out.tokens if out.status == 200 else None,  # engine usage only
             "finish_reason": out.finish_reason,
             "pred_mean": float(est.mean) if est is not None else None, "pred_quantiles": q,
             "priority": seq.key, "queue_wait_s": None if fs is None else fs - seq.arrival,

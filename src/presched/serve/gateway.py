@@ -79,8 +79,9 @@ class Gateway:
         self.tracker = ErrorTracker()
         self._priority_of = total(cfg.priority_stat)
         self._wakeups: dict[int, asyncio.TimerHandle] = {}
-        self.accepted = 0
-        self.finished = 0
+        self.accepted = 0  # requests admitted by `accept`
+        self.finished = 0  # ... that completed on a backend (200)
+        self.ended = 0  # ... whose outcome is fully recorded (metrics, log row): the driver counts
 
     def now(self) -> float:
         """Seconds since the gateway started: the clock policies see."""
@@ -172,7 +173,9 @@ class Gateway:
 
     # --- outcomes ---------------------------------------------------------------------------
     def finish(self, seq: GatewaySeq, output_tokens: int | None) -> None:
-        """The request completed on its backend; `output_tokens` from the engine's usage."""
+        """The request completed on its backend; `output_tokens` from the engine's usage (None
+        if it sent none: `seq.generated` keeps the count of streamed events, and the prediction
+        error tracker skips the request)."""
         now = self.now()
         seq.finish = now
         if output_tokens is not None:

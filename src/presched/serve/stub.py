@@ -77,7 +77,7 @@ class StubEngine:
         self.received += 1
         chat = request.url.path.endswith("chat/completions")
         n = int(body.get("max_tokens") or 16)
-        prompt = body["messages"][-1]["content"] if chat else body.get("prompt", "")
+        prompt = (body.get("messages") or [{}])[-1].get("content") if chat else body.get("prompt", "")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._tie)}"
         usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
         await self._acquire(int(body.get("priority") or 0))

@@ -1,0 +1,563 @@
+"""The gateway's request log: one SQLite row per accepted request, and reading it back.
+
+    log = RequestLog("requests.db", store_prompts=False)   # who: the gateway, at start-up
+    log.write({"id": rid, "ts": t, "status": 200, ...})     # on the event loop, per request (~µs)
+    log.close()                                             # at shutdown: commits everything
+
+    read_log("requests.db")                  # -> pandas.DataFrame (analysis, plots)
+    load_log_requests("requests.db")         # -> LogRequests: training requests + what was dropped
+
+`write` never touches the database: it checks the keys and appends the row to a queue. One
+writer thread drains the queue and inserts in batches (`executemany`, one commit per batch:
+after `batch_s` seconds or `batch_rows` rows, whichever comes first). The file is in WAL mode with
+`synchronous=NORMAL`, so a commit costs no fsync and readers (`read_log`, `presched train
+--from-log`) can read while the gateway writes.
+
+Nothing accepted is dropped silently. A transient SQLite error (locked, I/O, disk full) keeps the
+batch and retries it; a row SQLite refuses for good (a duplicate id, a value of a type SQLite
+cannot store) is set aside. `flush()` and `close()` raise `LogWriteError` while rows are unwritten;
+`close()` first saves them as JSON lines next to the log (`<log>.unwritten-<unix time>.jsonl`).
+
+The file carries SQLite's `application_id` (`APPLICATION_ID`), so another SQLite file is refused
+instead of being written into; a `requests` table without the application id is accepted when it
+has every column of `COLUMNS` (extra columns are left alone).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import math
+import queue
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+from presched.workload.request import Request
+
+log = logging.getLogger(__name__)
+
+COLUMNS: dict[str, str] = {
+    "id": "TEXT PRIMARY KEY",
+    "ts": "REAL",               # unix time of arrival at the gateway
+    "tenant": "TEXT",
+    "model": "TEXT",
+    "backend": "TEXT",          # NULL if never sent to a backend
+    "endpoint": "TEXT",         # 'completions' | 'chat'
+    "stream": "INTEGER",        # 0/1
+    "status": "INTEGER",        # HTTP status the client got; 499 = client disconnected
+    "error": "TEXT",
+    "prompt_tokens": "INTEGER",
+    "max_tokens": "INTEGER",
+    "output_tokens": "INTEGER",  # true, from the backend's usage; NULL if unknown
+    "finish_reason": "TEXT",
+    "pred_mean": "REAL",
+    "pred_quantiles": "TEXT",   # JSON list of 11 floats at predict LEVELS; NULL without predictor
+    "priority": "REAL",         # the policy key, or the vLLM priority sent
+    "queue_wait_s": "REAL",
+    "ttft_s": "REAL",
+    "e2e_s": "REAL",
+    "retries": "INTEGER",
+    "prompt": "TEXT",           # NULL unless prompt logging is enabled
+}  # fmt: skip
+"""The `requests` table: column -> SQLite type."""
+
+NAMES: tuple[str, ...] = tuple(COLUMNS)
+_NAMESET = frozenset(NAMES)
+TABLE = "requests"
+APPLICATION_ID = 0x70736C67  # "pslg": marks a file as a presched request log
+_INSERT = f"INSERT INTO {TABLE} ({', '.join(NAMES)}) VALUES ({', '.join('?' * len(NAMES))})"
+_PLAIN = (str, int, float, type(None), bytes)
+_PROMPT = NAMES.index("prompt")
+_TRANSIENT_RETRY_S = (0.05, 0.2, 1.0)
+"""Delays between the retries of a batch after a transient error, when a flush or close waits."""
+_REFUSED = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.ProgrammingError, OverflowError,
+            TypeError)  # fmt: skip
+"""Errors that retrying cannot fix: a duplicate id, a value SQLite cannot store."""
+
+
+class LogFileError(ValueError):
+    """A file that is not a presched request log, or one whose table lacks columns."""
+
+
+class LogWriteError(RuntimeError):
+    """Accepted rows that could not be committed (`flush` / `close` raise it; none is dropped)."""
+
+
+# --- opening and checking the file ---------------------------------------------------------------
+def _columns(conn: sqlite3.Connection) -> list[str]:
+    return [r[1] for r in conn.execute(f"PRAGMA table_info({TABLE})")]
+
+
+def _check(conn: sqlite3.Connection, path: Path, create: bool) -> None:
+    """Refuse a file that is not a presched log (or not SQLite), or a table lacking columns.
+    With `create`, an empty database gets the table, the index and the application id."""
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    except sqlite3.DatabaseError as e:
+        raise LogFileError(
+            f"{path}: not a presched request log (not an SQLite database: {e})"
+        ) from None
+    if app_id not in (0, APPLICATION_ID):
+        raise LogFileError(f"{path}: not a presched request log (SQLite application_id "
+                           f"{app_id:#x}, a presched log has {APPLICATION_ID:#x})")  # fmt: skip
+    if TABLE not in tables:
+        if app_id == APPLICATION_ID or tables or not create:
+            what = f"its tables: {', '.join(sorted(tables))}" if tables else "it has no tables"
+            raise LogFileError(f"{path}: not a presched request log (no table {TABLE!r}; {what})")
+        cols = ",\n  ".join(f"{n} {t}" for n, t in COLUMNS.items())
+        conn.execute("BEGIN")
+        conn.execute(f"CREATE TABLE {TABLE} (\n  {cols}\n)")
+        conn.execute(f"CREATE INDEX {TABLE}_ts ON {TABLE}(ts)")
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute("COMMIT")
+        return
+    missing = [n for n in NAMES if n not in set(_columns(conn))]
+    if missing:
+        raise LogFileError(f"{path}: table {TABLE!r} lacks column(s) {', '.join(missing)} "
+                           f"(a presched request log has: {', '.join(NAMES)})")  # fmt: skip
+
+
+def _connect_ro(path: str | Path) -> tuple[sqlite3.Connection, Path]:
+    path = Path(path)
+    if not path.is_file():
+        raise LogFileError(f"request log not found: {path}")
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        _check(conn, path, create=False)
+    except BaseException:
+        conn.close()
+        raise
+    return conn, path
+
+
+# --- writing ------------------------------------------------------------------------------------
+@dataclass
+class _Flush:
+    """A marker in the queue: set once every row queued before it has been dealt with."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+
+_STOP = object()
+
+
+def _cell(v: Any) -> Any:
+    """A value SQLite can store: numpy scalars to Python, lists/tuples/arrays to JSON text."""
+    if isinstance(v, _PLAIN):
+        return v
+    if hasattr(v, "tolist"):  # numpy scalar or array
+        v = v.tolist()
+        if isinstance(v, _PLAIN):
+            return v
+    if isinstance(v, (list, tuple)):
+        return json.dumps([float(x) for x in v])
+    return v  # sqlite3 refuses it; the row is set aside and reported
+
+
+class RequestLog:
+    """Append-only request log backed by SQLite (see the module doc).
+
+    `path`: the database file, created with its parent folder when missing; an existing file must
+    be a presched log. `store_prompts`: keep the `prompt` column's text (off by default: prompts
+    may be private); without it `prompt` is always NULL. `batch_s` / `batch_rows`: how long the
+    writer gathers rows before a commit, and the most rows per commit.
+    """
+
+    def __init__(self, path: str | Path, store_prompts: bool = False, batch_s: float = 0.05,
+                 batch_rows: int = 256) -> None:  # fmt: skip
+        if not batch_s > 0 or batch_rows < 1:
+            raise ValueError(
+                f"batch_s must be > 0 and batch_rows >= 1, got {batch_s}, {batch_rows}"
+            )
+        self.path = Path(path)
+        self.store_prompts = store_prompts
+        self.batch_s = batch_s
+        self.batch_rows = batch_rows
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            _check(conn, self.path, create=True)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=5000")
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn  # used only by the writer thread from here on
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: list[tuple] = []  # rows taken off the queue, not yet committed
+        self._failed: list[tuple[tuple, str]] = []  # rows SQLite refused for good, and why
+        self._transient: str | None = None  # last transient error while rows are pending
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.committed = 0
+        """Rows committed by this `RequestLog` (not counting rows already in the file)."""
+        self._thread = threading.Thread(
+            target=self._run, name=f"request-log:{self.path.name}", daemon=True
+        )
+        self._thread.start()
+        atexit.register(self._at_exit)  # a gateway that exits without close() still commits
+
+    # --- the hot path ---------------------------------------------------------------------------
+    def write(self, row: dict[str, Any]) -> None:
+        """Queue one row (column -> value; absent columns are NULL). Cheap and non-blocking: safe
+        on the event loop and from any thread. Unknown keys raise ValueError (a bug upstream)."""
+        if not row.keys() <= _NAMESET:
+            bad = sorted(set(row) - _NAMESET)
+            raise ValueError(f"request log row: unknown column(s) {', '.join(map(repr, bad))}; "
+                             f"known: {', '.join(NAMES)}")  # fmt: skip
+        if "id" not in row:
+            raise ValueError("request log row: field 'id' is missing")
+        if self._closed:
+            raise RuntimeError(f"request log {self.path} is closed")
+        self._q.put(row.copy())
+
+    # --- control ------------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until every row written before this call is committed; raises `LogWriteError`
+        when some could not be (they stay queued for a later retry or `close`)."""
+        if self._closed:
+            self._raise_unwritten()
+            return
+        marker = _Flush()
+        self._q.put(marker)
+        if not marker.done.wait(timeout):
+            raise TimeoutError(f"request log {self.path}: flush did not finish in {timeout} s")
+        if marker.error:
+            raise LogWriteError(marker.error)
+
+    def count(self) -> int:
+        """Rows in the log file, including every row written so far (flushes first)."""
+        if not self._closed:
+            self.flush()
+        conn, _ = _connect_ro(self.path)
+        try:
+            return conn.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0]
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        """Commit everything, stop the writer thread and close the file. Idempotent. If rows
+        could not be committed they are saved as JSON lines beside the log and `LogWriteError`
+        says where."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            atexit.unregister(self._at_exit)
+            self._q.put(_STOP)
+            self._thread.join()
+            self._conn.close()
+        self._raise_unwritten(save=True)
+
+    def _at_exit(self) -> None:
+        try:
+            self.close()
+        except LogWriteError as e:
+            log.error("%s", e)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def unwritten(self) -> int:
+        """Rows accepted but not committed (pending or refused), as far as the writer knows."""
+        return len(self._pending) + len(self._failed)
+
+    # --- the writer thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        q = self._q
+        stop = False
+        while not stop:
+            markers: list[_Flush] = []
+            try:
+                try:  # rows left by a transient error are retried every second
+                    item = q.get(timeout=1.0) if self._pending else q.get()
+                except queue.Empty:
+                    item = None
+                deadline = time.monotonic() + self.batch_s
+                while item is not None:
+                    if item is _STOP:
+                        stop = True
+                    elif isinstance(item, _Flush):
+                        markers.append(item)
+                    else:
+                        self._pending.append(self._tuple(item))
+                    if stop or markers or len(self._pending) >= self.batch_rows:
+                        break
+                    left = deadline - time.monotonic()
+                    try:
+                        item = q.get(timeout=left) if left > 0 else q.get_nowait()
+                    except queue.Empty:
+                        break
+                self._commit(retries=_TRANSIENT_RETRY_S if (stop or markers) else ())
+                if stop:
+                    self._drain_rest()
+            except Exception as e:  # the writer must outlive any surprise
+                self._transient = f"{type(e).__name__}: {e}"
+                log.exception("request log %s: writer error", self.path)
+            finally:
+                for m in markers:
+                    m.error = self._problem()
+                    m.done.set()
+
+    def _drain_rest(self) -> None:
+        """After the stop marker: commit rows of writes that raced with `close`."""
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Flush):
+                item.done.set()
+            elif item is not _STOP:
+                self._pending.append(self._tuple(item))
+        self._commit(retries=_TRANSIENT_RETRY_S)
+
+    def _tuple(self, row: dict[str, Any]) -> tuple:
+        vals = [_cell(row.get(n)) for n in NAMES]
+        if not self.store_prompts:
+            vals[_PROMPT] = None
+        return tuple(vals)
+
+    def _commit(self, retries: tuple[float, ...] = ()) -> None:
+        """Insert and commit the pending rows. A transient error keeps them pending (retried after
+        each delay in `retries`, then by the writer loop); rows refused for good are set aside."""
+        for delay in (0.0, *retries):
+            if not self._pending:
+                return
+            if delay:
+                time.sleep(delay)
+            try:
+                self._insert(self._pending)
+            except _REFUSED:
+                self._isolate()  # some row is bad: insert one by one, set the bad ones aside
+                continue
+            except sqlite3.Error as e:
+                self._transient = f"{type(e).__name__}: {e}"
+                continue
+            self.committed += len(self._pending)
+            self._pending = []
+            self._transient = None
+
+    def _insert(self, rows: list[tuple]) -> None:
+        """One transaction: all of `rows` or none (SQLite may have rolled back by itself)."""
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(_INSERT, rows)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+
+    def _isolate(self) -> None:
+        """Insert the pending rows one by one: refused ones are set aside, ones hitting a
+        transient error stay pending."""
+        still: list[tuple] = []
+        for row in self._pending:
+            try:
+                self._insert([row])
+                self.committed += 1
+            except _REFUSED as e:
+                self._failed.append((row, f"{type(e).__name__}: {e}"))
+            except sqlite3.Error as e:
+                self._transient = f"{type(e).__name__}: {e}"
+                still.append(row)
+        self._pending = still
+
+    def _problem(self) -> str | None:
+        parts = []
+        if self._pending:
+            parts.append(f"{len(self._pending)} row(s) not committed yet ({self._transient})")
+        if self._failed:
+            ex = "; ".join(f"id {row[0]!r}: {why}" for row, why in self._failed[:3])
+            parts.append(f"{len(self._failed)} row(s) refused by SQLite (e.g. {ex})")
+        return f"request log {self.path}: " + ", ".join(parts) if parts else None
+
+    def _raise_unwritten(self, save: bool = False) -> None:
+        problem = self._problem()
+        if problem is None:
+            return
+        if save:
+            rows = [(r, None) for r in self._pending] + self._failed
+            dump = self.path.with_name(f"{self.path.name}.unwritten-{int(time.time())}.jsonl")
+            try:
+                with open(dump, "a") as f:
+                    for r, why in rows:
+                        rec = {
+                            n: (v if isinstance(v, _PLAIN) else repr(v)) for n, v in zip(NAMES, r)
+                        }
+                        f.write(json.dumps({**rec, "_error": why}) + "\n")
+                problem += f"; saved them to {dump}"
+            except OSError as e:
+                problem += f"; could not save them to {dump} either ({e})"
+        raise LogWriteError(problem)
+
+
+# --- reading ------------------------------------------------------------------------------------
+def read_log(path: str | Path):
+    """The whole log as a pandas DataFrame, one row per request in arrival order: integer
+    columns as nullable `Int64`, real ones as float64 (NULL = NaN), `pred_quantiles` parsed to
+    lists of floats (None when NULL)."""
+    import pandas as pd
+
+    conn, path = _connect_ro(path)
+    try:
+        df = pd.read_sql_query(f"SELECT {', '.join(NAMES)} FROM {TABLE} ORDER BY ts, rowid", conn)
+    finally:
+        conn.close()
+    for n, t in COLUMNS.items():
+        if t == "INTEGER":
+            df[n] = df[n].astype("Int64")
+        elif t == "REAL":
+            df[n] = df[n].astype("float64")
+    df["pred_quantiles"] = [
+        json.loads(v) if isinstance(v, str) else None for v in df["pred_quantiles"]
+    ]
+    return df
+
+
+@dataclass
+class LogRequests:
+    """What `load_log_requests` made of a log: the training requests and the rows it left out."""
+
+    requests: list[Request]
+    rows: int
+    """Rows read (of `model` when one was asked for)."""
+    dropped: dict[str, int]
+    """Rows left out, by reason: `status` (not 200), `no_output_tokens` (NULL or < 1),
+    `no_prompt_tokens` (NULL or < 1), `censored` (cut by a length limit; 0 with keep_censored)."""
+    censored_kept: int = 0
+    """Censored rows kept as if complete (keep_censored=True)."""
+    without_prompt: int = 0
+    """Kept requests without prompt text (prompt logging was off)."""
+
+    @property
+    def censored_share(self) -> float:
+        """Censored rows (dropped or kept) among the successful rows with a known length."""
+        cens = self.dropped["censored"] + self.censored_kept
+        done = len(self.requests) + self.dropped["censored"]
+        return cens / done if done else 0.0
+
+    def summary(self) -> str:
+        why = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in self.dropped.items() if n)
+        s = f"{len(self.requests):,} of {self.rows:,} log rows usable"
+        if why:
+            s += f" (dropped: {why})"
+        if self.censored_kept:
+            s += f"; {self.censored_kept:,} censored rows kept as complete"
+        if self.censored_share > 0.1:
+            s += (f"; {self.censored_share:.0%} of the completed requests were cut by max_tokens: "
+                  f"long requests are under-represented")  # fmt: skip
+        if self.without_prompt:
+            s += f"; {self.without_prompt:,} without prompt text"
+        return s
+
+
+def is_censored(finish_reason: str | None, output_tokens: int, max_tokens: int | None) -> bool:
+    """True when generation was cut by a length limit, so the natural length is unknown (only a
+    lower bound): finish_reason 'length' (max_tokens, or the context window), or an unknown
+    finish_reason with output_tokens reaching max_tokens."""
+    if finish_reason is not None:
+        return finish_reason == "length"
+    return max_tokens is not None and output_tokens >= max_tokens
+
+
+def _int(v: Any) -> int | None:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return None
+    return int(v)
+
+
+def load_log_requests(
+    path: str | Path, model: str | None = None, keep_censored: bool = False
+) -> LogRequests:
+    """Labelled `Request`s for training a length predictor, from a request log.
+
+    Kept: rows with status 200 and a known `output_tokens` (the backend's usage count) and
+    `prompt_tokens`. Each becomes `Request(id, prompt_tokens, output_tokens, model, tenant,
+    prompt (text, or None when prompt logging was off), max_tokens, arrival = seconds after the
+    log's first row)`, metadata {"ts", "finish_reason", "backend", "censored"}.
+
+    Censored lengths: a request whose generation was cut by `max_tokens` (finish_reason 'length'
+    and output_tokens == max_tokens) or by the context window did not end on its own: its true
+    length is only known to be at least output_tokens. Such rows are dropped by default and
+    counted in `dropped["censored"]` (`is_censored` is the rule; a row with unknown
+    finish_reason counts as censored when output_tokens >= max_tokens), so every label is a true
+    length. Neither choice is unbiased: kept as if complete (`keep_censored=True`) they pull
+    predictions down to the cap; dropped, the longest requests are under-represented. When the
+    share is large (`censored_share`), raise max_tokens while collecting, or keep them when the
+    cap is what the gateway will see anyway (e.g. a benchmark with ignore_eos).
+
+    `model`: only rows of this served model (a clear error lists the log's models otherwise).
+    """
+    conn, path = _connect_ro(path)
+    try:
+        where, args = ("WHERE model = ?", (model,)) if model is not None else ("", ())
+        cols = ("id, ts, tenant, model, backend, status, prompt_tokens, max_tokens, output_tokens, "
+                "finish_reason, prompt")  # fmt: skip
+        rows = conn.execute(
+            f"SELECT {cols} FROM {TABLE} {where} ORDER BY ts, rowid", args
+        ).fetchall()
+        if model is not None and not rows:
+            known = [
+                r[0] for r in conn.execute(f"SELECT DISTINCT model FROM {TABLE} ORDER BY model")
+            ]
+            names = ", ".join(map(repr, known)) or "none (the log is empty)"
+            raise ValueError(f"model: no row of {path} has model {model!r}; its models: {names}")
+    finally:
+        conn.close()
+    dropped = {"status": 0, "no_output_tokens": 0, "no_prompt_tokens": 0, "censored": 0}
+    t0 = min((r[1] for r in rows if r[1] is not None), default=0.0)
+    out: list[Request] = []
+    kept_censored = no_text = 0
+    for rid, ts, tenant, mdl, backend, status, p_tok, max_tok, o_tok, finish, prompt in rows:
+        o_tok, p_tok, max_tok = _int(o_tok), _int(p_tok), _int(max_tok)
+        if status != 200:
+            dropped["status"] += 1
+            continue
+        if o_tok is None or o_tok < 1:
+            dropped["no_output_tokens"] += 1
+            continue
+        if p_tok is None or p_tok < 1:
+            dropped["no_prompt_tokens"] += 1
+            continue
+        cens = is_censored(finish, o_tok, max_tok)
+        if cens and not keep_censored:
+            dropped["censored"] += 1
+            continue
+        kept_censored += cens
+        no_text += prompt is None
+        out.append(Request(
+            id=str(rid), prompt_tokens=p_tok, output_tokens=o_tok,
+            max_tokens=max_tok if max_tok and max_tok > 0 else None,
+            model=mdl or "", tenant=tenant or "default", prompt=prompt,
+            arrival=max(0.0, ts - t0) if ts is not None else 0.0,
+            metadata={"ts": ts, "finish_reason": finish, "backend": backend,
+                      "censored": bool(cens)},
+        ))  # fmt: skip
+    return LogRequests(out, len(rows), dropped, kept_censored, no_text)
+
+
+def requests_from_log(
+    path: str | Path, model: str | None = None, keep_censored: bool = False
+) -> list[Request]:
+    """`load_log_requests(...).requests`, logging (logger `presched.serve.log`, INFO) how many
+    rows were left out and why."""
+    res = load_log_requests(path, model=model, keep_censored=keep_censored)
+    log.info("%s: %s", path, res.summary())
+    return res.requests

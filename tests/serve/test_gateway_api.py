@@ -1,0 +1,277 @@
+"""The gateway's HTTP contract, over real HTTP: byte-faithful relay, OpenAI error shapes, auth,
+rate limits, the request log and /metrics.
+
+Upstreams here are test doubles (`StubEngine`, or a canned app that answers fixed bytes) so the
+bytes the gateway must relay are known exactly; tests/engine checks the same against vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from starlette.applications import Starlette
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from presched.predict.base import PREDICTORS
+from presched.predict.estimate import LEVELS
+from presched.serve.app import build_app
+from presched.serve.config import ServeConfig
+from presched.serve.log import RequestLog, read_log
+from presched.workload.request import Request
+
+# What a vLLM server streams for a 3-token chat reply with include_usage (shape and spacing
+# as vLLM writes them), split into network chunks that cut events in odd places.
+EVENTS = [
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n',
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"H\xc3\xa9"},"logprobs":null,"finish_reason":null}]}\n\n',
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"llo"},"logprobs":null,"finish_reason":null}]}\n\n',
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}\n\n',
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":9,"total_tokens":12,"completion_tokens":3}}\n\n',
+    b"data: [DONE]\n\n",
+]
+WHOLE = b'{"id":"cmpl-9",  "object":"text_completion","created":1,"model":"m",\n"choices":[{"index":0,"text":" caf\xc3\xa9","finish_reason":"length"}],"usage":{"prompt_tokens":2,"total_tokens":9,"completion_tokens":7}}'
+
+
+def canned_upstream(seen: list[dict]):
+    """Answers every request with the fixed bytes above and records the bodies it received."""
+
+    async def generate(request):
+        body = await request.json()
+        seen.append(body)
+        if body.get("stream"):
+            blob = b"".join(EVENTS)
+            cuts = [0, 7, 150, 151, 400, 401, len(blob) - 3, len(blob)]
+
+            async def chunks():
+                for a, b in zip(cuts, cuts[1:]):
+                    yield blob[a:b]
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+        return Response(WHOLE, media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/chat/completions", generate, methods=["POST"]),
+                             Route("/v1/completions", generate, methods=["POST"]),
+                             Route("/health", lambda r: Response())])  # fmt: skip
+
+
+def settle(gw, n: int, log=None) -> None:
+    """Wait until `n` requests are fully recorded (the gateway finishes its books just after
+    the client has its last byte), then flush the log."""
+    deadline = time.monotonic() + 10
+    while gw.ended < n:
+        assert time.monotonic() < deadline, f"{gw.ended} of {n} requests recorded"
+        time.sleep(0.002)
+    if log is not None:
+        log.flush()
+
+
+def gateway(asgi_server, upstream: str, log=None, predictor=None, **cfg):
+    cfg.setdefault("log", {"path": None})
+    backends = [{"url": upstream, "model": cfg.pop("model", "m"), "max_in_flight": 4}]
+    app = build_app(ServeConfig(backends=backends, **cfg), predictor, log)
+    return asgi_server(app), app.state.gateway.gw
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def test_stream_relayed_byte_for_byte(asgi_server):
+    seen: list[dict] = []
+    url, _ = gateway(asgi_server, asgi_server(canned_upstream(seen)))
+    with_usage = {**CHAT, "stream_options": {"include_usage": True}, "temperature": 0.3, "top_k": 7}
+    assert httpx.post(url + "/v1/chat/completions", json=with_usage).content == b"".join(EVENTS)
+    # without include_usage the client gets what the backend would have sent it: no usage event
+    r = httpx.post(url + "/v1/chat/completions", json=CHAT)
+    assert r.content == b"".join(e for e in EVENTS if b'"usage"' not in e)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    # the backend got the client's fields unchanged, plus include_usage
+    assert seen[0] == with_usage
+    assert seen[1] == {**CHAT, "stream_options": {"include_usage": True}}
+
+
+def test_whole_response_relayed_byte_for_byte(asgi_server, tmp_path):
+    log = RequestLog(tmp_path / "log.sqlite")
+    url, gw = gateway(asgi_server, asgi_server(canned_upstream([])), log=log)
+    r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 7})
+    assert r.status_code == 200 and r.content == WHOLE
+    assert r.headers["x-request-id"].startswith("cmpl-")
+    settle(gw, 1, log)
+    row = read_log(tmp_path / "log.sqlite").iloc[0]
+    assert row["output_tokens"] == 7 and row["finish_reason"] == "length" and row["stream"] == 0
+
+
+def test_stream_usage_and_timings_logged(asgi_server, stub_server, tmp_path):
+    up, _ = stub_server(model="m", token_s=0.002)
+    log = RequestLog(tmp_path / "log.sqlite", store_prompts=True)
+    url, gw = gateway(asgi_server, up, log=log)
+    body = {"model": "m", "prompt": "count me", "max_tokens": 12, "stream": True}
+    text = httpx.post(url + "/v1/completions", json=body).text
+    assert text.count("data: ") == 13 and text.endswith("data: [DONE]\n\n")  # 12 tokens + DONE
+    assert '"usage"' not in text
+    settle(gw, 1, log)
+    row = read_log(tmp_path / "log.sqlite").iloc[0]
+    assert row["status"] == 200 and row["output_tokens"] == 12 and row["prompt"] == "count me"
+    assert row["tenant"] == "default" and row["endpoint"] == "completions" and row["stream"] == 1
+    assert 0 <= row["queue_wait_s"] <= row["ttft_s"] <= row["e2e_s"]
+    assert row["e2e_s"] >= 11 * 0.002 * 0.9
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        (b"{not json", 400, "body"),
+        (b"[1, 2]", 400, "body"),
+        (b'{"model": "m"}', 400, "prompt"),
+        (b'{"model": "m", "prompt": 5}', 400, "prompt"),
+        (b'{"model": "m", "prompt": "x", "max_tokens": 0}', 400, "max_tokens"),
+        (b'{"model": "m", "prompt": "x", "max_tokens": "9"}', 400, "max_tokens"),
+        (b'{"model": "m", "prompt": "x", "stream": "yes"}', 400, "stream"),
+        (b'{"model": "m", "prompt": "x", "n": 3}', 400, "n"),
+        (b'{"model": 7, "prompt": "x"}', 400, "model"),
+        (b'{"model": "other", "prompt": "x"}', 404, "model"),
+        (b'{"model": "m", "prompt": ["a", "b"]}', 400, "prompt"),
+        (b'{"model": "m", "prompt": "' + b"word " * 400 + b'"}', 413, "prompt"),
+    ],
+)
+def test_bad_input_gets_openai_error_naming_the_field(asgi_server, stub_server, body, status, param):
+    up, engine = stub_server(model="m")
+    url, gw = gateway(asgi_server, up, max_prompt_tokens=300)
+    r = httpx.post(url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert err["param"] == param and err["code"] == status and isinstance(err["message"], str)
+    assert param in err["message"]
+    assert engine.received == 0 and gw.accepted == 0  # refused before anything was queued
+
+
+def test_chat_field_errors(asgi_server, stub_server):
+    up, _ = stub_server(model="m")
+    url, _ = gateway(asgi_server, up)
+    for body, param in (({"model": "m"}, "messages"),
+                        ({"model": "m", "messages": [{"content": "x"}]}, "messages[0]"),
+                        ({"model": "m", "messages": [{"role": "user", "content": 3}]}, "messages[0].content")):  # fmt: skip
+        r = httpx.post(url + "/v1/chat/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_body_over_the_size_limit_is_413(asgi_server, stub_server):
+    up, _ = stub_server(model="m")
+    url, _ = gateway(asgi_server, up, max_body_bytes=2048)
+    r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "x" * 5000})
+    assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=12,
+)
+FIELDS = st.fixed_dictionaries({}, optional={
+    "model": st.sampled_from(["m", "nope"]) | JSON, "prompt": st.text(max_size=50) | JSON,
+    "messages": JSON | st.lists(st.fixed_dictionaries({"role": st.just("user")}, optional={"content": JSON | st.text()}), max_size=3),
+    "max_tokens": st.integers(-2, 8) | JSON, "stream": st.booleans() | JSON, "n": JSON,
+    "stream_options": JSON, "ignore_eos": JSON, "vllm_xargs": JSON,
+})  # fmt: skip
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=FIELDS | JSON, chat=st.booleans())
+def test_fuzzed_bodies_never_crash_the_gateway(asgi_server, stub_server, body, chat):
+    if not hasattr(test_fuzzed_bodies_never_crash_the_gateway, "url"):
+        up, _ = stub_server(model="m")
+        test_fuzzed_bodies_never_crash_the_gateway.url = gateway(asgi_server, up)  # type: ignore[attr-defined]
+    url, gw = test_fuzzed_bodies_never_crash_the_gateway.url  # type: ignore[attr-defined]
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    r = httpx.post(url + path, json=body, timeout=10)
+    assert r.status_code in (200, 400, 404), r.text
+    if r.status_code != 200:
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["code"] == r.status_code
+    assert gw.num_waiting == 0
+
+
+@pytest.fixture(autouse=True)
+def _forget_fuzz_server():
+    yield
+    if hasattr(test_fuzzed_bodies_never_crash_the_gateway, "url"):
+        del test_fuzzed_bodies_never_crash_the_gateway.url  # type: ignore[attr-defined]
+
+
+TENANTS = [{"name": "gold", "api_key": "sk-gold", "weight": 2},
+           {"name": "free", "api_key": "sk-free", "rate_limit_rps": 0.5, "burst": 2}]  # fmt: skip
+
+
+def test_api_keys_map_to_tenants(asgi_server, stub_server, tmp_path):
+    up, engine = stub_server(model="m")
+    log = RequestLog(tmp_path / "log.sqlite")
+    url, gw = gateway(asgi_server, up, log=log, tenants=TENANTS)
+    body = {"model": "m", "prompt": "x", "max_tokens": 2}
+    for headers in ({}, {"authorization": "Bearer sk-wrong"}, {"authorization": "sk-gold"}):
+        r = httpx.post(url + "/v1/completions", json=body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(url + "/v1/models").status_code == 401
+    assert httpx.get(url + "/v1/models", headers={"authorization": "Bearer sk-free"}).json()["data"][0]["id"] == "m"
+    ok = httpx.post(url + "/v1/completions", json=body, headers={"authorization": "Bearer sk-gold"})
+    assert ok.status_code == 200 and engine.received == 1
+    settle(gw, 1, log)
+    assert list(read_log(tmp_path / "log.sqlite")["tenant"]) == ["gold"]
+
+
+def test_rate_limit_per_tenant(asgi_server, stub_server):
+    up, _ = stub_server(model="m")
+    url, _ = gateway(asgi_server, up, tenants=TENANTS)
+    body = {"model": "m", "prompt": "x", "max_tokens": 2}
+    free = [httpx.post(url + "/v1/completions", json=body, headers={"authorization": "Bearer sk-free"})
+            for _ in range(4)]  # fmt: skip
+    assert [r.status_code for r in free] == [200, 200, 429, 429]  # burst 2, then 0.5 req/s
+    assert free[2].json()["error"]["type"] == "rate_limit_error"
+    assert 1 <= int(free[2].headers["retry-after"]) <= 3
+    gold = httpx.post(url + "/v1/completions", json=body, headers={"authorization": "Bearer sk-gold"})
+    assert gold.status_code == 200  # other tenants are not limited by it
+
+
+def test_metrics_export_requests_and_prediction_error(asgi_server, stub_server):
+    reqs = [Request(id=f"t{p}", prompt_tokens=p, output_tokens=2 * p, model="m") for p in range(2, 200, 3)]
+    pred = PREDICTORS.create("linear-prompt").fit(reqs)
+    up, _ = stub_server(model="m")
+    url, gw = gateway(asgi_server, up, predictor=pred, policy="sjf")
+    for k in (5, 10, 20, 40):
+        r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": " ".join(["w"] * k), "max_tokens": 2 * k})
+        assert r.status_code == 200
+    settle(gw, 4)
+    text = httpx.get(url + "/metrics").text
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, v = line.rsplit(" ", 1)
+            values[name] = float(v)
+    assert values['presched_requests_total{status="200",tenant="default"}'] == 4
+    assert values["presched_e2e_seconds_count"] == 4
+    assert values["presched_predictor_samples"] == 4
+    assert values["presched_predictor_kendall_tau"] == pytest.approx(gw.tracker.kendall_tau)
+    assert not math.isnan(values["presched_predictor_mae_tokens"])
+    assert values[f'presched_backend_up{{backend="{up}"}}'] == 1
+    h = httpx.get(url + "/health").json()
+    assert h["status"] == "ok" and h["finished"] == 4 and h["predictor"]["samples"] == 4
+
+
+def test_prediction_logged_with_quantiles(asgi_server, stub_server, tmp_path):
+    reqs = [Request(id=f"t{p}", prompt_tokens=p, output_tokens=3 * p, model="m") for p in range(2, 200, 3)]
+    pred = PREDICTORS.create("linear-prompt").fit(reqs)
+    up, _ = stub_server(model="m")
+    log = RequestLog(tmp_path / "log.sqlite")
+    url, gw = gateway(asgi_server, up, log=log, predictor=pred, policy="sjf")
+    httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "a b c d e f g h", "max_tokens": 4})
+    settle(gw, 1, log)
+    row = read_log(tmp_path / "log.sqlite").iloc[0]
+    q = row["pred_quantiles"]
+    assert len(q) == len(LEVELS) and q == sorted(q)
+    est = pred.predict([Request(id="x", prompt_tokens=int(row["prompt_tokens"]), model="m")])[0]
+    assert q == pytest.approx([est.quantile(p) for p in LEVELS], abs=0.01)
+    assert row["pred_mean"] == pytest.approx(est.mean) == pytest.approx(row["priority"])  # sjf key

@@ -1,0 +1,150 @@
+"""The gateway orders requests by policy, over real HTTP, in front of a stand-in engine.
+
+The upstream is `StubEngine` (a test double: one slot, a fixed time per token) so that the order
+in which requests reach the engine is observable and exact; tests/engine repeats the SJF-vs-FCFS
+check against real vLLM. The predictor is a real one (`linear-prompt`, fitted here on requests
+whose output is twice the prompt), so predicted length grows with the prompt.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from presched.predict.base import PREDICTORS
+from presched.serve.app import build_app
+from presched.serve.config import ServeConfig
+from presched.workload.request import Request
+
+WORDS = {k: " ".join(["word"] * k) for k in (3, 8, 20, 45, 90, 150)}
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    reqs = [Request(id=f"t{p}", prompt_tokens=p, output_tokens=2 * p, model="stub")
+            for p in range(2, 300, 3)]  # fmt: skip
+    return PREDICTORS.create("linear-prompt").fit(reqs)
+
+
+def start_gateway(asgi_server, upstream: str, predictor=None, **cfg):
+    cfg.setdefault("log", {"path": None})
+    backends = [{"url": upstream, "model": "stub", "max_in_flight": cfg.pop("max_in_flight", 1)}]
+    app = build_app(ServeConfig(backends=backends, **cfg), predictor)
+    return asgi_server(app), app.state.gateway.gw
+
+
+def post(url: str, prompt: str, max_tokens: int, out: dict | None = None, **extra) -> httpx.Response:
+    r = httpx.post(url + "/v1/completions", timeout=30,
+                   json={"model": "stub", "prompt": prompt, "max_tokens": max_tokens, **extra})  # fmt: skip
+    if out is not None:
+        out[prompt] = time.perf_counter()  # when its client had the whole answer
+    return r
+
+
+def wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.005)
+
+
+def burst_behind_blocker(url, engine, prompts, max_tokens, waiting, **extra):
+    """One endless streaming request occupies the engine's single slot; `prompts` arrive one
+    after the other (each once the previous one waits: `waiting()` counts them); then the
+    blocker's client disconnects, which frees the slot. Returns the order in which the engine
+    started the requests, and each one's completion time, counted from that moment."""
+    done: dict[str, float] = {}
+    stop = threading.Event()
+
+    def blocker() -> None:
+        body = {"model": "stub", "prompt": "blocker", "max_tokens": 100_000, "stream": True, **extra}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+            for _ in r.iter_raw():
+                if stop.is_set():
+                    return
+
+    b = threading.Thread(target=blocker)
+    b.start()
+    wait_for(lambda: "blocker" in engine.started)
+    threads = []
+    for p, n in zip(prompts, max_tokens):
+        th = threading.Thread(target=post, args=(url, p, n, done), kwargs=extra)
+        th.start()
+        threads.append(th)
+        wait_for(lambda: waiting() == len(threads))
+    t0 = time.perf_counter()
+    stop.set()
+    for th in [b, *threads]:
+        th.join(30)
+    started = [p for p in engine.started if p != "blocker"]
+    assert sorted(started) == sorted(prompts)
+    return started, {p: t - t0 for p, t in done.items()}
+
+
+def test_sjf_releases_shortest_prediction_first(asgi_server, stub_server, predictor):
+    up, engine = stub_server(model="stub", token_s=0.005, max_concurrency=1)
+    url, gw = start_gateway(asgi_server, up, predictor, policy="sjf")
+    order = [WORDS[k] for k in (90, 8, 150, 3, 45, 20)]
+    started, _ = burst_behind_blocker(url, engine, order, [2] * 6, lambda: gw.num_waiting)
+    assert [len(p.split()) for p in started] == [3, 8, 20, 45, 90, 150]
+    wait_for(lambda: gw.finished == 6)  # the books close just after the last reply is sent
+    assert gw.accepted == 7 and gw.num_waiting == 0  # the blocker was cancelled (499)
+
+
+def test_fcfs_releases_in_arrival_order(asgi_server, stub_server):
+    up, engine = stub_server(model="stub", token_s=0.005, max_concurrency=1)
+    url, gw = start_gateway(asgi_server, up, policy="fcfs")
+    order = [WORDS[k] for k in (90, 8, 150, 3, 45, 20)]
+    started, _ = burst_behind_blocker(url, engine, order, [2] * 6, lambda: gw.num_waiting)
+    assert started == order
+
+
+def test_passthrough_sends_priority_from_prediction(asgi_server, stub_server, predictor):
+    # the gateway holds nothing back; the engine (here: the stub, which orders its waiting
+    # requests by the `priority` field as vLLM's priority scheduler does) does the ordering
+    up, engine = stub_server(model="stub", token_s=0.005, max_concurrency=1)
+    url, gw = start_gateway(asgi_server, up, predictor, mode="passthrough", policy="sjf")
+    order = [WORDS[k] for k in (45, 150, 3, 90, 20, 8)]
+    started, _ = burst_behind_blocker(url, engine, order, [2] * 6, lambda: len(engine._waiting))
+    assert [len(p.split()) for p in started] == [3, 8, 20, 45, 90, 150]
+    assert gw.num_waiting == 0
+
+
+def test_sjf_oracle_cuts_mean_e2e_as_the_closed_form_says(asgi_server, stub_server):
+    # One slot, n jobs waiting at once: the mean completion time is token_s * mean of the
+    # cumulative sums of lengths in service order. Shortest first: (2,5,10,20,30,40) ->
+    # 39.5 tokens; arrival order (40,5,30,2,20,10) -> 73.5 tokens: ratio 1.86.
+    lengths = [40, 5, 30, 2, 20, 10]
+    prompts = [f"job{i}" for i in range(len(lengths))]
+    means = {}
+    for policy in ("fcfs", "sjf-oracle"):
+        up, engine = stub_server(model="stub", token_s=0.006, max_concurrency=1)
+        url, gw = start_gateway(asgi_server, up, policy=policy)
+        started, done = burst_behind_blocker(url, engine, prompts, lengths, lambda: gw.num_waiting,
+                                            ignore_eos=True)  # fmt: skip
+        want = prompts if policy == "fcfs" else [p for _, p in sorted(zip(lengths, prompts))]
+        assert started == want
+        means[policy] = sum(done.values()) / len(done)
+    ratio = means["fcfs"] / means["sjf-oracle"]
+    assert 1.6 < ratio < 2.0, (ratio, means)
+    assert means["sjf-oracle"] == pytest.approx(39.5 * 0.006, rel=0.5)
+
+
+def test_oracle_policy_refuses_requests_without_forced_length(asgi_server, stub_server):
+    up, _ = stub_server(model="stub")
+    url, gw = start_gateway(asgi_server, up, policy="sjf-oracle")
+    r = post(url, "hello", 5)
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "ignore_eos"
+    assert post(url, "hello", 5, ignore_eos=True).status_code == 200
+    assert gw.accepted == 1
+
+
+def test_predictive_policy_without_predictor_is_refused_at_start():
+    cfg = ServeConfig(backends=[{"url": "http://127.0.0.1:9"}], policy="sjf", log={"path": None})
+    with pytest.raises(ValueError, match="policy: 'sjf' orders by predicted length"):
+        build_app(cfg)
