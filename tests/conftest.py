@@ -7,11 +7,15 @@ derandomized set so that a green build stays green for the same code."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import uvicorn
 from hypothesis import settings
 
+from presched.serve.stub import StubEngine
 from presched.workload.paths import data_dir as _data_dir
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -23,3 +27,54 @@ if os.environ.get("CI"):
 def data_dir() -> Path:
     """The shared data folder; raises FileNotFoundError (test error, not skip) if it is missing."""
     return _data_dir()
+
+
+# --- real HTTP servers (tests/serve, tests/engine) ---------------------------------------------
+# Real HTTP servers for the serve tests: uvicorn on a free loopback port, in a background thread.
+#
+# `stub_server(...)` serves `presched.serve.stub.StubEngine`, a TEST DOUBLE of an inference engine
+# (exact output lengths at a fixed `token_s` per token, `max_concurrency` slots). The HTTP stack
+# (uvicorn, sockets, SSE framing, keep-alive) is real; only the engine behind it is a stand-in.
+# The tests against a real engine (vLLM on the CPU) are in tests/engine.
+#
+# `asgi_server(app)` serves any ASGI app the same way (the gateway's app, a failing upstream).
+# Every server started by a test is stopped when the test ends.
+
+
+@pytest.fixture
+def asgi_server():
+    """Factory: `asgi_server(app) -> base URL` (http://127.0.0.1:PORT, uvicorn, own thread)."""
+    started: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(app) -> str:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="auto",
+                                timeout_graceful_shutdown=1)  # fmt: skip
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        started.append((server, thread))
+        port = server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server, _ in started:
+        server.should_exit = True
+    for _, thread in started:
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def stub_server(asgi_server):
+    """Factory: `stub_server(token_s=0.0, max_concurrency=..., ttft_s=0.0, model="stub")` ->
+    (base URL, the StubEngine it serves), over real HTTP."""
+
+    def start(**kwargs) -> tuple[str, StubEngine]:
+        engine = StubEngine(**kwargs)
+        return asgi_server(engine.app()), engine
+
+    return start

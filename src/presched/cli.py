@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from presched.bench.config import BenchConfig
-from presched.config import format_validation_error
+from presched.config import UserError, format_validation_error
 from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig
 from presched.sim.steptime import StepTimeConfig
@@ -35,10 +35,6 @@ app = typer.Typer(
     "Run `presched bench` to replay a workload through a simulated engine under several policies.",
 )
 err = Console(stderr=True)
-
-
-class UserError(Exception):
-    """Bad input from the user: printed without a traceback, exit code 2."""
 
 
 def _h(model: type[BaseModel], field: str) -> str:
@@ -522,9 +518,11 @@ def eval_(
         raise UserError("every predictor failed: " + "; ".join(f"{r['predictor']}: {r['error']}" for r in failed[:3]))
 
 
-from presched.serve.cli import serve as _serve  # noqa: E402 - after app, UserError (it imports them lazily)
+from presched.serve.cli import serve as _serve  # noqa: E402
+from presched.serve.replay_cli import replay as _replay  # noqa: E402
 
 app.command("serve")(_serve)
+app.command("replay")(_replay)
 
 
 def main() -> None:

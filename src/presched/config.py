@@ -10,6 +10,10 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 
+class UserError(Exception):
+    """Bad input from the user: the CLI prints it without a traceback and exits with code 2."""
+
+
 class Config(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 

@@ -34,9 +34,10 @@ def serve(
 ) -> None:
     """Run the OpenAI-compatible gateway: predict each request's length, order and route by
     policy, relay the engines' answers, log every request (SQLite) and export /metrics."""
-    from presched.cli import UserError, _load_file, _set_path
-
     import yaml
+
+    from presched.cli import _load_file, _set_path
+    from presched.config import UserError
 
     data = _load_file(config) if config else {}
     if backend:

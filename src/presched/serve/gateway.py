@@ -126,7 +126,8 @@ class Gateway:
         if b not in ok:  # the router chose a backend that is down or failed it: least loaded
             b = min(ok, key=lambda x: (x.num_outstanding, x.index))
         seq.instance = b.index
-        seq.released = asyncio.get_running_loop().create_future()
+        if seq.released is None or seq.released.done():  # a moved request keeps its waiter
+            seq.released = asyncio.get_running_loop().create_future()
         b.policy.on_arrival(seq, now)
         if self.cfg.mode == "passthrough":
             seq.key = float(round(self._priority_of(seq))) if seq.estimate is not None else 0.0
