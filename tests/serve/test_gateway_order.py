@@ -130,8 +130,9 @@ def test_sjf_oracle_cuts_mean_e2e_as_the_closed_form_says(asgi_server, stub_serv
         assert started == want
         means[policy] = sum(done.values()) / len(done)
     ratio = means["fcfs"] / means["sjf-oracle"]
-    assert 1.6 < ratio < 2.0, (ratio, means)
-    assert means["sjf-oracle"] == pytest.approx(39.5 * 0.006, rel=0.5)
+    # the token clock is a floor (a loaded machine only stretches it); the order gives the ratio
+    assert means["fcfs"] >= 0.95 * 73.5 * 0.006 and means["sjf-oracle"] >= 0.95 * 39.5 * 0.006
+    assert ratio > 1.6, (ratio, means)
 
 
 def test_oracle_policy_refuses_requests_without_forced_length(asgi_server, stub_server):
@@ -148,3 +149,45 @@ def test_predictive_policy_without_predictor_is_refused_at_start():
     cfg = ServeConfig(backends=[{"url": "http://127.0.0.1:9"}], policy="sjf", log={"path": None})
     with pytest.raises(ValueError, match="policy: 'sjf' orders by predicted length"):
         build_app(cfg)
+
+
+def test_vtc_lets_a_late_tenant_pass_a_flooding_one(asgi_server, stub_server):
+    # Tenant "flood" queues 6 requests behind its own long request; then "late" sends 2. FCFS
+    # would start them 7th and 8th; VTC (fair share: the backlogged tenant with the least
+    # service goes next) starts them within the first three, as soon as the flooding tenant's
+    # counter has grown past the late one's.
+    tenants = [{"name": "flood", "api_key": "k-flood"}, {"name": "late", "api_key": "k-late"}]
+    up, engine = stub_server(model="stub", token_s=0.002, max_concurrency=1)
+    url, gw = start_gateway(asgi_server, up, policy="vtc", tenants=tenants)
+    jobs = [f"flood {i}" for i in range(6)] + ["late 0", "late 1"]
+    keys = {p: "k-" + p.split()[0] for p in jobs}
+    threads = []
+
+    def send(prompt: str) -> None:
+        r = httpx.post(url + "/v1/completions", timeout=30, headers={"authorization": f"Bearer {keys[prompt]}"},
+                       json={"model": "stub", "prompt": prompt, "max_tokens": 20})  # fmt: skip
+        assert r.status_code == 200
+
+    stop = threading.Event()
+
+    def blocker() -> None:
+        body = {"model": "stub", "prompt": "blocker", "max_tokens": 100_000, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30,
+                          headers={"authorization": "Bearer k-flood"}) as r:  # fmt: skip
+            for _ in r.iter_raw():
+                if stop.is_set():
+                    return
+
+    threads.append(threading.Thread(target=blocker))
+    threads[0].start()
+    wait_for(lambda: "blocker" in engine.started)
+    for p in jobs:
+        threads.append(threading.Thread(target=send, args=(p,)))
+        threads[-1].start()
+        wait_for(lambda: gw.num_waiting == len(threads) - 1)
+    stop.set()
+    for th in threads:
+        th.join(30)
+    started = [p for p in engine.started if p != "blocker"]
+    assert sorted(started) == sorted(jobs)
+    assert max(started.index("late 0"), started.index("late 1")) <= 3, started

@@ -340,10 +340,13 @@ class GatewayApp:
                     continue
                 *events, buf = buf.split(b"\n\n")
                 relay = []
+                before = seq.generated
                 for ev in events:
                     keep = _inspect(ev, seq, out, clock)
                     if keep or not injected:
                         relay.append(ev + b"\n\n")
+                if seq.generated > before:
+                    self.gw.tokens(seq, seq.generated - before)
                 if relay:
                     await send({"type": "http.response.body", "body": b"".join(relay), "more_body": True})
         except httpx.HTTPError as e:

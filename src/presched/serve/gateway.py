@@ -5,7 +5,7 @@ Life of a request (who calls what):
 
     seq = gw.accept(request, target)      # app: after parsing; predicts, may raise QueueFull
     backend = await gw.wait(seq)          # queue mode: until the policy releases it to a slot
-    ... app sends it to backend.url, streaming tokens: seq.on_token(gw.now()) ...
+    ... app sends it to backend.url; per stream event seq.on_token(gw.now()), gw.tokens(seq, k)
     gw.finish(seq, output_tokens)         # or gw.failed(seq) before the first byte (retried on
                                           # another backend), or gw.cancel(seq) (client left)
 
@@ -179,17 +179,25 @@ class Gateway:
         error tracker skips the request)."""
         now = self.now()
         seq.finish = now
+        b = self.backends[seq.instance]
+        if output_tokens is not None and output_tokens > seq.generated:
+            # tokens the stream did not show one by one (a whole response; merged events)
+            self.tokens(seq, output_tokens - seq.generated)
         if output_tokens is not None:
             seq.generated = output_tokens
-        b = self.backends[seq.instance]
         self._leave(b, seq)
         b.served += 1
         b.failures = 0
-        b.policy.on_finish(seq, now)
         if seq.estimate is not None and output_tokens:
             self.tracker.add(seq.estimate, output_tokens)
         self.finished += 1
         self.dispatch(b)
+
+    def tokens(self, seq: GatewaySeq, n: int) -> None:
+        """`seq` produced `n` more output tokens (the driver counts stream events; `finish`
+        adds what usage says the events did not show): policies that charge or demote by
+        tokens served (vtc, mlfq) hear it as in the simulator."""
+        self.backends[seq.instance].policy.on_tokens(seq, n, self.now())
 
     def failed(self, seq: GatewaySeq, mark_down: bool = True) -> None:
         """The backend refused or timed out before the first byte: free the slot, mark the
@@ -220,8 +228,11 @@ class Gateway:
             seq.released.cancel()
 
     def _leave(self, b: Backend, seq: GatewaySeq) -> None:
+        """`seq` stops running on `b` (done, failed, or its client left): the policy hears
+        `on_finish` (it no longer holds a slot or memory there) and the router retires it."""
         if seq in b.running:
             b.running.remove(seq)
+            b.policy.on_finish(seq, self.now())
             self._route_done(seq)
 
     def _route_done(self, seq: GatewaySeq) -> None:
