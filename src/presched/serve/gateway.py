@@ -151,6 +151,10 @@ class Gateway:
         q.update(now)
         while q and len(b.running) < b.max_in_flight:
             head = q.peek()
+            if head.released.done():  # its client left (task cancelled); `cancel` is coming
+                q.pop()
+                self._route_done(head)
+                continue
             if not policy.admit(head, b.running, now):
                 break
             self._start(b, q.pop(), now)
@@ -249,6 +253,7 @@ class Gateway:
         b.healthy = healthy
         if healthy:
             b.failures = 0
+            self._unhold(b)
             self.dispatch(b)
             return
         moved = [s for s in b.queue]
@@ -259,6 +264,22 @@ class Gateway:
             b.queue.remove(s)
             self._route_done(s)
             self._place(s, self.now())
+
+    def _unhold(self, b: Backend) -> None:
+        """`b` is back: requests held in the queues of down backends (no healthy backend could
+        take them) are placed again; `b` may now take even those it failed while it was down."""
+        for o in self.backends:
+            if o is b or o.healthy:
+                continue
+            for s in sorted(o.queue, key=lambda s: s.arrival):
+                if s.released is not None and s.released.done():
+                    continue  # its client left: its `cancel` is on the way
+                s.tried.discard(b.index)
+                if not self._candidates(s):
+                    continue
+                o.queue.remove(s)
+                self._route_done(s)
+                self._place(s, self.now())
 
     def _retry_after(self) -> float:
         """Seconds a refused client should wait: the time for the queue to drain by one
