@@ -348,6 +348,7 @@ def train(
     seed: int = SeedPredOpt,
     param: list[str] = typer.Option([], "--param", help="Predictor constructor argument KEY=VALUE (value read as YAML); repeatable."),
     from_log: Optional[Path] = typer.Option(None, "--from-log", help="Train on the gateway's request log (the SQLite file `presched serve` writes, log.path) instead of --data: requests that succeeded (status 200) with a known output length. Requests cut by max_tokens are left out (their true length is unknown). Predictors that read prompt text (text-gbm, lexical-gbm, encoders) need prompt logging (log.store_prompts) to have been on; model-median and linear-prompt train on any log."),
+    keep_censored: bool = typer.Option(False, "--keep-censored", help="--from-log: also train on requests cut by max_tokens (forced lengths, e.g. replayed with ignore_eos), taking the cut length as the truth. Off by default: a cut length is only a lower bound of the true one."),
 ) -> None:
     """Train one output-length predictor on labelled requests (CASTILLO, your own file, or the
     gateway's request log) and save it as a .npz model file."""
@@ -360,6 +361,8 @@ def train(
     if not 0 <= validation_fraction < 1:
         raise UserError(f"--validation-fraction: expected a number in [0, 1), got {validation_fraction}")
     kwargs = _params(param, scoped=False)
+    if keep_censored and from_log is None:
+        raise UserError("--keep-censored: only with --from-log")
     if from_log is not None:
         if data != "castillo" or split is not None:
             raise UserError("--from-log: give either --from-log or --data/--split, not both")
@@ -367,7 +370,8 @@ def train(
 
         try:
             path, rep = train_from_log(from_log, predictor, out, params=kwargs,
-                                       validation_fraction=validation_fraction, seed=seed)  # fmt: skip
+                                       validation_fraction=validation_fraction, seed=seed,
+                                       keep_censored=keep_censored)  # fmt: skip
         except ValueError as e:  # the log, its rows or the parameters: messages name them
             raise UserError(str(e)) from None
         Console().print(f"trained {predictor} on {rep['fit_requests']:,} logged requests "

@@ -387,3 +387,24 @@ def test_train_from_log_errors(castillo, tmp_path):
         train_from_log(failed, "model-median", tmp_path / "x.npz")
     with pytest.raises(LogFileError, match="not found"):
         train_from_log(tmp_path / "absent.db", "model-median", tmp_path / "x.npz")
+
+
+def test_cli_trains_from_a_log_of_forced_lengths_only_with_keep_censored(tmp_path):
+    from typer.testing import CliRunner
+
+    from presched.cli import app
+
+    path = tmp_path / "log.sqlite"
+    with RequestLog(path) as log:  # replayed with ignore_eos: every row was cut by max_tokens
+        for i in range(40):
+            log.write(row(i, prompt_tokens=10 + i, max_tokens=20 + 2 * i,
+                          output_tokens=20 + 2 * i, finish_reason="length"))  # fmt: skip
+    args = ["train", "-p", "linear-prompt", "-o", str(tmp_path / "m.npz"), "--from-log", str(path)]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code != 0 and not (tmp_path / "m.npz").exists()
+    ok = CliRunner().invoke(app, args + ["--keep-censored"])
+    assert ok.exit_code == 0, ok.output
+    from presched.workload.request import Request
+
+    est = load_predictor(tmp_path / "m.npz").predict([Request(id="q", prompt_tokens=30, model="m")])
+    assert 20 < est[0].mean < 200  # learned from the cut lengths (20..98 tokens)

@@ -19,7 +19,9 @@ _sum and _count before and after it gives:
 - decode steps: B requests with `prompt` random token ids each and `decode_tokens` forced output
   tokens (`ignore_eos`), sent at once. They prefill together and then decode in lockstep, so the
   mean of `request_decode_time_seconds` / (tokens - 1) is the length of one decode-only step of
-  B requests with total context B * (prompt + tokens / 2) (the mean over the run).
+  B requests with total context B * (prompt + tokens / 2) (the mean over the run). B prompts
+  fit one step's token budget (prompt <= max_num_batched_tokens // B), so the batch prefills in
+  one step and starts decoding together.
 - prefill steps: one request of L prompt tokens and max_tokens 1 on an idle engine:
   `request_prefill_time_seconds` (SCHEDULED to first token) is one step with L prefill tokens
   (L <= max_num_batched_tokens, so it is not chunked).
@@ -28,13 +30,15 @@ _sum and _count before and after it gives:
   inside the window (the decoders record their times when they end), which is checked.
 
 Not measured: steps with several prompts, chunked prompts (the fitted form extrapolates them
-through its per-token and pairs terms), and the wait between a request's arrival at the HTTP
+through its per-token and pairs terms), decode contexts above the probes' (the fitted line
+extends linearly), and the wait between a request's arrival at the HTTP
 server and its first scheduling step (part of `client_overhead_s`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import statistics
@@ -121,11 +125,10 @@ class _Engine:
     async def hist(self) -> dict[str, tuple[float, float]]:
         r = await self.client.get("/metrics")
         if r.status_code != 200:
-            raise CalibrationError(f"GET /metrics answered HTTP {r.status_code}")
-        h = parse_histograms(r.text)
-        if not any(c for _, c in h.values()) and DECODE not in r.text:
+            raise CalibrationError(f"GET /metrics answered HTTP {r.status_code} (not a vLLM server?)")
+        if DECODE not in r.text:
             raise CalibrationError(f"/metrics has no {DECODE} histogram (not a vLLM server?)")
-        return h
+        return parse_histograms(r.text)
 
     async def delta(self, before: dict, want: dict[str, int], timeout: float = 5.0) -> dict:
         """Histogram deltas once each name in `want` counted at least that many more requests
@@ -207,6 +210,21 @@ async def _prefill_probe(e: _Engine, length: int, decoders: int, decoder_prompt:
     return Probe("mixed" if decoders else "prefill", length, decoders, context, s, client)
 
 
+def median_samples(probes: Sequence[Probe]) -> list[StepSample]:
+    """One StepSample per probe shape (kind, prefill tokens, batch, context rounded to 64
+    tokens per request): the median step time and context over its repeats."""
+    groups: dict[tuple, list[Probe]] = {}
+    for p in probes:
+        per_seq = round(p.decode_context / max(1, p.num_decode) / 64)
+        groups.setdefault((p.kind, p.prefill_tokens, p.num_decode, per_seq), []).append(p)
+    out = []
+    for ps in groups.values():
+        m = dataclasses.replace(ps[0], step_s=statistics.median(p.step_s for p in ps),
+                                decode_context=round(statistics.median(p.decode_context for p in ps)))  # fmt: skip
+        out.append(m.sample())
+    return out
+
+
 def default_batches(max_num_seqs: int) -> list[int]:
     """1, 2, 4, ... below max_num_seqs, and max_num_seqs itself."""
     out, b = [], 1
@@ -223,11 +241,11 @@ async def calibrate_async(
     max_num_batched_tokens: int,
     *,
     batches: Sequence[int] | None = None,
-    decode_prompts: Sequence[int] = (32, 256),
+    decode_prompts: Sequence[int] = (32, 1024),
     decode_tokens: int = 192,
     prefill_lengths: Sequence[int] = (16, 64, 256, 512, 1024, 2048),
     mixed_lengths: Sequence[int] = (64, 512, 2048),
-    repeats: int = 2,
+    repeats: int = 3,
     token_ids: tuple[int, int] = (100, 1000),
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
@@ -235,11 +253,14 @@ async def calibrate_async(
     """Probe the idle engine at `url` serving `model` and fit a FittedStepModel (module doc).
 
     batches: decode batch sizes (default `default_batches(max_num_seqs)`); decode_prompts: prompt
-    lengths of the decode probes; prefill_lengths / mixed_lengths: prompt lengths of the prefill
-    probes alone and beside max_num_seqs - 1 decoders (lengths above max_num_batched_tokens are
-    dropped: they would be chunked); repeats: each probe this many times, in rotated order;
-    token_ids: range of the random prompt ids (inside the vocabulary, no special tokens).
-    `progress(done, total)` after each probe."""
+    lengths of the decode probes, each cut to max_num_batched_tokens // batch so that the batch
+    prefills in one step (the long one sets the context the fit sees: give the workload's);
+    prefill_lengths / mixed_lengths: prompt lengths of the prefill probes alone and beside
+    max_num_seqs - 1 decoders (lengths above max_num_batched_tokens are dropped: they would be
+    chunked); repeats: each probe this many times, in rotated order (the fit uses each shape's
+    median, robust to a probe slowed by other work on the machine); token_ids: range of the
+    random prompt ids (inside the vocabulary, no special tokens). `progress(done, total)` after
+    each probe."""
     import httpx
 
     if max_num_seqs < 1 or decode_tokens < 2 or repeats < 1:
@@ -248,8 +269,8 @@ async def calibrate_async(
     if any(b < 1 or b > max_num_seqs for b in batches):
         raise ValueError(f"batches: each must be in 1..max_num_seqs={max_num_seqs}, got {batches}")
     budget = max_num_batched_tokens
-    plans: list[tuple] = [("decode", b, p) for b in batches for p in decode_prompts
-                          if b * p <= budget]  # fmt: skip
+    plans: list[tuple] = [("decode", b, p) for b in batches
+                          for p in sorted({min(x, budget // b) for x in decode_prompts})]  # fmt: skip
     plans += [("prefill", n) for n in prefill_lengths if n <= budget]
     if max_num_seqs > 1:
         plans += [("mixed", n) for n in mixed_lengths if n + max_num_seqs - 1 <= budget]
@@ -260,6 +281,7 @@ async def calibrate_async(
     limits = httpx.Limits(max_connections=max_num_seqs + 4)
     async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=600, limits=limits) as client:
         e = _Engine(client, model, token_ids, rng)
+        await e.hist()  # a server without vLLM's metrics fails here, before any probe
         await e.generate(16, 4)  # warm the path
         done = 0
         for rep in range(repeats):
@@ -270,13 +292,13 @@ async def calibrate_async(
                 else:
                     dec = max_num_seqs - 1 if plan[0] == "mixed" else 0
                     # decoders run long enough to cover the probe (its prefill + HTTP)
-                    p = await _prefill_probe(e, plan[1], dec, 32, 64 + plan[1] // 8)
+                    p = await _prefill_probe(e, plan[1], dec, 32, 96 + plan[1] // 8)
                     if p is not None:
                         probes.append(p)
                 done += 1
                 if progress is not None:
                     progress(done, total)
-    samples = [p.sample() for p in probes]
+    samples = median_samples(probes)
     if not any(s.prefill_tokens for s in samples) or all(s.prefill_tokens for s in samples):
         raise CalibrationError("calibration needs both decode and prefill probes")
     fitted, mape = FittedStepModel.fit(samples, source=f"calibrated on {url} ({model})")

@@ -26,7 +26,6 @@ class Backend:
         self.queue = policy.new_queue()
         self.running: list[GatewaySeq] = []
         self.healthy = True
-        self.failures = 0  # consecutive failed health checks or requests
         self.served = 0
 
     # --- what routers see (InstanceView) -------------------------------------------------

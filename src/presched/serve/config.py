@@ -83,6 +83,15 @@ class ServeConfig(Config):
             raise ValueError(f"unknown policy {v!r}; known: {', '.join(POLICIES.names())}")
         return v
 
+    @field_validator("priority_stat")
+    @classmethod
+    def _stat_known(cls, v: str) -> str:
+        from presched.schedule.lengths import check_stat
+
+        if check_stat(v) == "rank":
+            raise ValueError("'rank' is a score, not a length; use mean, median, point or qNN")
+        return v
+
     @field_validator("router")
     @classmethod
     def _router_known(cls, v: str) -> str:

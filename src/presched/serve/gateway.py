@@ -67,12 +67,20 @@ class Gateway:
         params = dict(cfg.policy_params)
         if cfg.policy == "vtc" and cfg.tenants and "weights" not in params:
             params["weights"] = {t.name: t.weight for t in cfg.tenants}
+        self.backends = []
+        for i, b in enumerate(cfg.backends):
+            try:
+                policy = POLICIES.create(cfg.policy, **params)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"policy_params: {e}") from None
+            try:
+                self.backends.append(Backend(i, b, policy))
+            except ValueError as e:  # what the policy needs of the engine (e.g. kv_tokens)
+                raise ValueError(f"backends[{i}] (or policy_params): {e}") from None
         try:
-            self.backends = [Backend(i, b, POLICIES.create(cfg.policy, **params))
-                             for i, b in enumerate(cfg.backends)]  # fmt: skip
             self.router = ROUTERS.create(cfg.router, **cfg.router_params)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"policy_params / router_params: {e}") from None
+            raise ValueError(f"router_params: {e}") from None
         self.oracle = self.backends[0].policy.oracle or self.router.oracle
         if not predicts and not self.oracle:
             _needs_no_prediction(POLICIES.create(cfg.policy, **params), "policy")
@@ -168,11 +176,13 @@ class Gateway:
         seq.released.set_result(b)  # type: ignore[union-attr]
 
     def _arm_wakeup(self, b: Backend, now: float) -> None:
-        t = b.policy.wakeup(now)
+        """Decide again at the policy's next `wakeup` or the queue's next re-key, whichever
+        comes first (a head that `admit` refused may be admitted then)."""
+        t = min(b.policy.wakeup(now) or math.inf, b.queue.next_rekey())
         old = self._wakeups.pop(b.index, None)
         if old is not None:
             old.cancel()
-        if t is not None and math.isfinite(t) and b.queue:
+        if math.isfinite(t) and b.queue and len(b.running) < b.max_in_flight:
             loop = asyncio.get_running_loop()
             self._wakeups[b.index] = loop.call_later(max(t - now, 0.0), self.dispatch, b)
 
@@ -191,7 +201,6 @@ class Gateway:
             seq.generated = output_tokens
         self._leave(b, seq)
         b.served += 1
-        b.failures = 0
         if seq.estimate is not None and output_tokens:
             self.tracker.add(seq.estimate, output_tokens)
         self.finished += 1
@@ -252,7 +261,6 @@ class Gateway:
             return
         b.healthy = healthy
         if healthy:
-            b.failures = 0
             self._unhold(b)
             self.dispatch(b)
             return
@@ -282,8 +290,8 @@ class Gateway:
                 self._place(s, self.now())
 
     def _retry_after(self) -> float:
-        """Seconds a refused client should wait: the time for the queue to drain by one
-        backend-slot turnover, at least 1 s (a hint, not a promise)."""
+        """Seconds a client refused for a full queue should wait: a fixed 1 s hint (the
+        gateway does not predict when the queue will have room)."""
         return 1.0
 
     def snapshot(self) -> dict[str, Any]:
