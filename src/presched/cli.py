@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from presched.bench.config import BenchConfig
-from presched.config import UserError, format_validation_error
+from presched.config import UserError, apply_overrides, format_validation_error
 from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig
 from presched.sim.steptime import StepTimeConfig
@@ -42,15 +42,6 @@ def _h(model: type[BaseModel], field: str) -> str:
 
 
 # --- building a config from a file, flags and --set overrides ----------------------------------
-def _set_path(d: dict, dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    for k in keys[:-1]:
-        d = d.setdefault(k, {})
-        if not isinstance(d, dict):
-            raise UserError(f"--set {dotted}: {k!r} is not a section")
-    d[keys[-1]] = value
-
-
 def _load_file(path: Path) -> dict:
     if not path.exists():
         raise UserError(f"experiment file not found: {path}")
@@ -68,14 +59,7 @@ def _load_file(path: Path) -> dict:
 
 def build_config(config: Optional[Path], flags: dict[str, Any], sets: list[str]) -> BenchConfig:
     data = _load_file(config) if config else {}
-    for key, value in flags.items():
-        if value is not None:
-            _set_path(data, key, value)
-    for item in sets:
-        if "=" not in item:
-            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. sim.engine.max_num_seqs=64")
-        key, raw = item.split("=", 1)
-        _set_path(data, key.strip(), yaml.safe_load(raw))
+    apply_overrides(data, flags, sets, "sim.engine.max_num_seqs=64")
     try:
         return BenchConfig.model_validate(data)
     except ValidationError as e:

@@ -7,11 +7,39 @@ Unknown keys are refused, and a bad value is reported with the field's dotted pa
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 
-class UserError(Exception):
+class UserError(ValueError):
     """Bad input from the user: the CLI prints it without a traceback and exits with code 2."""
+
+
+def set_path(d: dict, dotted: str, value: Any) -> None:
+    """d[a][b][c] = value for dotted = 'a.b.c', creating sections as needed."""
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        d = d.setdefault(k, {})
+        if not isinstance(d, dict):
+            raise UserError(f"--set {dotted}: {k!r} is not a section")
+    d[keys[-1]] = value
+
+
+def apply_overrides(data: dict, flags: dict[str, Any], sets: list[str], example: str) -> dict:
+    """Command-line flags (dotted path -> value; None = not given), then `--set KEY=VALUE` items
+    (values read as YAML), onto a config mapping. `example` shows a KEY=VALUE in errors."""
+    import yaml
+
+    for key, value in flags.items():
+        if value is not None:
+            set_path(data, key, value)
+    for item in sets:
+        if "=" not in item:
+            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. {example}")
+        key, raw = item.split("=", 1)
+        set_path(data, key.strip(), yaml.safe_load(raw))
+    return data
 
 
 class Config(BaseModel):

@@ -12,7 +12,6 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from presched.predict.base import PREDICTORS
 from presched.serve.app import build_app

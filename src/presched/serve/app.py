@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import json
 import math
-import time
 import uuid
 from typing import Any
 

@@ -34,10 +34,8 @@ def serve(
 ) -> None:
     """Run the OpenAI-compatible gateway: predict each request's length, order and route by
     policy, relay the engines' answers, log every request (SQLite) and export /metrics."""
-    import yaml
-
-    from presched.cli import _load_file, _set_path
-    from presched.config import UserError
+    from presched.cli import _load_file
+    from presched.config import UserError, apply_overrides, set_path
 
     data = _load_file(config) if config else {}
     if backend:
@@ -48,19 +46,11 @@ def serve(
             if isinstance(b, dict):
                 b["max_in_flight"] = max_in_flight
     flags = {"mode": mode, "policy": policy, "router": router, "host": host, "port": port,
-             "predictor": str(predictor) if predictor else None}  # fmt: skip
-    for k, v in flags.items():
-        if v is not None:
-            data[k] = v
+             "predictor": str(predictor) if predictor else None,
+             "log.store_prompts": True if store_prompts else None}  # fmt: skip
     if log is not None:
-        _set_path(data, "log.path", None if log.lower() == "none" else log)
-    if store_prompts:
-        _set_path(data, "log.store_prompts", True)
-    for item in set_:
-        if "=" not in item:
-            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. max_queue=500")
-        key, raw = item.split("=", 1)
-        _set_path(data, key.strip(), yaml.safe_load(raw))
+        set_path(data, "log.path", None if log.lower() == "none" else log)
+    apply_overrides(data, flags, set_, "max_queue=500")
     if not data.get("backends"):
         raise UserError("backends: at least one --backend URL (or backends: in --config) is required")
     try:

@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-import yaml
 from pydantic import Field, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from presched.config import Config, format_validation_error
+from presched.config import Config, apply_overrides, format_validation_error
 from presched.metrics.summary import GoodputSLO
 from presched.serve.replay import ReplayConfig, ReplayError, nan_to_none, run_replay
 from presched.serve.tokens import counter
@@ -55,27 +54,10 @@ def _fail(console: Console, msg: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _set_path(d: dict, dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    for k in keys[:-1]:
-        d = d.setdefault(k, {})
-        if not isinstance(d, dict):
-            raise ValueError(f"--set {dotted}: {k!r} is not a section")
-    d[keys[-1]] = value
-
-
 def build_run_config(flags: dict[str, Any], sets: list[str]) -> ReplayRunConfig:
     """Flags (dotted path -> value, None = not given), then `--set` items, validated. Raises
     ValueError with a message naming the field."""
-    data: dict = {}
-    for key, value in flags.items():
-        if value is not None:
-            _set_path(data, key, value)
-    for item in sets:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. replay.time_scale=2")
-        key, raw = item.split("=", 1)
-        _set_path(data, key.strip(), yaml.safe_load(raw))
+    data = apply_overrides({}, flags, sets, "replay.time_scale=2")
     try:
         return ReplayRunConfig.model_validate(data)
     except ValidationError as e:
