@@ -80,5 +80,5 @@ def engine_factory(
 
 @pytest.fixture(scope="session")
 def tiny_engine(engine_factory) -> launch.EngineProcess:
-    """One shared vLLM engine: tiny model served as "tiny", max_num_seqs=4, priority policy."""
-    return engine_factory(max_num_seqs=TINY_ENGINE_SEQS, scheduling_policy="priority")
+    """One shared vLLM engine: tiny model served as "tiny", max_num_seqs=4, max_model_len=4096, priority policy."""
+    return engine_factory(max_num_seqs=TINY_ENGINE_SEQS, max_model_len=4096, scheduling_policy="priority")

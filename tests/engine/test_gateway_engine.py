@@ -89,7 +89,7 @@ def test_sjf_through_the_gateway_beats_fcfs_on_a_saturated_engine(tiny_engine, a
         stop = threading.Event()
 
         def blocker() -> None:
-            body = {"model": "tiny", "prompt": "hold", "max_tokens": 2000, "ignore_eos": True,
+            body = {"model": "tiny", "prompt": "hold", "max_tokens": 4000, "ignore_eos": True,
                     "stream": True}  # fmt: skip
             with httpx.stream("POST", url + "/v1/completions", json=body, timeout=180) as r:
                 for _ in r.iter_raw():

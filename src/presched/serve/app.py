@@ -46,6 +46,7 @@ from presched.serve.predictions import PredictBatcher
 from presched.serve.seq import GatewaySeq
 from presched.serve.tenants import Tenants
 from presched.serve.tokens import counter, prompt_text
+from presched.serve.upstream import Upstream, UpstreamError, UpstreamResponse
 from presched.workload.request import Request
 
 _RETRY_STATUS = (502, 503)  # the backend is unavailable: try another one
@@ -77,7 +78,8 @@ class GatewayApp:
         self.predict = PredictBatcher(predictor) if predictor is not None else None
         self.log = log
         self.metrics = GatewayMetrics(self.gw)
-        self.client: httpx.AsyncClient | None = None
+        self.client: httpx.AsyncClient | None = None  # health checks and model discovery
+        self.upstream: Upstream | None = None  # generation requests
         self._health_task: asyncio.Task | None = None
         self.models = sorted({b.model for b in self.gw.backends if b.model})
 
@@ -87,6 +89,7 @@ class GatewayApp:
         limits = httpx.Limits(max_connections=max(100, 2 * total), max_keepalive_connections=max(100, 2 * total))
         timeout = httpx.Timeout(None, connect=self.cfg.connect_timeout_s)
         self.client = httpx.AsyncClient(limits=limits, timeout=timeout)
+        self.upstream = Upstream(self.cfg.connect_timeout_s, max_idle=max(100, 2 * total))
         await self._discover_models()
         self._health_task = asyncio.create_task(self._health_loop())
 
@@ -97,6 +100,8 @@ class GatewayApp:
                 await self._health_task
         if self.client is not None:
             await self.client.aclose()
+        if self.upstream is not None:
+            await self.upstream.aclose()
         if self.log is not None:
             self.log.close()
 
@@ -289,20 +294,19 @@ class GatewayApp:
             out.kind = e.kind
             return False
 
-    async def _open(self, b: Backend, path: str, payload: bytes) -> httpx.Response:
-        req = self.client.build_request("POST", b.url + path, content=payload,
-                                        headers={"content-type": "application/json"})  # fmt: skip
+    async def _open(self, b: Backend, path: str, payload: bytes) -> UpstreamResponse:
         try:
-            return await asyncio.wait_for(self.client.send(req, stream=True), self.cfg.first_byte_timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.cfg.first_byte_timeout_s):
+                return await self.upstream.post(b.url, path, payload)
+        except TimeoutError:
             raise _Unavailable(f"no response within {self.cfg.first_byte_timeout_s} s") from None
-        except httpx.HTTPError as e:
-            raise _Unavailable(f"{type(e).__name__}: {e}") from None
+        except UpstreamError as e:
+            raise _Unavailable(str(e)) from None
 
-    async def _relay_whole(self, seq: GatewaySeq, resp: httpx.Response, out: "_Outcome", send) -> bool:
+    async def _relay_whole(self, seq: GatewaySeq, resp: UpstreamResponse, out: "_Outcome", send) -> bool:
         try:
             data = await resp.aread()
-        except httpx.HTTPError:
+        except UpstreamError:
             return False
         now = self.gw.now()
         usage = None
@@ -324,7 +328,7 @@ class GatewayApp:
         await send({"type": "http.response.body", "body": data})
         return True
 
-    async def _relay_stream(self, seq: GatewaySeq, resp: httpx.Response, injected: bool,
+    async def _relay_stream(self, seq: GatewaySeq, resp: UpstreamResponse, injected: bool,
                             out: "_Outcome", send) -> None:  # fmt: skip
         headers = self._headers(seq, resp.headers.get("content-type", "text/event-stream"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -348,8 +352,8 @@ class GatewayApp:
                     self.gw.tokens(seq, seq.generated - before)
                 if relay:
                     await send({"type": "http.response.body", "body": b"".join(relay), "more_body": True})
-        except httpx.HTTPError as e:
-            out.status, out.error = 502, f"backend {out.backend.name} broke the stream: {type(e).__name__}"
+        except UpstreamError as e:
+            out.status, out.error = 502, f"backend {out.backend.name} broke the stream: {e}"
             err = {"error": {"message": out.error, "type": "server_error", "param": None, "code": 502}}
             buf = b"data: " + json.dumps(err).encode() + b"\n\n"
             self.gw.set_health(out.backend, False)
