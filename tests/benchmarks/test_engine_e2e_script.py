@@ -1,0 +1,93 @@
+"""benchmarks/engine_e2e.py end to end in its --quick mode against the real vLLM CPU engine (tiny
+random Llama, four real `presched serve` gateways, real HTTP), plus its figure arithmetic.
+
+The quick run needs the engine venv (scripts/engine/install.sh): without it the test is SKIPPED,
+in CI (CI set) it FAILS, as in tests/engine."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from presched.engine import launch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_e2e.py"
+FIGURE = re.compile(r"^figure: (\w+) = (\S+)$")
+CONFIGS = ("direct-fcfs", "passthrough", "gateway-sjf", "gateway-oracle", "gateway-fcfs")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    name = "engine_e2e_script"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SCRIPT)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def _require_engine() -> None:
+    ok, why = launch.engine_available()
+    if ok:
+        return
+    msg = f"real vLLM engine unavailable: {why}"
+    if os.environ.get("CI"):
+        pytest.fail(msg + " -- CI must run scripts/engine/install.sh first", pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.mark.engine
+def test_quick_run_replays_every_configuration_and_compares_with_the_simulator(tmp_path):
+    _require_engine()
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
+                          check=False, capture_output=True, text=True, timeout=420)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert time.monotonic() - t < 300  # ~65 s on 2 busy cores, ~30 s of it the engine's start
+    figures = {m[1]: float(m[2]) for line in proc.stdout.splitlines() if (m := FIGURE.match(line))}
+    names = list(figures)
+    assert names[:2] == ["engine_fcfs_over_sjf_mean_e2e", "sim_vs_engine_mean_e2e_error_pct"]
+    assert figures["engine_fcfs_over_sjf_mean_e2e"] > 0 and figures["sim_vs_engine_mean_e2e_error_pct"] >= 0
+    assert all(math.isfinite(v) for v in figures.values())
+
+    res = json.loads((tmp_path / "engine_e2e.json").read_text())
+    assert (tmp_path / "engine_e2e.png").stat().st_size > 10_000
+    meta = res["meta"]
+    assert meta["quick"] and meta["requests"] == 16 and meta["repeats"] == 1
+    assert res["figures"] == pytest.approx(figures, rel=1e-3)
+    assert list(res["summary"]) == list(CONFIGS)
+    assert len(res["runs"]) == 5 and {r["config"] for r in res["runs"]} == set(CONFIGS)
+    for run in res["runs"]:
+        # every request answered, each with exactly its forced length, through every gateway
+        assert run["summary"]["completed"] == 16 and run["summary"]["failed"] == 0, run["errors_by_status"]
+        assert run["output_tokens"] == meta["total_output_tokens"]
+        assert run["engine_decode_s_per_token"] > 0 and run["cpu_s"]["engine"] > 0
+        # the simulator replayed the same requests at the times they were actually sent
+        assert run["sim"]["completed"] == 16 and run["sim"]["output_tokens"] == meta["total_output_tokens"]
+        assert set(run["sent_s"]) == set(run["e2e_s"]) and run["sim_matched"]["factor"] > 0
+    # the engine counted the prompts as the tiny Llama's tokenizer does (the simulator uses them)
+    assert meta["prompt_counts_differing_from_tokenizer"] == 0
+    (sim,) = res["sim"]
+    assert set(sim) == {"fcfs", "sjf", "sjf-oracle"}
+    assert all(s["output_tokens"] == meta["total_output_tokens"] and s["completed"] == 16 for s in sim.values())
+    (cal,) = res["calibrations"]
+    assert cal["model"]["kind"] == "fitted" and cal["mape"] < 1.0
+    assert meta["capacity_tok_s"] > 0 and meta["rate_req_s"] > 0
+
+
+def test_paired_ratios_are_medians_of_per_repeat_ratios(bench):
+    runs = [{"config": c, "repeat": k, "summary": {"mean_e2el_ms": v}}
+            for k, (a, b) in enumerate([(10, 5), (9, 3), (8, 8)])
+            for c, v in (("direct-fcfs", a), ("gateway-sjf", b))]  # fmt: skip
+    assert bench.paired_ratio(runs, "direct-fcfs", "gateway-sjf") == 2.0  # ratios 2, 3, 1
+    assert math.isnan(bench.paired_ratio(runs, "direct-fcfs", "gateway-oracle"))  # not run
