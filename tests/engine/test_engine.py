@@ -124,7 +124,7 @@ async def _priority_run(
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
 
         async def blocker(k: int) -> None:
-            body = _body("completions", 1500, True, priority=0)
+            body = _body("completions", 4000, True, priority=0)  # outlasts the test; cancelled at its end
             async with client.stream("POST", "/v1/completions", json=body) as r:
                 async for line in r.aiter_lines():
                     if line.startswith("data: ") and k not in first_token:

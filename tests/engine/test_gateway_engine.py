@@ -78,14 +78,18 @@ def test_sjf_through_the_gateway_beats_fcfs_on_a_saturated_engine(tiny_engine, a
     # endless streams' clients leave (the gateway closes them upstream, vLLM aborts them) and the
     # queue drains. FCFS gives every slot to the long ones; SJF lets the short ones pass.
     # The predictor is real (linear-prompt): it learned that output grows with the prompt.
-    # Closed form from the release, in decode steps: FCFS mean 324, SJF 111 (ratio 2.9).
+    # Closed form from the first release, in decode steps: FCFS mean 324, SJF 111 (ratio 2.9).
+    # Times are the gateway's own (release and finish of each request), so how long the endless
+    # streams take to be aborted does not dilute the ratio.
     pred = PREDICTORS.create("linear-prompt").fit(
         [Request(id=f"t{p}", prompt_tokens=p, output_tokens=3 * p, model="tiny") for p in range(5, 400, 5)])
     jobs = [(" ".join(["alpha"] * 100), 300)] * 4 + [(" ".join(["beta"] * 5), 16)] * 12
-    means = {}
+    means, seqs_of = {}, {}
     for policy in ("fcfs", "sjf"):
         url, gw, _ = gateway_over(asgi_server, [tiny_engine], predictor=pred, policy=policy)
-        done: dict[int, float] = {}
+        seqs: list = []
+        accept = gw.accept
+        gw.accept = lambda *a, **k: seqs.append(accept(*a, **k)) or seqs[-1]  # record every request
         stop = threading.Event()
 
         def blocker() -> None:
@@ -98,29 +102,40 @@ def test_sjf_through_the_gateway_beats_fcfs_on_a_saturated_engine(tiny_engine, a
 
         client = httpx.Client(timeout=180, limits=httpx.Limits(max_connections=32))
 
-        def send(i: int, prompt: str, n: int) -> None:
+        def send(prompt: str, n: int) -> None:
             r = client.post(url + "/v1/completions", json={
                 "model": "tiny", "prompt": prompt, "max_tokens": n, "ignore_eos": True})  # fmt: skip
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == n
-            done[i] = time.perf_counter()
 
         threads = [threading.Thread(target=blocker) for _ in range(4)]
         for th in threads:
             th.start()
-        wait_until(lambda: gw.backends[0].num_running == 4)
+        wait_until(lambda: gw.backends[0].num_running == 4, state=lambda: timeline(seqs))
         for i, (prompt, n) in enumerate(jobs):
-            threads.append(threading.Thread(target=send, args=(i, prompt, n)))
+            threads.append(threading.Thread(target=send, args=(prompt, n)))
             threads[-1].start()
-            wait_until(lambda: gw.num_waiting == i + 1, state=gw.snapshot)  # arrival order = list order
-        t0 = time.perf_counter()
+            wait_until(lambda: gw.num_waiting == i + 1, state=lambda: timeline(seqs))  # arrival order = list order
         stop.set()
         for th in threads:
             th.join(240)
-        assert len(done) == len(jobs)
-        means[policy] = sum(t - t0 for t in done.values()) / len(jobs)
         settle(gw, len(jobs) + 4)
         client.close()
+        work = seqs[4:]  # the 16 jobs, in arrival order (the first 4 are the endless streams)
+        assert len(work) == len(jobs) and all(s.finish is not None for s in work)
+        t0 = min(s.first_scheduled for s in work)
+        means[policy] = sum(s.finish - t0 for s in work) / len(work)
+        seqs_of[policy] = work
+    long_, short = slice(0, 4), slice(4, None)
+    fcfs, sjf = seqs_of["fcfs"], seqs_of["sjf"]
+    # FCFS: the long ones go first and finish before any short one; SJF: the other way round.
+    assert max(s.finish for s in fcfs[long_]) < min(s.finish for s in fcfs[short]), means
+    assert max(s.finish for s in sjf[short]) < min(s.finish for s in sjf[long_]), means
     assert means["fcfs"] / means["sjf"] > 1.8, means
+
+
+def timeline(seqs) -> list:
+    """(arrival, release, first token, finish, tokens) of each request: what a timeout shows."""
+    return [(s.arrival, s.first_scheduled, s.first_token, s.finish, s.generated) for s in seqs]
 
 
 def wait_until(cond, timeout=60.0, state=lambda: "") -> None:
