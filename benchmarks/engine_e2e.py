@@ -436,6 +436,7 @@ def compact(run: dict, ids: list[str]) -> None:
         run[k] = [m.get(i) for i in ids]
     run.pop("prompt_tokens", None)
 
+
 def table(summary: dict, console: Console, title: str) -> None:
     t = Table(title=title)
     for col in ("config", "mean E2E s", "P99 s", "short P99 s", "tok/s", "sim mean s", "sim err %",
