@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from presched.serve.sse import sse_lines
 from presched.sim.steptime.fitted import FittedStepModel, StepSample
 
 DECODE = "vllm:request_decode_time_seconds"
@@ -156,7 +157,7 @@ class _Engine:
         async with self.client.stream("POST", "/v1/completions", json=body) as r:
             if r.status_code != 200:
                 raise CalibrationError(f"probe request: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
-            async for line in r.aiter_lines():
+            async for line in sse_lines(r.aiter_bytes()):
                 if not line.startswith("data: {"):
                     continue
                 ev = json.loads(line[6:])

@@ -66,6 +66,7 @@ from rich.table import Table
 from presched.config import Config
 from presched.metrics.records import RecordTable
 from presched.metrics.summary import GoodputSLO, summarize
+from presched.serve.sse import sse_lines
 from presched.workload.request import Request
 
 QUEUE_WAIT_HEADER = "x-presched-queue-wait-ms"
@@ -289,7 +290,7 @@ async def _send(client, request, stream: bool, chat: bool, clock: Callable[[], f
 
 async def _read_stream(resp, out: _Outcome, chat: bool, clock: Callable[[], float]) -> None:
     done = False
-    async for line in resp.aiter_lines():
+    async for line in sse_lines(resp.aiter_bytes()):
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()
