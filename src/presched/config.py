@@ -17,13 +17,28 @@ class UserError(ValueError):
 
 
 def set_path(d: dict, dotted: str, value: Any) -> None:
-    """d[a][b][c] = value for dotted = 'a.b.c', creating sections as needed."""
+    """d[a][b][c] = value for dotted = 'a.b.c', creating sections as needed; a number indexes a
+    list that exists ('backends.1.max_in_flight')."""
     keys = dotted.split(".")
-    for k in keys[:-1]:
-        d = d.setdefault(k, {})
-        if not isinstance(d, dict):
-            raise UserError(f"--set {dotted}: {k!r} is not a section")
-    d[keys[-1]] = value
+    node: Any = d
+    for i, k in enumerate(keys):
+        last = i == len(keys) - 1
+        if isinstance(node, list):
+            where = ".".join(keys[:i])
+            if not (k.isdigit() and int(k) < len(node)):
+                raise UserError(f"--set {dotted}: {where!r} is a list of {len(node)}; "
+                                f"index it with 0..{len(node) - 1}")  # fmt: skip
+            if last:
+                node[int(k)] = value
+                return
+            node = node[int(k)]
+        elif isinstance(node, dict):
+            if last:
+                node[k] = value
+                return
+            node = node.setdefault(k, {})
+        else:
+            raise UserError(f"--set {dotted}: {'.'.join(keys[:i])!r} is not a section")
 
 
 def apply_overrides(data: dict, flags: dict[str, Any], sets: list[str], example: str) -> dict:

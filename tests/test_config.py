@@ -1,0 +1,41 @@
+"""presched/config.py: `--set` paths onto a config mapping, and errors that name the path."""
+
+from __future__ import annotations
+
+import pytest
+
+from presched.config import UserError, apply_overrides, set_path
+
+
+def test_dotted_paths_create_sections_and_index_lists():
+    data = {"backends": [{"url": "http://a"}, {"url": "http://b"}]}
+    set_path(data, "log.path", "x.sqlite")
+    set_path(data, "backends.1.max_in_flight", 16)
+    set_path(data, "backends.0", {"url": "http://c"})
+    assert data == {"backends": [{"url": "http://c"}, {"url": "http://b", "max_in_flight": 16}],
+                    "log": {"path": "x.sqlite"}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("backends.2.url", "'backends' is a list of 2; index it with 0..1"),
+        ("backends.first.url", "'backends' is a list of 2"),
+        ("policy.name", "'policy' is not a section"),
+        ("backends.0.url.scheme", "'backends.0.url' is not a section"),
+    ],
+)
+def test_a_path_that_does_not_fit_names_itself(path, message):
+    data = {"backends": [{"url": "http://a"}, {"url": "http://b"}], "policy": "sjf"}
+    with pytest.raises(UserError, match=message):
+        set_path(data, path, 1)
+
+
+def test_overrides_read_values_as_yaml_after_the_flags():
+    data = apply_overrides({"backends": [{"url": "u"}]}, {"policy": "sjf", "router": None},
+                           ["policy=fcfs", "backends.0.max_in_flight=8", "policy_params={starvation_s: 30}"],
+                           "max_queue=500")  # fmt: skip
+    assert data == {"backends": [{"url": "u", "max_in_flight": 8}], "policy": "fcfs",
+                    "policy_params": {"starvation_s": 30}}  # fmt: skip
+    with pytest.raises(UserError, match="expected KEY=VALUE, e.g. max_queue=500"):
+        apply_overrides({}, {}, ["policy"], "max_queue=500")
