@@ -99,7 +99,8 @@ from presched.bench.runner import arrivals_at_load
 from presched.engine import launch
 from presched.engine.calibrate import Calibration, calibrate, parse_histograms
 from presched.metrics.summary import summarize
-from presched.serve.replay import ReplayConfig, nan_to_none, run_replay
+from presched.serve.replay import ReplayConfig, run_replay
+from presched.serve.replay_result import nan_to_none
 from presched.serve.tokens import counter
 from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig, simulate

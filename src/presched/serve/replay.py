@@ -6,6 +6,7 @@ SGLang, the presched gateway), reporting the simulator's metrics with the simula
     res.summary["p99_e2el_ms"], res.summary["max_send_lag_ms"]; res.plot("replay.png")
 
 Who calls it: the `presched replay` command (`replay_cli.py`), tests, benchmark scripts.
+One request on the wire is `replay_wire.py`; the result and its outputs are `replay_result.py`.
 
 How a request is sent
 - At its arrival time: request i leaves at `(arrival_i - arrival_0) * time_scale` seconds after
@@ -47,30 +48,19 @@ HTTP client, as `vllm bench serve` measures)
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 import time
-import warnings
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
-import numpy as np
-import pandas as pd
 from pydantic import Field, field_validator
-from rich.table import Table
 
 from presched.config import Config
-from presched.metrics.records import RecordTable
-from presched.metrics.summary import GoodputSLO, summarize
-from presched.serve.sse import sse_lines
+from presched.metrics.summary import GoodputSLO
+from presched.serve.replay_result import ReplayResult, build_result
+from presched.serve.replay_wire import Outcome, send
 from presched.workload.request import Request
-
-QUEUE_WAIT_HEADER = "x-presched-queue-wait-ms"
-BACKEND_HEADER = "x-presched-backend"
 
 
 class ReplayConfig(Config):
@@ -218,251 +208,7 @@ def request_body(r: Request, cfg: ReplayConfig, model: str, prompt: str) -> dict
     return body
 
 
-# --- one request on the wire ---------------------------------------------------------------------
-@dataclass
-class _Outcome:
-    status: int = 0
-    error: str | None = None
-    kind: str | None = None  # key in errors_by_status when failed
-    first_token: float = math.nan
-    finish: float = math.nan
-    events: list[float] = field(default_factory=list)
-    completion_tokens: int | None = None
-    prompt_tokens: int | None = None
-    finish_reason: str | None = None
-    queue_wait_ms: float = math.nan
-    backend: str | None = None
-
-    def fail(self, kind: str, error: str) -> _Outcome:
-        self.kind, self.error = kind, error[:500]
-        return self
-
-
-def _has_content(choice: dict, chat: bool) -> bool:
-    if not chat:
-        return bool(choice.get("text"))
-    delta = choice.get("delta") or {}
-    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
-
-
-def _read_headers(out: _Outcome, headers) -> None:
-    out.backend = headers.get(BACKEND_HEADER)
-    wait = headers.get(QUEUE_WAIT_HEADER)
-    if wait is not None:
-        try:
-            out.queue_wait_ms = float(wait)
-        except ValueError:
-            pass
-
-
-def _stream_error(obj: dict) -> str:
-    e = obj.get("error")
-    return json.dumps(e)[:500] if not isinstance(e, str) else e
-
-
-async def _send(client, request, stream: bool, chat: bool, clock: Callable[[], float]) -> _Outcome:
-    """Send one pre-built httpx request and time its reply; failures are returned, not raised."""
-    import httpx
-
-    out = _Outcome()
-    try:
-        resp = await client.send(request, stream=stream)
-        try:
-            out.status = resp.status_code
-            _read_headers(out, resp.headers)
-            if resp.status_code >= 400:
-                return out.fail(
-                    str(resp.status_code), (await resp.aread()).decode(errors="replace")
-                )
-            if stream:
-                await _read_stream(resp, out, chat, clock)
-            else:
-                _read_reply(resp.json(), out, chat, clock())
-            return out
-        finally:
-            await resp.aclose()
-    except httpx.HTTPError as e:
-        why = str(e) or repr(e.__cause__ or e.__context__ or "")
-        return out.fail(type(e).__name__, f"{type(e).__name__}: {why}")
-    except ValueError as e:  # a reply that is not JSON
-        return out.fail("protocol", f"malformed reply: {e}")
-
-
-async def _read_stream(resp, out: _Outcome, chat: bool, clock: Callable[[], float]) -> None:
-    done = False
-    async for line in sse_lines(resp.aiter_bytes()):
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":  # read on to the end of the body, so the connection is reused
-            done = True
-            continue
-        t = clock()
-        try:
-            obj = json.loads(data)
-        except json.JSONDecodeError:
-            obj = None
-        if not isinstance(obj, dict):
-            out.fail("protocol", f"malformed SSE event: {data[:200]}")
-            return
-        if "error" in obj:
-            out.fail("protocol", _stream_error(obj))
-            return
-        if obj.get("usage"):
-            out.completion_tokens = obj["usage"].get("completion_tokens")
-            out.prompt_tokens = obj["usage"].get("prompt_tokens")
-        choices = obj.get("choices") or ()
-        if any(_has_content(ch, chat) for ch in choices):
-            out.events.append(t)
-        for ch in choices:
-            out.finish_reason = ch.get("finish_reason") or out.finish_reason
-    out.finish = clock()
-    out.first_token = out.events[0] if out.events else out.finish
-    if not done:
-        out.fail("protocol", "the stream ended without data: [DONE]")
-
-
-def _read_reply(obj: Any, out: _Outcome, chat: bool, now: float) -> None:
-    out.finish = out.first_token = now
-    if not isinstance(obj, dict):
-        out.fail("protocol", f"malformed reply: {str(obj)[:200]}")
-        return
-    if "error" in obj:
-        out.fail("protocol", _stream_error(obj))
-        return
-    choices = obj.get("choices") or [{}]
-    out.finish_reason = choices[0].get("finish_reason")
-    usage = obj.get("usage") or {}
-    out.completion_tokens = usage.get("completion_tokens")
-    out.prompt_tokens = usage.get("prompt_tokens")
-    if out.completion_tokens is None:  # count words of the reply instead, flagged usage_missing
-        text = (choices[0].get("message") or {}).get("content") if chat else choices[0].get("text")
-        out.events = [now] * len(str(text or "").split())
-
-
 # --- the run -------------------------------------------------------------------------------------
-@dataclass
-class _Record:
-    """What `RecordTable.from_seqs` needs of one completed request."""
-
-    id: str
-    tenant: str
-    arrival: float
-    first_scheduled: float
-    first_token: float
-    finish: float
-    max_itl: float
-    prompt_tokens: int
-    generated: int
-    instance: int
-    request: Request
-    preemptions: int = 0
-    recomputed_tokens: int = 0
-
-
-@dataclass(repr=False)
-class ReplayResult:
-    """One replay: `summary` (simulator metric names plus failed, errors_by_status, send lag),
-    `rows` (one dict per request, failed ones included), `records` (completed requests only)."""
-
-    config: ReplayConfig
-    model: str
-    summary: dict[str, Any]
-    rows: list[dict[str, Any]]
-    records: RecordTable | None
-    itl: tuple[np.ndarray, np.ndarray]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def __repr__(self) -> str:  # short: asyncio may repr the task holding it
-        s = self.summary
-        done = s.get("completed", 0)
-        return f"ReplayResult({s['requests']} requests, {done} completed, {s['failed']} failed)"
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows)
-
-    def to_json(self, path: str | Path) -> Path:
-        """Config (without API keys), model, summary and `meta`; NaN is written as null."""
-        cfg = json.loads(self.config.model_dump_json())
-        cfg["api_key"] = "***" if self.config.api_key else None
-        cfg["tenant_keys"] = {k: "***" for k in self.config.tenant_keys}
-        doc = {"config": cfg, "model": self.model, "meta": self.meta, "summary": self.summary}
-        path = Path(path)
-        path.write_text(json.dumps(nan_to_none(doc), indent=2, default=str))
-        return path
-
-    def to_csv(self, path: str | Path) -> Path:
-        path = Path(path)
-        self.frame().to_csv(path, index=False)
-        return path
-
-    def table(self) -> Table:
-        """Every summary figure, as `presched simulate` prints them."""
-        s = self.summary
-        title = f"replay: {s.get('completed', 0)}/{s['requests']} completed, {s['failed']} failed"
-        caption = f"{self.model} ({self.config.endpoint}) at {self.config.url}"
-        table = Table(title=title, caption=caption)
-        table.add_column("metric")
-        table.add_column("value", justify="right")
-        for k, v in s.items():
-            if isinstance(v, dict):
-                v = ", ".join(f"{a}: {b}" for a, b in v.items()) or "-"
-            table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
-        return table
-
-    def plot(self, path: str | Path) -> Path:
-        """PNG: CDFs of E2E latency, TTFT and ITL, and the generator's send lag over the run."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        df = self.frame()
-        ok = df[df["ok"]] if len(df) else df
-        fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))
-        panels = [
-            (axes[0, 0], ok.get("e2el_s"), "E2E latency (s)"),
-            (axes[0, 1], ok.get("ttft_s"), "TTFT (s)"),
-            (axes[1, 0], self.itl[0] if self.config.stream else None, "inter-token gap (s)"),
-        ]
-        for ax, col, label in panels:
-            x = np.sort(np.asarray(col if col is not None else [], dtype=float))
-            x = x[np.isfinite(x)]
-            if x.size:
-                ax.step(x, np.arange(1, x.size + 1) / x.size, where="post")
-            else:
-                ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-            ax.set_xlabel(label)
-            ax.set_ylabel("fraction of requests" if "gap" not in label else "fraction of gaps")
-            ax.grid(True, alpha=0.3)
-        ax = axes[1, 1]
-        if len(df):
-            ax.plot(df["scheduled_s"], df["send_lag_ms"], ".", ms=3)
-        ax.set_xlabel("scheduled send time (s)")
-        ax.set_ylabel("generator send lag (ms)")
-        ax.grid(True, alpha=0.3)
-        s = self.summary
-        fig.suptitle(f"replay of {s['requests']} requests to {self.model} ({self.config.endpoint}"
-                     f"{', stream' if self.config.stream else ''}): {s['failed']} failed, "
-                     f"max send lag {s['max_send_lag_ms']:.1f} ms", fontsize=10)  # fmt: skip
-        fig.tight_layout()
-        path = Path(path)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return path
-
-
-def nan_to_none(x):
-    """`x` with every non-finite float (NaN, inf) replaced by None, for strict JSON."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: nan_to_none(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [nan_to_none(v) for v in x]
-    return x
-
-
 class _Connections:
     """HTTP/1.1 keep-alive connections, one per request in flight, reused last-in first-out.
 
@@ -557,7 +303,7 @@ async def replay_async(
         sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
         dispatched = [math.nan] * total
         sent = [math.nan] * total
-        outcomes: list[_Outcome | None] = [None] * total
+        outcomes: list[Outcome | None] = [None] * total
         done = 0
         t0 = time.perf_counter()
 
@@ -572,13 +318,13 @@ async def replay_async(
                 client = conns.take()
                 sent[i] = clock()
                 try:
-                    outcomes[i] = await _send(client, built[i], cfg.stream, chat, clock)
+                    outcomes[i] = await send(client, built[i], cfg.stream, chat, clock)
                 finally:
                     conns.give(client)
                     if sem is not None:
                         sem.release()
             except Exception as e:
-                outcomes[i] = _Outcome().fail(type(e).__name__, f"{type(e).__name__}: {e}")
+                outcomes[i] = Outcome().fail(type(e).__name__, f"{type(e).__name__}: {e}")
             done += 1
             if progress is not None:
                 progress(done, total)
@@ -592,7 +338,8 @@ async def replay_async(
             tasks.append(asyncio.create_task(one(i)))
         await asyncio.gather(*tasks)
         wall = clock()
-    return _result(reqs, cfg, model, due, dispatched, sent, outcomes, wall, slo)
+    max_tokens = [_lengths(r, cfg)[0] for r in reqs]
+    return build_result(reqs, cfg, model, due, dispatched, sent, outcomes, max_tokens, wall, slo)
 
 
 def run_replay(
@@ -606,107 +353,3 @@ def run_replay(
     return asyncio.run(replay_async(requests, cfg, progress, count_tokens, slo))
 
 
-def _result(
-    reqs: Sequence[Request],
-    cfg: ReplayConfig,
-    model: str,
-    due: list[float],
-    dispatched: list[float],
-    sent: list[float],
-    outcomes: Sequence[_Outcome],
-    wall: float,
-    slo: GoodputSLO | None,
-) -> ReplayResult:
-    rows, recs, gaps = [], [], []
-    errors: Counter[str] = Counter()
-    backends: dict[str, int] = {}
-    for i, (r, o) in enumerate(zip(reqs, outcomes)):
-        row, gap = _row(r, o, cfg, due[i], dispatched[i], sent[i], backends)
-        rows.append(row)
-        if not row["ok"]:
-            errors[o.kind] += 1
-            continue
-        gaps.append(gap)
-        recs.append(_Record(r.id, r.tenant, row["sent_s"], row["first_scheduled_s"],
-                            o.first_token, o.finish, row["max_itl_s"], row["prompt_tokens"],
-                            row["output_tokens"], row["instance"], r))  # fmt: skip
-
-    records = RecordTable.from_seqs(recs) if recs else None
-    v = np.concatenate(gaps) if gaps else np.empty(0)
-    itl = (v, np.ones(v.size, dtype=np.int64))
-    summary: dict[str, Any] = {"completed": 0}
-    if records is not None:
-        with warnings.catch_warnings(), np.errstate(invalid="ignore"):
-            warnings.simplefilter("ignore", RuntimeWarning)  # NaN queue waits without the header
-            summary = summarize(records, itl, slo)
-        _finite_queue_wait(summary, records)
-        if not cfg.stream:  # no token before the last one was seen
-            for k in list(summary):
-                if k.endswith(("_tpot_ms", "_itl_ms")):
-                    summary[k] = math.nan
-    lag = np.asarray([row["send_lag_ms"] for row in rows])
-    wait = np.asarray([row["client_wait_ms"] for row in rows])
-    span = due[-1] - due[0]
-    summary.update({
-        "requests": len(reqs),
-        "failed": int(sum(errors.values())),
-        "errors_by_status": dict(sorted(errors.items())),
-        "usage_missing": int(sum(row["usage_missing"] for row in rows)),
-        "offered_rate": (len(reqs) - 1) / span if span > 0 else math.nan,
-        "wall_s": wall,
-        "mean_send_lag_ms": float(lag.mean()),
-        "p99_send_lag_ms": float(np.percentile(lag, 99)),
-        "max_send_lag_ms": float(lag.max()),
-        "mean_client_wait_ms": float(wait.mean()),
-        "max_client_wait_ms": float(wait.max()),
-    })  # fmt: skip
-    return ReplayResult(cfg, model, summary, rows, records, itl)
-
-
-def _row(r: Request, o: _Outcome, cfg: ReplayConfig, due: float, dispatched: float, sent: float,
-         backends: dict[str, int]) -> tuple[dict[str, Any], np.ndarray]:  # fmt: skip
-    """One request's CSV row (times in seconds from the start), and its inter-token gaps."""
-    generated = o.completion_tokens if o.completion_tokens is not None else len(o.events)
-    if o.kind is None and generated <= 0:
-        o.fail("no_tokens", "the reply has no output token")
-    ok = o.kind is None
-    instance = -1  # backend header: an index, or a name numbered in order of first appearance
-    if o.backend is not None and o.backend.isdigit():
-        instance = int(o.backend)
-    elif o.backend is not None:
-        instance = backends.setdefault(o.backend, len(backends))
-    ev = np.asarray(o.events, dtype=float)
-    gap = np.diff(ev) if cfg.stream and ev.size > 1 else np.empty(0)
-    row = {
-        "id": r.id, "tenant": r.tenant, "ok": ok, "status": o.status, "error": o.error,
-        "scheduled_s": due, "sent_s": sent,
-        "send_lag_ms": (dispatched - due) * 1e3, "client_wait_ms": (sent - dispatched) * 1e3,
-        "first_scheduled_s": sent + o.queue_wait_ms / 1e3, "first_token_s": o.first_token,
-        "finish_s": o.finish, "queue_wait_s": o.queue_wait_ms / 1e3,
-        "ttft_s": o.first_token - sent, "e2el_s": o.finish - sent,
-        "prompt_tokens": o.prompt_tokens if o.prompt_tokens is not None else r.prompt_tokens,
-        "data_prompt_tokens": r.prompt_tokens, "max_tokens_sent": _lengths(r, cfg)[0],
-        "output_tokens": generated if ok else None,
-        "usage_missing": ok and o.completion_tokens is None,
-        "finish_reason": o.finish_reason, "events": len(o.events),
-        "max_itl_s": float(gap.max()) if gap.size else (0.0 if cfg.stream else math.nan),
-        "backend": o.backend, "instance": instance,
-    }  # fmt: skip
-    return row, gap
-
-
-def _finite_queue_wait(summary: dict[str, Any], rec: RecordTable) -> None:
-    """summarize's long-request P99 and max queue wait are NaN as soon as one request lacks the
-    queue-wait header; recompute them over the requests that have it (still NaN if none has)."""
-    wait = rec.queue_wait
-    finite = np.isfinite(wait)
-    if finite.all() or not finite.any():
-        return
-    n = len(rec)
-    half = max(n // 2, 1)
-    longest = np.argsort(rec.output_tokens, kind="stable")[n - half :]
-    w_long = wait[longest][np.isfinite(wait[longest])]
-    summary["long_p99_queue_wait_ms"] = (
-        float(np.percentile(w_long, 99) * 1e3) if w_long.size else math.nan
-    )
-    summary["max_queue_wait_ms"] = float(wait[finite].max() * 1e3)

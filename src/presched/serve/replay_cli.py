@@ -25,7 +25,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from presched.config import Config, apply_overrides, format_validation_error
 from presched.metrics.summary import GoodputSLO
-from presched.serve.replay import ReplayConfig, ReplayError, nan_to_none, run_replay
+from presched.serve.replay import ReplayConfig, ReplayError, run_replay
+from presched.serve.replay_result import nan_to_none
 from presched.serve.tokens import counter
 from presched.workload.config import WorkloadConfig
 
