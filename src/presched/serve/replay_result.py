@@ -162,6 +162,9 @@ def build_result(
     wall: float,
     slo: GoodputSLO | None,
 ) -> ReplayResult:
+    """The result of a replay (called once by `replay.replay_async`): per request i its scheduled
+    (`due`), handed-to-the-client (`dispatched`) and sent times, its `Outcome` and the max_tokens
+    it was sent with; failed requests become rows only, the rest also records for `summarize`."""
     rows, recs, gaps = [], [], []
     errors: Counter[str] = Counter()
     backends: dict[str, int] = {}
