@@ -577,16 +577,13 @@ def main() -> None:
     cals: list[Calibration] = []
     with tempfile.TemporaryDirectory(prefix="presched-engine-e2e-") as tmp:
         tmp = Path(tmp)
-        layout = []
-        if not args.engine_multiprocess:  # the engine inherits this process's environment
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-            layout = ["--distributed-executor-backend", "uni"]
         with console.status("starting vLLM (about a minute) ..."):
             eng = launch.start_engine(
                 model_dir, served_name=served, max_num_seqs=args.max_num_seqs, max_model_len=MAX_MODEL_LEN,
                 scheduling_policy="priority", log_path=tmp / "engine.log",
                 extra_args=["--max-num-batched-tokens", str(args.max_num_batched_tokens),
-                            "--block-size", str(BLOCK_SIZE), "--no-enable-prefix-caching", *layout])  # fmt: skip
+                            "--block-size", str(BLOCK_SIZE), "--no-enable-prefix-caching"],
+                one_process=not args.engine_multiprocess)  # fmt: skip
         gws = None
         try:
             blocks = kv_blocks(tmp / "engine.log")
