@@ -3,9 +3,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Sequence
 
 import numpy as np
+import pytest
 
 from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.schedule import POLICIES, Policy
@@ -100,3 +107,37 @@ def first_kv_victim(policy: str | Policy, estimates: LengthEstimate | None = Non
     seqs = run_engine(make_engine(pol, num_blocks=5, block_size=2), reqs, estimates)
     assert all(s.generated == s.target for s in seqs)
     return victims[0]
+
+
+# --- benchmark scripts and the real engine -----------------------------------------------------
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+FIGURE = re.compile(r"^figure: (\w+) = (\S+)$")
+
+
+def load_benchmark(filename: str) -> ModuleType:
+    """benchmarks/FILENAME imported as a module (once per session), to test its functions."""
+    name = Path(filename).stem + "_script"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / filename)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def printed_figures(stdout: str) -> dict[str, float]:
+    """The `figure: name = value` lines a benchmark printed, in order."""
+    return {m[1]: float(m[2]) for line in stdout.splitlines() if (m := FIGURE.match(line))}
+
+
+def require_engine() -> None:
+    """Skip the test without the engine venv (scripts/engine/install.sh); in CI, fail it."""
+    from presched.engine import launch
+
+    ok, why = launch.engine_available()
+    if ok:
+        return
+    msg = f"real vLLM engine unavailable: {why}"
+    if os.environ.get("CI"):
+        pytest.fail(msg + " -- CI must run scripts/engine/install.sh first", pytrace=False)
+    pytest.skip(msg)

@@ -6,55 +6,33 @@ in CI (CI set) it FAILS, as in tests/engine."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
-import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from builders import BENCHMARKS, load_benchmark, printed_figures, require_engine
 
-from presched.engine import launch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_e2e.py"
-FIGURE = re.compile(r"^figure: (\w+) = (\S+)$")
+SCRIPT = BENCHMARKS / "engine_e2e.py"
 CONFIGS = ("direct-fcfs", "passthrough", "gateway-sjf", "gateway-oracle", "gateway-fcfs")
 
 
 @pytest.fixture(scope="module")
 def bench():
-    name = "engine_e2e_script"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-def _require_engine() -> None:
-    ok, why = launch.engine_available()
-    if ok:
-        return
-    msg = f"real vLLM engine unavailable: {why}"
-    if os.environ.get("CI"):
-        pytest.fail(msg + " -- CI must run scripts/engine/install.sh first", pytrace=False)
-    pytest.skip(msg)
+    return load_benchmark("engine_e2e.py")
 
 
 @pytest.mark.engine
 def test_quick_run_replays_every_configuration_and_compares_with_the_simulator(tmp_path):
-    _require_engine()
+    require_engine()
     t = time.monotonic()
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
                           check=False, capture_output=True, text=True, timeout=420)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert time.monotonic() - t < 300  # ~65 s on 2 busy cores, ~30 s of it the engine's start
-    figures = {m[1]: float(m[2]) for line in proc.stdout.splitlines() if (m := FIGURE.match(line))}
+    figures = printed_figures(proc.stdout)
     names = list(figures)
     assert names[:2] == ["engine_fcfs_over_sjf_mean_e2e", "sim_vs_engine_mean_e2e_error_pct"]
     assert figures["engine_fcfs_over_sjf_mean_e2e"] > 0 and figures["sim_vs_engine_mean_e2e_error_pct"] >= 0

@@ -5,31 +5,22 @@ plus its load generator's HTTP parsing against a real server."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import math
-import re
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from builders import BENCHMARKS, load_benchmark, printed_figures
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gateway_overhead.py"
-FIGURE = re.compile(r"^figure: (\w+) = (\S+)$")
+SCRIPT = BENCHMARKS / "gateway_overhead.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    name = "gateway_overhead_script"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    return load_benchmark("gateway_overhead.py")
 
 
 def test_quick_run_prints_the_figures_and_writes_the_results(tmp_path):
@@ -43,7 +34,7 @@ def test_quick_run_prints_the_figures_and_writes_the_results(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert time.monotonic() - t < 60  # ~20 s on 2 busy cores
-    figures = {m[1]: float(m[2]) for line in proc.stdout.splitlines() if (m := FIGURE.match(line))}
+    figures = printed_figures(proc.stdout)
     for name in (
         "gateway_added_p50_ms",
         "gateway_max_rps",

@@ -3,24 +3,13 @@ the full run is the script itself)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "policies.py"
+from builders import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    name = "policies_script"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    return load_benchmark("policies.py")
 
 
 def row(w, load, policy, mean, p99=100.0, short=10.0):

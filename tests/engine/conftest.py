@@ -15,11 +15,11 @@ Fixtures (session-scoped: a vLLM start costs ~35-50 s on two cores):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from builders import require_engine
 
 from presched.engine import launch
 
@@ -39,20 +39,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.engine)
 
 
-def _require_engine() -> None:
-    ok, why = launch.engine_available()
-    if ok:
-        return
-    msg = f"real vLLM engine unavailable: {why}"
-    if os.environ.get("CI"):
-        pytest.fail(msg + " -- CI must run scripts/engine/install.sh first", pytrace=False)
-    pytest.skip(msg)
-
-
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     """The tiny random Llama folder (see presched.engine.tiny_llama)."""
-    _require_engine()
+    require_engine()
     return launch.ensure_tiny_llama()
 
 
