@@ -57,6 +57,18 @@ def read_headers(out: Outcome, headers) -> None:
             pass
 
 
+def refused(obj: Any, out: Outcome, malformed: str) -> bool:
+    """Fail `out` (kind `protocol`) when a reply or event is not a JSON object (`malformed` is
+    the message) or carries an error; True if it did."""
+    if not isinstance(obj, dict):
+        out.fail("protocol", malformed)
+        return True
+    if "error" in obj:
+        out.fail("protocol", stream_error(obj))
+        return True
+    return False
+
+
 def stream_error(obj: dict) -> str:
     e = obj.get("error")
     return json.dumps(e)[:500] if not isinstance(e, str) else e
@@ -104,11 +116,7 @@ async def read_stream(resp, out: Outcome, chat: bool, clock: Callable[[], float]
             obj = json.loads(data)
         except json.JSONDecodeError:
             obj = None
-        if not isinstance(obj, dict):
-            out.fail("protocol", f"malformed SSE event: {data[:200]}")
-            return
-        if "error" in obj:
-            out.fail("protocol", stream_error(obj))
+        if refused(obj, out, f"malformed SSE event: {data[:200]}"):
             return
         if obj.get("usage"):
             out.completion_tokens = obj["usage"].get("completion_tokens")
@@ -126,11 +134,7 @@ async def read_stream(resp, out: Outcome, chat: bool, clock: Callable[[], float]
 
 def read_reply(obj: Any, out: Outcome, chat: bool, now: float) -> None:
     out.finish = out.first_token = now
-    if not isinstance(obj, dict):
-        out.fail("protocol", f"malformed reply: {str(obj)[:200]}")
-        return
-    if "error" in obj:
-        out.fail("protocol", stream_error(obj))
+    if refused(obj, out, f"malformed reply: {str(obj)[:200]}"):
         return
     choices = obj.get("choices") or [{}]
     out.finish_reason = choices[0].get("finish_reason")
