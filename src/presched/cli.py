@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from presched.bench.config import BenchConfig
-from presched.config import UserError, apply_overrides, format_validation_error
+from presched.config import UserError, apply_overrides, format_validation_error, load_file
 from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig
 from presched.sim.steptime import StepTimeConfig
@@ -42,23 +42,8 @@ def _h(model: type[BaseModel], field: str) -> str:
 
 
 # --- building a config from a file, flags and --set overrides ----------------------------------
-def _load_file(path: Path) -> dict:
-    if not path.exists():
-        raise UserError(f"experiment file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: the top level must be a mapping of sections (workload, sim, ...)")
-    return data
-
-
 def build_config(config: Optional[Path], flags: dict[str, Any], sets: list[str]) -> BenchConfig:
-    data = _load_file(config) if config else {}
+    data = load_file(config) if config else {}
     apply_overrides(data, flags, sets, "sim.engine.max_num_seqs=64")
     try:
         return BenchConfig.model_validate(data)

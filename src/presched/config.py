@@ -7,13 +7,32 @@ Unknown keys are refused, and a bad value is reported with the field's dotted pa
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 
 class UserError(ValueError):
     """Bad input from the user: the CLI prints it without a traceback and exits with code 2."""
+
+
+def load_file(path: Path) -> dict:
+    """A YAML (or .json) config file as a mapping ({} when empty); errors name the file."""
+    if not path.exists():
+        raise UserError(f"experiment file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the top level must be a mapping of sections (workload, sim, ...)")
+    return data
 
 
 def set_path(d: dict, dotted: str, value: Any) -> None:
@@ -44,8 +63,6 @@ def set_path(d: dict, dotted: str, value: Any) -> None:
 def apply_overrides(data: dict, flags: dict[str, Any], sets: list[str], example: str) -> dict:
     """Command-line flags (dotted path -> value; None = not given), then `--set KEY=VALUE` items
     (values read as YAML), onto a config mapping. `example` shows a KEY=VALUE in errors."""
-    import yaml
-
     for key, value in flags.items():
         if value is not None:
             set_path(data, key, value)

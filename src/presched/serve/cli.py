@@ -34,10 +34,9 @@ def serve(
 ) -> None:
     """Run the OpenAI-compatible gateway: predict each request's length, order and route by
     policy, relay the engines' answers, log every request (SQLite) and export /metrics."""
-    from presched.cli import _load_file
-    from presched.config import UserError, apply_overrides, set_path
+    from presched.config import UserError, apply_overrides, load_file, set_path
 
-    data = _load_file(config) if config else {}
+    data = load_file(config) if config else {}
     if backend:
         data["backends"] = [{"url": u, **({"max_in_flight": max_in_flight} if max_in_flight else {})}
                             for u in backend]  # fmt: skip
