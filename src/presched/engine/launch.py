@@ -261,7 +261,7 @@ def start_engine(
     num_gpu_blocks_override: int | None = None,
     scheduling_policy: str = "priority",
     threads: int = 1,
-    one_process: bool = False,
+    inproc_worker: bool = False,
     extra_args: Sequence[str] = (),
     log_path: str | Path | None = None,
     ready_timeout: float = 300,
@@ -272,10 +272,11 @@ def start_engine(
     name (default: the folder name); port: None picks a free one; max_num_seqs / max_model_len /
     scheduling_policy ("priority" or "fcfs") / num_gpu_blocks_override: the vLLM options of those
     names; kv_space_gib: VLLM_CPU_KVCACHE_SPACE; threads: OMP/torch threads of the engine (1 lets
-    two engines share two cores); one_process: run API server, engine core and worker in one
-    process (VLLM_ENABLE_V1_MULTIPROCESSING=0, uni executor): vLLM's default processes busy-poll
-    each other and, on two cores, starve every other process for seconds at a time (the tests and
-    benchmarks here use it); extra_args: more vLLM CLI arguments; log_path: the server's
+    two engines share two cores); inproc_worker: run the model inside the engine-core process
+    (uni executor; on CPU it also needs VLLM_ENABLE_V1_MULTIPROCESSING=0, else vLLM switches
+    back to a worker process): two processes (API server, engine core) instead of three. vLLM's
+    engine core and worker busy-poll each other and, on two cores, starve every other process
+    for seconds at a time (the tests and benchmarks here use it); extra_args: more vLLM CLI arguments; log_path: the server's
     stdout+stderr (default <cache_dir>/logs/engine-NAME-PORT.log). Returns the ready
     `EngineProcess`; raises EngineError (with the log's tail) when it dies or times out.
     """
@@ -306,11 +307,11 @@ def start_engine(
     ]  # fmt: skip
     if num_gpu_blocks_override is not None:
         cmd += ["--num-gpu-blocks-override", str(num_gpu_blocks_override)]
-    if one_process:
+    if inproc_worker:
         cmd += ["--distributed-executor-backend", "uni"]
     cmd += list(extra_args)
     env = _engine_env({
-        **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if one_process else {}),
+        **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if inproc_worker else {}),
         "VLLM_CPU_KVCACHE_SPACE": f"{kv_space_gib:g}",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "VLLM_HOST_IP": "127.0.0.1",
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-gpu-blocks-override", type=int, default=None)
     ap.add_argument("--scheduling-policy", choices=["priority", "fcfs"], default="priority")
     ap.add_argument("--threads", type=int, default=1, help="OMP/torch threads of the engine")
-    ap.add_argument("--one-process", action="store_true", help="API server, engine core and worker in one process (on 2 cores vLLM's default processes busy-poll and starve the rest)")
+    ap.add_argument("--inproc-worker", action="store_true", help="run the model in the engine-core process, no worker process (on 2 cores vLLM's engine core and worker busy-poll each other and starve the rest)")
     ap.add_argument("--log", type=Path, default=None, help="server log file")
     ap.add_argument("--ready-timeout", type=float, default=300)
     a = ap.parse_args(argv)
@@ -388,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                 model, port=a.port, served_name=name, max_num_seqs=a.max_num_seqs,
                 max_model_len=a.max_model_len, kv_space_gib=a.kv_space_gib,
                 num_gpu_blocks_override=a.num_gpu_blocks_override,
-                scheduling_policy=a.scheduling_policy, threads=a.threads, one_process=a.one_process, extra_args=extra,
+                scheduling_policy=a.scheduling_policy, threads=a.threads, inproc_worker=a.inproc_worker, extra_args=extra,
                 log_path=a.log, ready_timeout=a.ready_timeout,
             )  # fmt: skip
     except EngineError as e:
