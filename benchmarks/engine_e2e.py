@@ -61,10 +61,11 @@ factor so the simulator's decode seconds per token equal what the engine reporte
 else; the queueing, batching and ordering behind mean E2E are its own (`sim`, the headline
 error). Reported beside it: `sim_a_priori`, the calibrated model unscaled (no information from
 the run), and the sensitivity of simulated mean E2E to speed (5 % slower steps). Near
-saturation that sensitivity is severalfold (a 5 % slower engine raises mean E2E by 12-15 %), and
-this machine's speed moved by up to 75 % within half an hour, even idle: that drift, not the
-simulator's account of queueing, is most of the a-priori error (measured, medians on direct FCFS
-over two full runs on the idle machine: 10-14 % a priori vs 4.5-12.8 % with the speed fitted).
+saturation that sensitivity is severalfold (a 5 % slower engine raises mean E2E by 12 % on conv
+arrivals, 6 % on code), and this machine's speed per token moved by up to 50 % between runs minutes
+apart, even idle with the engine core pinned: that drift, not the simulator's account of
+queueing, is most of the a-priori error (measured 2026-11-30, medians on direct FCFS over 5
+repeats: conv 48 % a priori vs 3.8 % with the speed fitted; code 14 % vs 1.1 %).
 
 What the simulator does not model: HTTP, tokenization and SSE streaming (`client_overhead_s`,
 measured on an idle engine, is reported), the gateway's own CPU use and its hand-off gap in queue
