@@ -56,3 +56,24 @@ def test_model_features_parse_family_and_size():
     assert [F.FAMILIES[int(f)] for f in m[:, 0]] == ["llama", "mistral", "qwen", "other"]
     assert np.allclose(np.exp(m[:3, 1]), [8, 56, 7]) and math.isnan(m[3, 1])
     assert m[:3, 2].tolist() == [1, 1, 1]
+
+
+def test_ngram_hasher_counts_each_ngram_once_per_row_in_canonical_csr():
+    # the hasher builds its CSR by hand (sorted keys, no scipy COO pass): the same matrix as the
+    # plain construction, log1p of each n-gram's count, rows l2-normalised, indices sorted
+    h = F.NgramHasher(bits=10, order=2, head=64, tail=16)
+    texts = ["to be or not to be", "", "a a a a b", "Explain quantum computing\nin detail", "", "x"]
+    X = h(texts)
+    assert X.has_canonical_format and X.shape == (6, 2**10)
+    enc = toktok._encoding(F.ENCODING)  # the tokenizer the hasher reads (no public encode)
+    for i, t in enumerate(texts):
+        ids = enc.encode_batch_to_numpy([t.lower()], 1)[0].tolist()
+        ids = ids if len(ids) <= 80 else ids[:64] + ids[-16:]
+        grams = [(g,) for g in ids] + [tuple(ids[k : k + 2]) for k in range(len(ids) - 1)]
+        row = X.getrow(i)
+        assert row.nnz <= len(set(grams)) and (row.nnz > 0) == bool(ids)
+        if ids:  # log1p counts, normalised: a repeated n-gram weighs more than a single one
+            assert math.isclose(float((row.multiply(row)).sum()), 1.0, rel_tol=1e-5)
+    # "a a a a b": the unigram "a" (4x) outweighs "b" (1x)
+    r = X.getrow(2)
+    assert r.data.max() / r.data.min() >= np.log1p(3) / np.log1p(1) - 1e-6

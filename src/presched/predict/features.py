@@ -275,14 +275,20 @@ class NgramHasher:
                 hk = hk ^ (hk >> np.uint64(29))
                 cols.append((hk & np.uint64(self.n_features - 1)).astype(np.int64))
                 rows.append(rk)
-        m = sp.csr_matrix((np.ones(sum(c.size for c in cols), np.float32),
-                           (np.concatenate(rows), np.concatenate(cols))), shape=(n, self.n_features))  # fmt: skip
-        m.sum_duplicates()
-        np.log1p(m.data, out=m.data)
-        per_row = np.diff(m.indptr)
-        norms = np.sqrt(np.bincount(np.repeat(np.arange(n), per_row), m.data.astype(np.float64) ** 2, minlength=n))
-        m.data /= np.repeat(np.where(per_row > 0, norms, 1.0), per_row).astype(np.float32)
-        return m
+        # distinct (row, column) pairs and their counts, sorted: CSR in canonical form directly
+        # (scipy's COO -> CSR conversion and sum_duplicates cost ~0.15 ms for one short text)
+        key = np.concatenate(rows) * np.int64(self.n_features) + np.concatenate(cols)
+        key.sort()
+        first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        counts = np.diff(np.append(first, key.size)).astype(np.float32)
+        key = key[first]
+        r = key // self.n_features
+        indptr = np.searchsorted(r, np.arange(n + 1))
+        data = np.log1p(counts)
+        per_row = np.diff(indptr)
+        norms = np.sqrt(np.bincount(r, data.astype(np.float64) ** 2, minlength=n))
+        data /= np.repeat(np.where(per_row > 0, norms, 1.0), per_row).astype(np.float32)
+        return sp.csr_matrix((data, key % self.n_features, indptr), shape=(n, self.n_features))
 
 
 # --- served-model features ------------------------------------------------------------------
