@@ -12,7 +12,12 @@ import pytest
 
 from presched.engine import affinity
 
-THREADS = "import threading, time\n[threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]\nprint('ready', flush=True)\ntime.sleep(60)\n"
+THREADS = """import threading, time
+for _ in range(3):
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+print("ready", flush=True)
+time.sleep(60)
+"""
 
 
 @pytest.fixture

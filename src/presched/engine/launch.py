@@ -276,8 +276,9 @@ def start_engine(
     (uni executor; on CPU it also needs VLLM_ENABLE_V1_MULTIPROCESSING=0, else vLLM switches
     back to a worker process): two processes (API server, engine core) instead of three. vLLM's
     engine core and worker busy-poll each other and, on two cores, starve every other process
-    for seconds at a time (the tests and benchmarks here use it); extra_args: more vLLM CLI arguments; log_path: the server's
-    stdout+stderr (default <cache_dir>/logs/engine-NAME-PORT.log). Returns the ready
+    for seconds at a time (the tests and benchmarks here use it); extra_args: more vLLM CLI
+    arguments; log_path: the server's stdout+stderr (default
+    <cache_dir>/logs/engine-NAME-PORT.log). Returns the ready
     `EngineProcess`; raises EngineError (with the log's tail) when it dies or times out.
     """
     ok, why = engine_available()
