@@ -25,13 +25,14 @@ FCFS of the same repeat (2026-11-30, 5 repeats), which at saturation moved mean 
 
 The workload: Azure LLM 2023 conv arrival times (their shape; `--source azure-code` for the bursty
 code trace) x CASTILLO prompts of the TEST split and one sampled output length of
-Llama-3.1-8B-Instruct (`WorkloadConfig(source="azure-conv", lengths_from="castillo", ...)`), capped at `--max-tokens`, forced with max_tokens + ignore_eos so
-the engine generates exactly that many tokens (the cap, 1,024 by default, leaves ~3 % of the
-lengths at it; at 512 it would flatten 30 % of them into one value). Prompts longer than the model's 4,096 positions
-allow (with the output) are dropped before the first `--requests` are kept. Arrival times are
-rescaled so the offered output-token rate is `--load` (1.0: saturating) x the engine's capacity, where capacity is
-the simulator's saturated FCFS throughput on these requests with the step-time model calibrated
-on this engine (`presched.engine.calibrate`, the same definition as benchmarks/policies.py).
+Llama-3.1-8B-Instruct (`WorkloadConfig(source="azure-conv", lengths_from="castillo", ...)`), capped
+at `--max-tokens`, forced with max_tokens + ignore_eos so the engine generates exactly that many
+tokens (the cap, 1,024 by default, leaves ~3 % of the lengths at it; at 512 it would flatten 30 %
+of them into one value). Prompts longer than the model's 4,096 positions allow (with the output)
+are dropped before the first `--requests` are kept. Arrival times are rescaled so the offered
+output-token rate is `--load` (1.0: saturating) x the engine's capacity, where capacity is the
+simulator's saturated FCFS throughput on these requests with the step-time model calibrated on this
+engine (`presched.engine.calibrate`, the same definition as benchmarks/policies.py).
 
 The configurations (same requests, same engine; one process each for every gateway and the load
 generator, which is `presched.serve.replay` in this script's process):
@@ -73,11 +74,11 @@ mode (a slot is free at the gateway only after the stream is relayed, and the ne
 has to reach the engine: compare gateway-fcfs with direct-fcfs), other processes on the machine
 (the share of CPU they used in each run is reported as `others_cores`), and per-step noise.
 
-Writes benchmarks/results/engine_e2e.json and .png (engine_e2e-azure-code.* with that source), prints a table and `figure: name = value`
-lines, first `engine_fcfs_over_sjf_mean_e2e` (direct-fcfs mean E2E / gateway-sjf mean E2E,
-median over repeats of the per-repeat ratio) and `sim_vs_engine_mean_e2e_error_pct`
-(|sim fcfs - direct-fcfs| / direct-fcfs on mean E2E, speed fitted to the run, median over
-repeats; `..._a_priori` without the fit).
+Writes benchmarks/results/engine_e2e.json and .png (engine_e2e-azure-code.* with that source),
+prints a table and `figure: name = value` lines, first `engine_fcfs_over_sjf_mean_e2e` (direct-fcfs
+mean E2E / gateway-sjf mean E2E, median over repeats of the per-repeat ratio) and
+`sim_vs_engine_mean_e2e_error_pct` (|sim fcfs - direct-fcfs| / direct-fcfs on mean E2E, speed
+fitted to the run, median over repeats; `..._a_priori` without the fit).
 """
 
 from __future__ import annotations
