@@ -45,6 +45,9 @@ generator, which is `presched.serve.replay` in this script's process):
                     `srpt` orders the gateway queue exactly as `sjf` does.
   gateway-oracle    `--policy sjf-oracle`: the gateway reads the forced length (the bound)
   gateway-fcfs      `--policy fcfs`: the gateway's own cost against direct-fcfs
+  gateway-aging     `--policy aging` (text-gbm, 100 predicted tokens of credit per second waited):
+                    SJF that lets a long-predicted request pass after a while (not run by
+                    default; `--configs ... gateway-aging`)
 
 Predictions: text-gbm trained by `presched train -p text-gbm` (CASTILLO train split, validate for
 calibration; the test prompts were never seen), cached in <engine cache>/predictors/.
@@ -127,7 +130,9 @@ CONFIGS: dict[str, tuple[list[str] | None, str]] = {
     "gateway-sjf": (["--policy", "sjf", "--predictor", "{pred}"], "sjf"),
     "gateway-oracle": (["--policy", "sjf-oracle"], "sjf-oracle"),
     "gateway-fcfs": (["--policy", "fcfs"], "fcfs"),
+    "gateway-aging": (["--policy", "aging", "--predictor", "{pred}"], "aging"),
 }
+DEFAULT_CONFIGS = ("direct-fcfs", "passthrough", "gateway-sjf", "gateway-oracle", "gateway-fcfs")
 KEYS = ("completed", "failed", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "short_p99_e2el_ms",
         "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "output_throughput", "request_throughput",
         "duration_s", "mean_queue_wait_ms", "max_send_lag_ms", "p99_send_lag_ms")  # fmt: skip
@@ -333,9 +338,11 @@ def sim_one(args, reqs, estimates, coefficients, blocks, policy: str) -> dict[st
 
 
 def simulate_all(args, reqs, estimates, cal: Calibration, blocks) -> dict[str, dict[str, Any]]:
-    """The simulator with `cal`'s fitted model for fcfs, sjf and sjf-oracle on `reqs`."""
+    """The simulator with `cal`'s fitted model on `reqs`: fcfs, sjf and the policy of every
+    configuration run (sjf-oracle, aging)."""
     coef = cal.model.coefficients.model_dump()
-    return {p: sim_one(args, reqs, estimates, coef, blocks, p) for p in sorted({p for _, p in CONFIGS.values()})}
+    policies = sorted({"fcfs", "sjf"} | {CONFIGS[c][1] for c in args.configs})
+    return {p: sim_one(args, reqs, estimates, coef, blocks, p) for p in policies}
 
 
 def simulate_runs(args, reqs, estimates, runs, cals, blocks) -> None:
@@ -430,6 +437,9 @@ def figures_of(runs: list[dict], summary: dict, sims: list[dict]) -> dict[str, f
         "sim_vs_engine_mean_e2e_error_pct_oracle": err("gateway-oracle"),
         "sim_vs_engine_mean_e2e_error_pct_gateway_fcfs": err("gateway-fcfs"),
         "sim_vs_engine_mean_e2e_error_pct_passthrough": err("passthrough"),
+        "engine_fcfs_over_aging_mean_e2e": paired_ratio(runs, "direct-fcfs", "gateway-aging"),
+        "engine_fcfs_over_aging_short_p99_e2e": paired_ratio(runs, "direct-fcfs", "gateway-aging", "short_p99_e2el_ms"),
+        "sim_vs_engine_mean_e2e_error_pct_aging": err("gateway-aging"),
         "sim_vs_engine_mean_e2e_error_pct_a_priori": summary["direct-fcfs"]["sim_a_priori_mean_e2e_abs_error_pct"],
         "sim_vs_engine_mean_e2e_error_pct_a_priori_sjf": summary["gateway-sjf"]["sim_a_priori_mean_e2e_abs_error_pct"],
         "sim_mean_e2e_pct_per_5pct_slower": med(summary["direct-fcfs"]["sim_e2e_pct_per_5pct_slower_each"]),
@@ -542,7 +552,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="repeats (default 3; quick 1)")
     ap.add_argument("--predictor", default=None, help="predictor trained by `presched train` (default text-gbm; quick linear-prompt)")
     ap.add_argument("--castillo-model", default=CASTILLO_MODEL, help="CASTILLO model whose lengths the workload carries")
-    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), help="configurations to run (direct-fcfs and gateway-sjf give the headline)")
+    ap.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), choices=list(CONFIGS), help=f"configurations to run (default: {' '.join(DEFAULT_CONFIGS)}; direct-fcfs and gateway-sjf give the headline)")
     ap.add_argument("--engine-multiprocess", action="store_true", help="run vLLM as it starts by default (API server, engine core and worker processes; core and worker busy-poll each other); default: the model in the engine-core process (inproc_worker)")
     ap.add_argument("--no-pin", action="store_true", help="do not isolate the engine core on its own CPU (default: engine core on the first CPU, everything else on the others)")
     ap.add_argument("--seed", type=int, default=0)
