@@ -74,6 +74,8 @@ def test_ngram_hasher_counts_each_ngram_once_per_row_in_canonical_csr():
         assert row.nnz <= len(set(grams)) and (row.nnz > 0) == bool(ids)
         if ids:  # log1p counts, normalised: a repeated n-gram weighs more than a single one
             assert math.isclose(float((row.multiply(row)).sum()), 1.0, rel_tol=1e-5)
+    # no tokens at all, or no texts: empty rows, not an error
+    assert h([""]).shape == (1, 2**10) and h(["", ""]).nnz == 0 and h([]).shape == (0, 2**10)
     # "a a a a b": the unigram "a" (4x) outweighs "b" (1x)
     r = X.getrow(2)
     assert r.data.max() / r.data.min() >= np.log1p(3) / np.log1p(1) - 1e-6

@@ -279,7 +279,7 @@ class NgramHasher:
         # (scipy's COO -> CSR conversion and sum_duplicates cost ~0.15 ms for one short text)
         key = np.concatenate(rows) * np.int64(self.n_features) + np.concatenate(cols)
         key.sort()
-        first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        first = np.flatnonzero(np.diff(key, prepend=key[:1] - 1))  # empty when no text has a token
         counts = np.diff(np.append(first, key.size)).astype(np.float32)
         key = key[first]
         r = key // self.n_features
