@@ -178,25 +178,13 @@ def gateway_view(reqs: list[Request], model: str) -> list[Request]:
 
 # --- processes ---------------------------------------------------------------------------------
 def _cpu(pid: int) -> float:
-    try:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / _TICK
-    except (OSError, IndexError, ValueError):
-        return 0.0
+    f = affinity.stat(pid)
+    return (int(f[11]) + int(f[12])) / _TICK if f else 0.0
 
 
 def group_cpu(pgid: int) -> float:
     """CPU seconds of the live processes in a process group (the engine: server, core, worker)."""
-    total = 0.0
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                f = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(f[2]) == pgid:
-                total += (int(f[11]) + int(f[12])) / _TICK
-    return total
+    return sum((int(f[11]) + int(f[12])) / _TICK for _, f in affinity.processes() if int(f[2]) == pgid)
 
 
 def machine_cpu() -> float:
@@ -531,7 +519,7 @@ def plot(result: dict, out: Path, stem: str) -> None:
     ax.set_title("calibration: engine decode steps and fit")
     ax.legend(fontsize=7)
     m = result["meta"]
-    fig.suptitle(f"{m['requests']} requests ({m.get('source', 'azure-conv')} x CASTILLO {m['castillo_model']}, ≤{m['max_tokens']} "
+    fig.suptitle(f"{m['requests']} requests ({m['source']} x CASTILLO {m['castillo_model']}, ≤{m['max_tokens']} "
                  f"tokens) at load {m['load']:g} on vLLM CPU (tiny Llama, {m['max_num_seqs']} seqs), "
                  f"{m['repeats']} repeats; 2 cores", fontsize=10)  # fmt: skip
     fig.tight_layout()

@@ -14,6 +14,7 @@ thread: threads started later inherit from the thread that starts them).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -26,18 +27,25 @@ def pin(pid: int, cpus: set[int]) -> None:
             pass  # the thread ended meanwhile
 
 
+def stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (0: state, 1: ppid, 2: pgrp, 11/12:
+    utime/stime in clock ticks), or None when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, `stat` fields) of every live process."""
+    for d in os.listdir("/proc"):
+        if d.isdigit() and (f := stat(int(d))) is not None:
+            yield int(d), f
+
+
 def children(pid: int) -> list[int]:
     """Live child processes of `pid`."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(d))
-    return out
+    return [c for c, f in processes() if int(f[1]) == pid]
 
 
 def engine_core_pid(server_pid: int) -> int | None:
