@@ -56,10 +56,22 @@ class _Recorder:
         self.auth.append(dict(scope["headers"]).get(b"authorization", b"").decode())
         extra = self.headers(len(self.received)) if self.headers else {}
 
+        finished = False
+
+        def finish():
+            nonlocal finished
+            if not finished:
+                finished, self.in_flight = True, self.in_flight - 1
+
         async def send_with_headers(msg):
             if msg["type"] == "http.response.start" and extra:
                 added = [(k.encode(), v.encode()) for k, v in extra.items()]
                 msg = dict(msg, headers=[*msg["headers"], *added])
+            if msg["type"] == "http.response.body" and not msg.get("more_body", False):
+                # a request stops counting when its last byte is handed to the server, not when
+                # the app's coroutine returns: the client may read that byte and start its next
+                # request before a busy server thread gets back to this coroutine
+                finish()
             await send(msg)
 
         self.in_flight += 1
@@ -67,7 +79,7 @@ class _Recorder:
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            self.in_flight -= 1
+            finish()
 
 
 def _timing(check, tries: int = 3):
