@@ -89,6 +89,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import re
@@ -347,15 +348,36 @@ def simulate_runs(args, reqs, estimates, runs, cals, blocks) -> None:
         here = [dataclasses.replace(q, arrival=sent[q.id]) if q.id in sent else q for q in reqs]
         coef = cals[r["repeat"]].model.coefficients.model_dump()
         at = (args, here, estimates, coef, blocks, policy)
-        r["sim_a_priori"] = sim = _scaled_sim(*at, 1.0)
-        f = 1.0
-        for _ in range(4):  # fixed point: scaling steps also shifts batching a little
-            f *= r["engine_decode_s_per_token"] / sim["decode_s_per_token"]
-            sim = _scaled_sim(*at, f)
-            if abs(sim["decode_s_per_token"] / r["engine_decode_s_per_token"] - 1) < 0.005:
-                break
-        r["speed_factor"], r["sim"] = f, sim
+        r["sim_a_priori"] = _scaled_sim(*at, 1.0)
+        r["sim"] = fit_speed(lambda f: _scaled_sim(*at, f), r["engine_decode_s_per_token"], r["sim_a_priori"])
+        r["speed_factor"] = f = r["sim"]["factor"]
         r["sim_slower"] = _scaled_sim(*at, 1.05 * f)
+
+
+def fit_speed(simulate, target: float, first: dict[str, Any], tol: float = 0.005, tries: int = 12) -> dict[str, Any]:
+    """The simulation (of `simulate(factor)`, `first` = factor 1) whose decode seconds per token
+    is nearest `target`. Scaling every step by f scales that figure by about f, but not exactly:
+    slower steps also batch more tokens per step, and with few requests the figure jumps as
+    batches regroup. So: fixed-point steps f *= target / got, kept inside a bracket of factors
+    known to be too fast / too slow (bisected when a step leaves it), stopping within `tol`;
+    the best simulation seen is returned."""
+    lo, hi, sim, best = 0.0, math.inf, first, first
+
+    def miss(s):
+        return s["decode_s_per_token"] / target - 1
+
+    for _ in range(tries):
+        f, e = sim["factor"], miss(sim)
+        if abs(e) < abs(miss(best)):
+            best = sim
+        if abs(e) < tol:
+            break
+        lo, hi = (max(lo, f), hi) if e < 0 else (lo, min(hi, f))
+        step = f / (1 + e)
+        if not lo < step < hi:
+            step = math.sqrt(lo * hi) if lo > 0 and hi < math.inf else (2 * f if e < 0 else f / 2)
+        sim = simulate(step)
+    return best if abs(miss(best)) <= abs(miss(sim)) else sim
 
 
 def _scaled_sim(args, reqs, estimates, coef, blocks, policy, factor: float) -> dict[str, Any]:

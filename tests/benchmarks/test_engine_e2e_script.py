@@ -76,3 +76,32 @@ def test_paired_ratios_are_medians_of_per_repeat_ratios(bench):
             for c, v in (("direct-fcfs", a), ("gateway-sjf", b))]  # fmt: skip
     assert bench.paired_ratio(runs, "direct-fcfs", "gateway-sjf") == 2.0  # ratios 2, 3, 1
     assert math.isnan(bench.paired_ratio(runs, "direct-fcfs", "gateway-oracle"))  # not run
+
+
+def _decode_model(per_factor, jumps=()):
+    """A stand-in for the simulator's decode s/token as a function of the speed factor: linear,
+    plus steps where batches regroup (the jumps a 16-request run shows)."""
+    calls = []
+
+    def simulate(f):
+        calls.append(f)
+        return {"factor": f, "decode_s_per_token": per_factor * f * (1 + sum(d for x, d in jumps if f > x))}
+
+    return simulate, calls
+
+
+@pytest.mark.parametrize("target", [0.5, 1.0, 1.37, 3.0])
+def test_fit_speed_reaches_the_engine_speed_on_a_smooth_response(bench, target):
+    sim, calls = _decode_model(0.9, [(1.2, -0.03)])
+    got = bench.fit_speed(sim, target, sim(1.0))
+    assert abs(got["decode_s_per_token"] / target - 1) < 0.005 and len(calls) <= 8
+
+
+def test_fit_speed_brackets_a_jump_instead_of_oscillating_across_it(bench):
+    # nothing lands within tolerance: just above f=1.1 batches regroup and per-token time jumps
+    # 10 %, so s/token skips from 1.10 to 1.21 and 1.15 is never simulated; fixed-point steps
+    # alone bounce across the gap, the fit must bisect the bracket, stop, and return the nearest
+    sim, calls = _decode_model(1.0, [(1.1, 0.10)])
+    got = bench.fit_speed(sim, 1.15, sim(1.0))
+    assert got["factor"] == pytest.approx(1.1, rel=0.01) and len(calls) <= 13
+    assert abs(got["decode_s_per_token"] / 1.15 - 1) < 0.045
