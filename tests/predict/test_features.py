@@ -79,3 +79,12 @@ def test_ngram_hasher_counts_each_ngram_once_per_row_in_canonical_csr():
     # "a a a a b": the unigram "a" (4x) outweighs "b" (1x)
     r = X.getrow(2)
     assert r.data.max() / r.data.min() >= np.log1p(3) / np.log1p(1) - 1e-6
+
+
+def test_keyword_phrases_need_the_whole_phrase_and_words_need_the_whole_word():
+    col = {n: i for i, n in enumerate(F.CUE_NAMES)}
+    c = F.lexical_cues(["What are the pros and cons of Rust?", "The pros: speed. The cons: none.",
+                        "Which of the following is a prime?", "Rewriting history", "REWRITE this, please"])  # fmt: skip
+    assert c[0, col["kw_compare"]] == 1 and c[1, col["kw_compare"]] == 0  # phrase, not its words apart
+    assert c[2, col["kw_classify"]] == 1
+    assert c[3, col["kw_rewrite"]] == 0 and c[4, col["kw_rewrite"]] == 1 and c[4, col["kw_chat"]] == 1
