@@ -32,6 +32,16 @@ def test_gain_capture_is_measured_against_fcfs_and_the_oracle(bench):
     assert "gain_capture_conv95" not in f  # no conv rows: no figure, not a made-up one
 
 
+def test_prompt_oracle_rows_are_a_ceiling_not_a_candidate(bench):
+    po = bench.PO
+    rows = [row("code", 0.9, "fcfs", 40.0), row("code", 0.9, "srpt-oracle", 20.0), row("code", 0.9, "sjf", 30.0),
+            row("code", 0.9, "srpt" + po, 24.0), row("code", 0.9, "gittins" + po, 22.0)]  # fmt: skip
+    f = bench.headline(rows, [], {}, ["fcfs", "srpt-oracle", "sjf", "srpt"])
+    assert f["gain_capture_code90"] == pytest.approx(0.5)  # sjf, not the oracle-fed gittins
+    assert bench.prompt_oracle_capture(rows) == {"code90": ("gittins" + po, pytest.approx(0.9))}
+    assert all(p + po in bench.ORACLES for p in bench.PROMPT_ORACLE_POLICIES)
+
+
 def test_decision_cost_is_positive_and_small_for_the_heap_policies(bench):
     cost = bench.decision_cost(n=300, policies=("fcfs", bench.DEFAULT_POLICY))
     assert set(cost) == {"fcfs", bench.DEFAULT_POLICY}
