@@ -1,6 +1,6 @@
 """Do predictive policies beat FCFS on real traces, and how much of the oracle's gain do they keep?
 
-    python benchmarks/policies.py                 # full run (~6 min on 2 cores)
+    python benchmarks/policies.py                 # full run (~7 min on 2 cores)
     python benchmarks/policies.py --quick         # fewer requests and loads (~1.5 min)
     python benchmarks/policies.py --predictor m.npz   # reuse a text-gbm saved by `presched train`
 

@@ -9,6 +9,7 @@ from builders import make_engine, make_estimates, make_requests, run_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from presched.predict.noisy_oracle import noisy_oracle
 from presched.schedule import POLICIES
 from presched.schedule.mlfq import MLFQ
 
@@ -109,9 +110,11 @@ streams = st.lists(st.tuples(st.integers(1, 100), st.integers(1, 60), st.floats(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams, slots=st.integers(1, 6), blocks=st.integers(40, 100),
        q0=st.integers(1, 16), w=st.sampled_from([0.0, 0.1, 1.0]),
-       rw=st.sampled_from([0.0, 1.0]))  # fmt: skip
-def test_property_preemptive_complete_and_fast_forward_exact(stream, slots, blocks, q0, w, rw):
-    """With preemption on and KV pressure: every request finishes exactly once with its length,
+       rw=st.sampled_from([0.0, 1.0, 5.0]), within=st.sampled_from([None, "mean"]),
+       sigma=st.sampled_from([0.0, 1.0]))  # fmt: skip
+def test_property_preemptive_complete_and_fast_forward_exact(stream, slots, blocks, q0, w, rw, within, sigma):
+    """With preemption on and KV pressure, FIFO or predictive inside a level (presched's default
+    policy is the latter, with preemption): every request finishes exactly once with its length,
     and fast-forward (demotions applied at events) gives the step-by-step timelines."""
     t, arrivals = 0.0, []
     for *_, gap in stream:
@@ -121,9 +124,9 @@ def test_property_preemptive_complete_and_fast_forward_exact(stream, slots, bloc
     runs = []
     for ff in (True, False):
         pol = MLFQ(num_levels=5, base_quantum=q0, prompt_weight=w, preempt=True,
-                   recompute_weight=rw)  # fmt: skip
+                   recompute_weight=rw, within=within)  # fmt: skip
         eng = make_engine(pol, num_blocks=blocks, block_size=4, max_num_seqs=slots, fast_forward=ff)
-        seqs = run_engine(eng, reqs)
+        seqs = run_engine(eng, reqs, noisy_oracle(reqs, sigma, seed=len(reqs)))
         assert all(s.generated == s.target for s in seqs)
         assert len(eng.finished) == len({id(s) for s in eng.finished}) == len(seqs)
         assert not pol._state and not pol._due
