@@ -1,0 +1,146 @@
+"""Where text-gbm's prediction time goes, and what fewer trees would buy.
+
+    python benchmarks/text_gbm_cost.py                    # trains the default (~1 min), then ~1 min
+    python benchmarks/text_gbm_cost.py --model m.npz      # a model saved by `presched train`
+
+Per-request cost of each stage of `TextGBM.predict`, batched as `benchmarks/predictors.py`
+measures it (calls of 64 never-seen CASTILLO test prompts, `evaluate.fresh`, one core): n-gram
+hashing (one o200k tokenization of the lower-cased text), the LSA projection, the lexical cues,
+the exact o200k count (a second tokenization; its cache never hits on fresh prompts), the point
+and spread boosters; `rest` = the whole call minus those (feature assembly, ridge score,
+conformal quantiles, checks, and first-touch costs: the whole call is timed first, on prompt
+strings never seen before, as a server sees them; the stages then run on the same batches, by
+when e.g. the prompts' string hashes are cached: ~15-20 µs of `rest`). Medians over
+`--batches` calls.
+
+Then the point booster truncated to its first k trees (no refit, so the conformal quantiles are
+not recalibrated): Kendall tau-b of mu and MAE of exp(mu) against the per-prompt mean on the
+in-dist test split (docs/predictors.md), with the booster's cost per request. It answers "how
+much accuracy would the batched <= 0.1 ms goal of issue 3 cost if trees were the only lever".
+
+Writes benchmarks/results/text_gbm_cost.json; prints `figure: batched_ms_per_request = ...`
+and one figure per stage (`figure: stage_us_<name> = ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from presched.predict import features as F
+from presched.predict.base import load_predictor, training_targets
+from presched.predict.evaluate import castillo_view, fresh
+from presched.predict.metrics import kendall_tau_b
+
+OUT = Path(__file__).parent / "results"
+TREES = (100, 200, 300, 400, 600, 800)
+
+
+def per_request_us(fn, batches) -> float:
+    """Median over batches of (call time / batch size), in microseconds."""
+    times = []
+    for b in batches:
+        t = time.perf_counter()
+        fn(b)
+        times.append((time.perf_counter() - t) * 1e6 / len(b))
+    return statistics.median(times)
+
+
+def stage_costs(pred, test, n_batches: int, batch: int, seed: int) -> dict[str, float]:
+    rng = np.random.default_rng(seed)
+    batches = [[fresh(test[i], k + 1) for i in rng.choice(len(test), batch, replace=False)] for k in range(n_batches)]
+    pred.predict(batches[0][:8])  # warm-up
+    texts = [list(dict.fromkeys(r.prompt for r in b)) for b in batches]
+    idx = {id(b): i for i, b in enumerate(batches)}
+    D = {id(b): pred._features(b) for b in batches}
+    mu = {k: pred.booster.predict(d, num_threads=1) for k, d in D.items()}
+    costs = {
+        "whole": per_request_us(pred.predict, batches),
+        "hashing": per_request_us(lambda b: pred.hasher(texts[idx[id(b)]]), batches),
+        "lsa": per_request_us(lambda b: pred._text_block(texts[idx[id(b)]]), batches),
+        "cues": per_request_us(lambda b: F.lexical_cues(texts[idx[id(b)]]), batches),
+        "exact_count": per_request_us(lambda b: F.TokenCounter()(texts[idx[id(b)]]), batches),
+        "point_booster": per_request_us(lambda b: pred.booster.predict(D[id(b)], num_threads=1), batches),
+    }
+    costs["lsa"] -= costs["hashing"]  # _text_block = hashing + projection
+    if pred.scale_booster is not None:
+        costs["spread_booster"] = per_request_us(
+            lambda b: pred.scale_booster.predict(np.column_stack([D[id(b)], mu[id(b)]]), num_threads=1), batches)
+    costs["rest"] = costs["whole"] - sum(v for k, v in costs.items() if k != "whole")
+    return costs
+
+
+def tree_tradeoff(pred, test, n_batches: int, batch: int) -> list[dict[str, float]]:
+    y, keep = training_targets(test)
+    D = pred._features(test)
+    rows = []
+    total = pred.booster.num_trees()
+    chunks = [D[i:i + batch] for i in range(0, min(len(D), n_batches * batch), batch)]
+    for k in [t for t in TREES if t < total] + [total]:
+        mu = pred.booster.predict(D, num_iteration=k, num_threads=1)
+        us = per_request_us(lambda d: pred.booster.predict(d, num_iteration=k, num_threads=1), chunks)
+        rows.append({"trees": k, "kendall_tau_b": kendall_tau_b(mu[keep], y[keep]),
+                     "mae_exp_mu": float(np.mean(np.abs(np.exp(mu[keep]) - y[keep]))), "booster_us": us})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=None, help="a text-gbm saved by `presched train` (default: train one)")
+    ap.add_argument("--batches", type=int, default=40, help="calls per measurement")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    console = Console()
+    split = castillo_view("in-dist")
+    if args.model:
+        pred = load_predictor(args.model)
+    else:
+        from presched.predict.base import PREDICTORS
+
+        console.print("training text-gbm as `presched train` does (~1 min) ...")
+        pred = PREDICTORS.create("text-gbm").fit(split.train, split.calibration)
+    if pred.name != "text-gbm":
+        sys.exit(f"--model: expected a text-gbm model, got {pred.name}")
+    with console.status("timing the stages ..."):
+        costs = stage_costs(pred, split.test, args.batches, args.batch_size, args.seed)
+    with console.status("truncating the booster ..."):
+        trees = tree_tradeoff(pred, split.test, args.batches, args.batch_size)
+
+    t = Table(title=f"text-gbm, µs per request in calls of {args.batch_size} fresh prompts (median of {args.batches})")
+    t.add_column("stage")
+    t.add_column("µs", justify="right")
+    for k, v in costs.items():
+        t.add_row(k, f"{v:.1f}")
+    console.print(t)
+    t = Table(title="point booster truncated to k trees (in-dist test, per-prompt mean target)")
+    for c in ("trees", "tau-b", "MAE exp(mu)", "booster µs"):
+        t.add_column(c, justify="right")
+    for r in trees:
+        t.add_row(str(r["trees"]), f"{r['kendall_tau_b']:.4f}", f"{r['mae_exp_mu']:.1f}", f"{r['booster_us']:.1f}")
+    console.print(t)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"meta": {"command": " ".join(["python", "benchmarks/text_gbm_cost.py", *sys.argv[1:]]),
+                       "batch_size": args.batch_size, "batches": args.batches, "python": platform.python_version(),
+                       "fit_info": pred.fit_info, "date": time.strftime("%Y-%m-%d")},
+              "stage_us": costs, "trees": trees}  # fmt: skip
+    (args.out / "text_gbm_cost.json").write_text(json.dumps(result, indent=1))
+    print(f"figure: batched_ms_per_request = {costs['whole'] / 1e3:.4g}")
+    for k, v in costs.items():
+        if k != "whole":
+            print(f"figure: stage_us_{k} = {v:.4g}")
+
+
+if __name__ == "__main__":
+    main()

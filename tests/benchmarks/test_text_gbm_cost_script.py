@@ -1,0 +1,41 @@
+"""benchmarks/text_gbm_cost.py's measuring parts on a small text-gbm fitted on a real CASTILLO
+slice (the full run is the script itself)."""
+
+from __future__ import annotations
+
+import pytest
+from builders import load_benchmark
+
+from presched.predict.data import castillo_requests
+from presched.predict.text_gbm import TextGBM
+
+MODELS = ["llama-3.1-8b", "gemma-3-4b"]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("text_gbm_cost.py")
+
+
+@pytest.fixture(scope="module")
+def small(data_dir):
+    train = castillo_requests("validate", models=MODELS)
+    test = castillo_requests("test", models=MODELS)[:400]
+    return TextGBM(folds=2, svd=8, max_rounds=120, scale_folds=2).fit(train), test
+
+
+def test_stages_account_for_the_whole_call(bench, small):
+    pred, test = small
+    costs = bench.stage_costs(pred, test, n_batches=3, batch=16, seed=0)
+    stages = {"hashing", "lsa", "cues", "exact_count", "point_booster", "spread_booster", "rest"}
+    assert set(costs) == stages | {"whole"}
+    assert all(costs[k] > 0 for k in stages - {"rest", "lsa"}) and costs["whole"] > 0
+    assert sum(costs[k] for k in stages) == pytest.approx(costs["whole"])
+
+
+def test_tree_tradeoff_ends_at_the_full_booster(bench, small):
+    pred, test = small
+    rows = bench.tree_tradeoff(pred, test, n_batches=3, batch=32)
+    trees = [r["trees"] for r in rows]
+    assert trees == sorted(trees) and trees[-1] == pred.booster.num_trees()
+    assert all(-1 <= r["kendall_tau_b"] <= 1 and r["mae_exp_mu"] > 0 and r["booster_us"] > 0 for r in rows)
