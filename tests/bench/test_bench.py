@@ -86,3 +86,16 @@ def test_noisy_oracle_predictions_reach_the_policy_in_request_order():
     ratio = np.log(noisy.point / np.array([r.target_tokens for r in reqs]))
     assert 0.8 < ratio.std() < 1.2  # log-scale error sigma
     assert predictions_for(reqs, PredictionsConfig()) is None
+
+
+def test_prompt_oracle_predictions_read_the_other_samples_and_refuse_a_workload_without_them():
+    from presched.predict.source import PredictionsConfig, predictions_for
+    from presched.workload.request import Request
+
+    reqs = [Request(id="a", prompt_tokens=5, arrival=0.0, output_tokens=10, output_samples=(10, 20, 40)),
+            Request(id="b", prompt_tokens=5, arrival=1.0, output_tokens=7, output_samples=(7, 7))]  # fmt: skip
+    est = predictions_for(reqs, PredictionsConfig(source="prompt-oracle"))
+    assert est.point.tolist() == [30.0, 7.0]  # the served sample left out once
+    with pytest.raises(ValueError, match="'b'.*output_samples"):
+        predictions_for(reqs[1:] + [Request(id="b", prompt_tokens=5, arrival=1.0, output_tokens=7)],
+                        PredictionsConfig(source="prompt-oracle"))  # fmt: skip

@@ -3,6 +3,7 @@ come from, for `presched bench` and `presched simulate` (and any driver that rep
 
     predictions: {source: model, path: text-gbm.npz}        # a predictor saved by `presched train`
     predictions: {source: noisy-oracle, sigma: 0.8}         # true lengths with log-normal error
+    predictions: {source: prompt-oracle}                    # the prompt's other observed lengths
     predictions: {source: none}                             # no predictions (default)
 
 Length-aware policies (sjf, srpt, rank, ...) need predictions; FCFS and the oracles do not.
@@ -21,11 +22,13 @@ from presched.workload.request import Request
 
 
 class PredictionsConfig(Config):
-    source: Literal["none", "model", "noisy-oracle"] = Field(
+    source: Literal["none", "model", "noisy-oracle", "prompt-oracle"] = Field(
         "none",
         description="Length predictions for policies and routers that use them: 'none'; 'model' "
         "(a predictor file saved by `presched train`, see path); 'noisy-oracle' (the true lengths "
-        "with log-normal error sigma: a controlled-accuracy stand-in, not deployable).",
+        "with log-normal error sigma: a controlled-accuracy stand-in, not deployable); "
+        "'prompt-oracle' (each request's distribution from the other lengths observed for its "
+        "prompt, e.g. CASTILLO's 10 samples: the ceiling of a prompt-only predictor, not deployable).",
     )
     path: Path | None = Field(None, description="source 'model': the predictor file (.npz).")
     sigma: float = Field(
@@ -50,6 +53,10 @@ def predictions_for(requests: Sequence[Request], cfg: PredictionsConfig) -> Leng
         from presched.predict.noisy_oracle import noisy_oracle
 
         return noisy_oracle(requests, cfg.sigma, cfg.seed)
+    if cfg.source == "prompt-oracle":
+        from presched.predict.noisy_oracle import prompt_oracle
+
+        return prompt_oracle(requests)
     from presched.predict.base import load_predictor
 
     return load_predictor(cfg.path).predict(list(requests))
