@@ -18,8 +18,13 @@ not recalibrated): Kendall tau-b of mu and MAE of exp(mu) against the per-prompt
 in-dist test split (docs/predictors.md), with the booster's cost per request. It answers "how
 much accuracy would the batched <= 0.1 ms goal of issue 3 cost if trees were the only lever".
 
-Writes benchmarks/results/text_gbm_cost.json; prints `figure: batched_ms_per_request = ...`
-and one figure per stage (`figure: stage_us_<name> = ...`).
+Last, the whole predictor against the fast configuration `cues=False` (no lexical cues; fitted
+here on the same split), both scored by `presched eval`'s harness (`evaluate.score_predictor`):
+Kendall tau-b, MAE, worst coverage error, batched and single latency.
+
+Writes benchmarks/results/text_gbm_cost.json; prints `figure: batched_ms_per_request = ...`,
+one figure per stage (`figure: stage_us_<name> = ...`) and the fast configuration's
+(`figure: no_cues_<metric> = ...`).
 """
 
 from __future__ import annotations
@@ -38,11 +43,12 @@ from rich.table import Table
 
 from presched.predict import features as F
 from presched.predict.base import load_predictor, training_targets
-from presched.predict.evaluate import castillo_view, fresh
-from presched.predict.metrics import kendall_tau_b
+from presched.predict.evaluate import castillo_view, fresh, score_predictor
+from presched.predict.metrics import kendall_tau_b, ssjf_edges
 
 OUT = Path(__file__).parent / "results"
 TREES = (100, 200, 300, 400, 600, 800)
+COMPARED = ("kendall_tau_b", "mae", "max_coverage_error_pts", "latency_batch_p50_ms", "latency_single_p50_ms")
 
 
 def per_request_us(fn, batches) -> float:
@@ -93,6 +99,21 @@ def tree_tradeoff(pred, test, n_batches: int, batch: int) -> list[dict[str, floa
     return rows
 
 
+def compare_fast(pred, split) -> dict[str, dict[str, float]]:
+    """`pred` and a `cues=False` text-gbm fitted on `split` (the rest of its parameters as
+    `pred`'s), each scored on `split.test`."""
+    from presched.predict.text_gbm import TextGBM
+
+    y, keep = training_targets(split.train)
+    edges = ssjf_edges(y[keep])
+    fast = TextGBM(**{**pred.params, "cues": False}).fit(split.train, split.calibration)
+    out = {}
+    for name, p in (("default", pred), ("cues=False", fast)):
+        row, _ = score_predictor(p, split, edges)
+        out[name] = {k: float(row[k]) for k in COMPARED} | {"trees": p.booster.num_trees()}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=None, help="a text-gbm saved by `presched train` (default: train one)")
@@ -116,6 +137,8 @@ def main() -> None:
         costs = stage_costs(pred, split.test, args.batches, args.batch_size, args.seed)
     with console.status("truncating the booster ..."):
         trees = tree_tradeoff(pred, split.test, args.batches, args.batch_size)
+    with console.status("fitting and scoring cues=False ..."):
+        configs = compare_fast(pred, split)
 
     t = Table(title=f"text-gbm, µs per request in calls of {args.batch_size} fresh prompts (median of {args.batches})")
     t.add_column("stage")
@@ -130,16 +153,26 @@ def main() -> None:
         t.add_row(str(r["trees"]), f"{r['kendall_tau_b']:.4f}", f"{r['mae_exp_mu']:.1f}", f"{r['booster_us']:.1f}")
     console.print(t)
 
+    t = Table(title="the default against cues=False (in-dist test)")
+    t.add_column("configuration")
+    for c in COMPARED:
+        t.add_column(c, justify="right")
+    for name, row in configs.items():
+        t.add_row(name, *(f"{row[c]:.4g}" for c in COMPARED))
+    console.print(t)
+
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"meta": {"command": " ".join(["python", "benchmarks/text_gbm_cost.py", *sys.argv[1:]]),
                        "batch_size": args.batch_size, "batches": args.batches, "python": platform.python_version(),
                        "fit_info": pred.fit_info, "date": time.strftime("%Y-%m-%d")},
-              "stage_us": costs, "trees": trees}  # fmt: skip
+              "stage_us": costs, "trees": trees, "configurations": configs}  # fmt: skip
     (args.out / "text_gbm_cost.json").write_text(json.dumps(result, indent=1))
     print(f"figure: batched_ms_per_request = {costs['whole'] / 1e3:.4g}")
     for k, v in costs.items():
         if k != "whole":
             print(f"figure: stage_us_{k} = {v:.4g}")
+    for k in COMPARED:
+        print(f"figure: no_cues_{k} = {configs['cues=False'][k]:.4g}")
 
 
 if __name__ == "__main__":

@@ -41,3 +41,16 @@ def test_tree_tradeoff_ends_at_the_full_booster(bench, small):
     trees = [r["trees"] for r in rows]
     assert trees == sorted(trees) and trees[-1] == pred.booster.num_trees()
     assert all(-1 <= r["kendall_tau_b"] <= 1 and r["mae_exp_mu"] > 0 and r["booster_us"] > 0 for r in rows)
+
+
+def test_the_fast_configuration_is_fitted_without_cues_and_scored_like_the_default(bench, small, data_dir):
+    from presched.predict.evaluate import Split
+
+    pred, test = small
+    train = castillo_requests("validate", models=MODELS)
+    half = len(train) // 2
+    split = Split("tiny", train[:half], train[half:], test, "test split")
+    out = bench.compare_fast(pred, split)
+    assert set(out) == {"default", "cues=False"}
+    assert all(set(bench.COMPARED) <= set(row) for row in out.values())
+    assert out["cues=False"]["latency_batch_p50_ms"] > 0 and -1 <= out["cues=False"]["kendall_tau_b"] <= 1

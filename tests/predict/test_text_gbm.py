@@ -117,3 +117,23 @@ def test_helpers():
     reqs = castillo_requests("test", models=["llama-3.1-8b"])[:200]
     fit_m, held = prompt_split(reqs, 0.2, 0)
     assert held.sum() > 0 and not {r.prompt for r, h in zip(reqs, held) if h} & {r.prompt for r, f in zip(reqs, fit_m) if f}
+
+
+def test_without_cues_the_lexical_stage_is_skipped_and_the_model_still_round_trips(small, fitted, tmp_path, monkeypatch):
+    import presched.predict.features as features
+
+    train, test = small
+    pred = TextGBM(**FAST, cues=False).fit(train)
+    assert len(pred.feature_names()) == len(fitted.feature_names()) - len(features.CUE_NAMES)
+    assert pred.booster.num_feature() == len(pred.feature_names())
+
+    def boom(texts):
+        raise AssertionError("lexical_cues called with cues=False")
+
+    monkeypatch.setattr(features, "lexical_cues", boom)  # predict must not pay for the cues
+    est = pred.predict(test[:200])
+    assert (np.diff(est.quantiles, axis=1) >= 0).all()
+    again = load_predictor(pred.save(tmp_path / "fast.npz")).predict(test[:200])
+    assert np.array_equal(again.quantiles, est.quantiles)
+    with pytest.raises(ValueError, match="'cues'"):
+        TextGBM(cues="maybe")

@@ -49,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
     "bits": 18, "order": 2, "head": 256, "tail": 64,            # n-gram hasher
     "alpha": 0.3, "folds": 5,                             # ridge text score (out-of-fold)
     "svd": 48, "svd_min_df": 5,                           # LSA topics
+    "cues": True,                                         # the 36 lexical cues (False: ~2x faster batched, less accurate)
     "learning_rate": 0.05, "num_leaves": 31, "min_data_in_leaf": 50, "feature_fraction": 0.8,
     "lambda_l2": 1.0, "max_rounds": 1500, "early_stopping": 100,
     "scale_model": True, "scale_folds": 3,                # spread booster on out-of-fold residuals
@@ -129,6 +130,8 @@ class TextGBM(Predictor):
             raise ValueError(f"text-gbm: unknown parameter(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
         super().__init__(**{**DEFAULTS, **params})
         p = self.params
+        if not isinstance(p["cues"], bool):
+            raise ValueError(f"text-gbm: field 'cues' must be true or false, got {p['cues']!r}")
         self.hasher = F.NgramHasher(bits=p["bits"], order=p["order"], head=p["head"], tail=p["tail"])
         self._svd_pos: np.ndarray | None = None  # column id -> index in svd_cols (-1: not used)
         self.fit_info: dict[str, Any] = {}
@@ -174,9 +177,14 @@ class TextGBM(Predictor):
         return np.column_stack([score[inv], proj[inv], pt, np.log1p(tok[inv]), cues[inv],
                                 self._model_rows([r.model for r in requests])])  # fmt: skip
 
+    def _cues(self, texts: Sequence[str]) -> np.ndarray:
+        """The lexical cues, or no columns with `cues=False` (the Python per-prompt stage)."""
+        return F.lexical_cues(texts) if self.params["cues"] else np.zeros((len(texts), 0))
+
     def feature_names(self) -> list[str]:
         return ["text_score", *(f"svd{i}" for i in range(self.svd_comp.shape[0])), "log_prompt_tokens",
-                "log_o200k", *F.CUE_NAMES, "model_offset", "model_spread", "family", "log_params"]  # fmt: skip
+                "log_o200k", *(F.CUE_NAMES if self.params["cues"] else ()), "model_offset", "model_spread",
+                "family", "log_params"]  # fmt: skip
 
     # --- fit --------------------------------------------------------------------------------
     def fit(self, requests: Sequence[Request], validation: Sequence[Request] | None = None) -> TextGBM:
@@ -224,7 +232,7 @@ class TextGBM(Predictor):
         else:
             self.svd_comp = np.zeros((0, self.svd_cols.size))
         proj = np.asarray(X[:, self.svd_cols] @ self.svd_comp.T) if k >= 1 else np.zeros((len(texts), 0))
-        cues, tok = F.lexical_cues(texts), F.token_counts(texts)
+        cues, tok = self._cues(texts), F.token_counts(texts)
         D = self._dense(score, proj, cues, tok, ti, reqs)
         t_feat = time.perf_counter() - t0
 
@@ -275,7 +283,7 @@ class TextGBM(Predictor):
         texts = list(text_idx)
         X, proj = self._text_block(texts)
         score = X @ self.coef + self.intercept
-        return self._dense(score, proj, F.lexical_cues(texts), F.token_counts(texts), inv, requests)
+        return self._dense(score, proj, self._cues(texts), F.token_counts(texts), inv, requests)
 
     def _mu_sigma(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mu = self.booster.predict(D, num_threads=1)
