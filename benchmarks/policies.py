@@ -280,7 +280,7 @@ def main() -> None:
                 sweep.append(dict(workload=w, load=load, sigma=sigma, tau=t, policy=p,
                                   mean_e2el_ms=r["mean_e2el_ms"], p99_e2el_ms=r["p99_e2el_ms"]))  # fmt: skip
 
-    # the starvation knob: mean vs P99 E2E on code at 90 % (real predictions)
+    # each policy's knob (rank's starvation threshold, ...): mean vs P99 E2E on code at 90 %
     pareto: list[dict[str, Any]] = []
     reqs = arrivals_at_load(work["code"], 0.9, caps["code/1"])
     for name, (knob, values) in PARETO.items():
@@ -334,9 +334,10 @@ def seed_rows(n_req: int, predictor, names, console: Console) -> list[dict[str, 
             est = predictor.predict(work)
             sim = sim_config(1)
             reqs = arrivals_at_load(work, load, saturated_throughput(work[:2000], sim))
+            t = tau(est, work)
             for p in names:
                 row = run(reqs, *POLICY_SET[p], est, sim)
-                out.append(dict(row, workload=w, instances=1, load=load, policy=p, seed=seed, tau=tau(est, work)))
+                out.append(dict(row, workload=w, instances=1, load=load, policy=p, seed=seed, tau=t))
             console.print(f"seed {seed}, {w} {load:.2f}: done")
     return out
 
