@@ -110,7 +110,7 @@ streams = st.lists(st.tuples(st.integers(1, 100), st.integers(1, 60), st.floats(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=streams, slots=st.integers(1, 6), blocks=st.integers(40, 100),
        q0=st.integers(1, 16), w=st.sampled_from([0.0, 0.1, 1.0]),
-       rw=st.sampled_from([0.0, 1.0, 5.0]), within=st.sampled_from([None, "mean"]),
+       rw=st.sampled_from([0.0, 1.0, 5.0, 8.0]), within=st.sampled_from([None, "mean"]),
        sigma=st.sampled_from([0.0, 1.0]))  # fmt: skip
 def test_property_preemptive_complete_and_fast_forward_exact(stream, slots, blocks, q0, w, rw, within, sigma):
     """With preemption on and KV pressure, FIFO or predictive inside a level (presched's default
