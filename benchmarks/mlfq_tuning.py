@@ -35,11 +35,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-import policies as P  # noqa: E402  (the workloads, policy set and runner of the evidence benchmark)
-
-from presched.bench.capacity import saturated_throughput  # noqa: E402
-from presched.bench.runner import arrivals_at_load  # noqa: E402
-from presched.workload.config import WorkloadConfig, build_workload  # noqa: E402
+import policies as P  # the workloads, policy set and runner of the evidence benchmark
 
 SETTINGS = (("code", 0.9), ("conv", 0.95))
 SELECTION, VALIDATION = (0, 1, 2), (3, 4)
@@ -58,9 +54,7 @@ def measure(predictor, seeds, grid, n_req: int, progress) -> list[dict[str, Any]
     task = progress.add_task("grid", total=len(seeds) * len(SETTINGS) * (len(grid) + len(REFERENCES)))
     for seed in seeds:
         for w, load in SETTINGS:
-            work = build_workload(WorkloadConfig(num_requests=n_req, seed=seed, **P.WORKLOADS[w]))
-            est, sim = predictor.predict(work), P.sim_config(1)
-            reqs = arrivals_at_load(work, load, saturated_throughput(work[:2000], sim))
+            reqs, est, sim, _ = P.headline_setting(w, load, seed, n_req, predictor)
             got = {}
             for name in REFERENCES:
                 got[name] = P.run(reqs, *P.POLICY_SET[name], est, sim)

@@ -324,17 +324,22 @@ def main() -> None:
         print(f"figure: {k} = {v:.4g}")
 
 
+def headline_setting(w: str, load: float, seed: int, n_req: int, predictor):
+    """(requests at `load`, their text-gbm predictions, the one-instance sim config, tau-b of the
+    predictions) of workload `w` drawn with `seed`: one headline run's inputs."""
+    work = build_workload(WorkloadConfig(num_requests=n_req, seed=seed, **WORKLOADS[w]))
+    est, sim = predictor.predict(work), sim_config(1)
+    reqs = arrivals_at_load(work, load, saturated_throughput(work[:2000], sim))
+    return reqs, est, sim, tau(est, work)
+
+
 def seed_rows(n_req: int, predictor, names, console: Console) -> list[dict[str, Any]]:
     """The headline settings (code 90 %, conv 95 %, 1 instance) on the other workload seeds
     `SEEDS`, every policy: rows as the main run's, with their `seed`."""
     out: list[dict[str, Any]] = []
     for seed in SEEDS[1:]:
         for w, load in HEADLINE:
-            work = build_workload(WorkloadConfig(num_requests=n_req, seed=seed, **WORKLOADS[w]))
-            est = predictor.predict(work)
-            sim = sim_config(1)
-            reqs = arrivals_at_load(work, load, saturated_throughput(work[:2000], sim))
-            t = tau(est, work)
+            reqs, est, sim, t = headline_setting(w, load, seed, n_req, predictor)
             for p in names:
                 row = run(reqs, *POLICY_SET[p], est, sim)
                 out.append(dict(row, workload=w, instances=1, load=load, policy=p, seed=seed, tau=t))
