@@ -8,14 +8,15 @@ import toktok
 from presched.predict import features as F
 
 
-def test_token_counts_are_exact_o200k_and_memoised():
-    texts = ["hello world", "How many tokens is this sentence?", "日本語のテキスト", "hello world"]
-    want = toktok.batch_count(texts, "o200k_base")
-    counter = F.TokenCounter(maxsize=2)
-    assert counter(texts).tolist() == want
-    assert len(counter._memo) == 2  # LRU bound
-    assert counter(texts[:1]).tolist() == want[:1]
-    assert F.token_counts(texts).tolist() == want
+def test_encode_gives_exact_o200k_ids_and_counts_in_one_call():
+    texts = ["hello world", "How many tokens is this sentence?", "日本語のテキスト", "", "hello world"]
+    ids, off = F.encode(texts)
+    assert np.diff(off).tolist() == toktok.batch_count(texts, "o200k_base")  # exact counts
+    enc = toktok._encoding(F.ENCODING)
+    for i, t in enumerate(texts):
+        assert ids[off[i]:off[i + 1]].tolist() == enc.encode_batch_to_numpy([t], 1)[0].tolist()
+    ids, off = F.encode([])
+    assert ids.size == 0 and off.tolist() == [0]
 
 
 def test_lexical_cues_shape_and_meaning():
@@ -45,7 +46,7 @@ def test_ngram_hasher_rows_are_normalised_deterministic_and_bounded():
     assert X.shape == (4, 2**12)
     norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
     assert np.allclose(norms[:3], 1, atol=1e-5) and norms[3] == 0
-    assert (X[0] != X[1]).nnz == 0  # lower-cased
+    assert (X[0] != X[1]).nnz > 0  # case kept: "QUANTUM" is other tokens than "quantum"
     assert X[2].nnz <= 2 * (32 + 16)  # only head + tail tokens are read
     assert (h(texts) != X).nnz == 0
 
@@ -67,7 +68,7 @@ def test_ngram_hasher_counts_each_ngram_once_per_row_in_canonical_csr():
     assert X.has_canonical_format and X.shape == (6, 2**10)
     enc = toktok._encoding(F.ENCODING)  # the tokenizer the hasher reads (no public encode)
     for i, t in enumerate(texts):
-        ids = enc.encode_batch_to_numpy([t.lower()], 1)[0].tolist()
+        ids = enc.encode_batch_to_numpy([t], 1)[0].tolist()
         ids = ids if len(ids) <= 80 else ids[:64] + ids[-16:]
         grams = [(g,) for g in ids] + [tuple(ids[k : k + 2]) for k in range(len(ids) - 1)]
         row = X.getrow(i)

@@ -29,7 +29,7 @@ from presched.predict.estimate import LengthEstimate
 from presched.registry import Registry
 from presched.workload.request import Request
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: text-gbm reads case-kept n-grams, bytes-level cues (v1 files would mis-predict)
 CAP = 14_999
 """Samples at or above this many tokens hit CASTILLO's generation cap (degenerate runs): they
 are flagged and left out of training targets."""

@@ -4,78 +4,40 @@ Everything here reads only what a request carries before it runs: the prompt tex
 count and the served model's name. All functions take a batch (lists) and return numpy arrays
 (or a scipy CSR matrix for the n-grams), one row per request.
 
-- `token_counts(texts)`: exact o200k_base token counts (toktok-rs, offline, exact as tiktoken),
-  memoised in an LRU dict keyed by a hash of the text (`TokenCounter`).
-- `lexical_cues(texts)`: `CUE_NAMES`, ~40 cheap hand cues (sizes, structure, question and task
-  words, length requests such as "in 3 sentences" / "500 words", code markers, language hints).
-- `NgramHasher`: hashed word 1–2-grams and char 3–5-grams (within words) of the head and tail
-  of the prompt, tf-idf-like sublinear weights, each block l2-normalised; no vocabulary to
-  store, so the featuriser has no fitted state beyond its parameters.
+- `encode(texts)`: o200k_base token ids of a batch in one Rust call (toktok-rs, offline, exact
+  as tiktoken); their offsets give the exact token counts.
+- `NgramHasher`: hashed 1..k-grams of those token ids from the head and tail of the prompt,
+  sublinear counts, rows l2-normalised; no vocabulary to store, no fitted state.
+- `lexical_cues(texts)`: `CUE_NAMES`, 36 cheap hand cues (sizes, structure, question and task
+  words, length requests such as "in 3 sentences" / "500 words", code markers, language hints),
+  computed on UTF-8 bytes with C-speed string methods.
 - `model_features(models)`: `MODEL_FEATURE_NAMES`: a served model's family (parsed from its name,
   so an unseen model of a known family still says something), its parameter count (log, parsed
   from names like "Llama-3.1-8B" / "Mixtral-8x7B"), and whether it is an "instruct"/"it" tune.
 
-Costs per prompt, batched, one core of a shared, loaded machine, CASTILLO prompts (mean 670
-chars): cues ~85 µs, n-grams ~60-120 µs (one Rust encode + numpy), token count ~5 µs (~80 µs
-uncached on long prompts).
+Costs per prompt, batched (calls of 64 CASTILLO prompts, mean 670 characters, one core):
+`python benchmarks/text_gbm_cost.py` measures each stage.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
 
-# --- token counts ---------------------------------------------------------------------------
+# --- tokens -------------------------------------------------------------------------------
 ENCODING = "o200k_base"
 
 
-class TokenCounter:
-    """o200k_base counts with an LRU memo keyed by the text's blake2b hash (16 bytes)."""
+def encode(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """o200k_base token ids of `texts` in one Rust call (toktok): (ids uint64, offsets int64),
+    text i's ids at ids[offsets[i]:offsets[i+1]]. np.diff(offsets) are the exact token counts."""
+    import toktok
 
-    def __init__(self, encoding: str = ENCODING, maxsize: int = 65_536) -> None:
-        self.encoding = encoding
-        self.maxsize = maxsize
-        self._memo: OrderedDict[bytes, int] = OrderedDict()
-
-    @staticmethod
-    def _key(text: str) -> bytes:
-        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-    def __call__(self, texts: Sequence[str]) -> np.ndarray:
-        import toktok
-
-        keys = [self._key(t) for t in texts]
-        out = np.empty(len(texts), dtype=np.int64)
-        missing: dict[bytes, list[int]] = {}
-        for i, k in enumerate(keys):
-            v = self._memo.get(k)
-            if v is None:
-                missing.setdefault(k, []).append(i)
-            else:
-                self._memo.move_to_end(k)
-                out[i] = v
-        if missing:
-            firsts = [idx[0] for idx in missing.values()]
-            counts = toktok.batch_count([texts[i] for i in firsts], self.encoding, threads=1)
-            for (k, idx), c in zip(missing.items(), counts):
-                out[idx] = c
-                self._memo[k] = int(c)
-            while len(self._memo) > self.maxsize:
-                self._memo.popitem(last=False)
-        return out
-
-
-_COUNTER = TokenCounter()
-
-
-def token_counts(texts: Sequence[str]) -> np.ndarray:
-    """Exact o200k_base token counts of `texts` (shared LRU memo)."""
-    return _COUNTER(texts)
+    ids, off = toktok._encoding(ENCODING).encode_batch_to_numpy(list(texts), 1)
+    return np.asarray(ids, dtype=np.uint64), np.asarray(off, dtype=np.int64)
 
 
 # --- lexical cues ---------------------------------------------------------------------------
@@ -86,9 +48,10 @@ _UNIT_TOKENS = {"word": 1.3, "sentence": 25, "line": 12, "paragraph": 120, "item
                 "bullet": 25, "example": 60, "step": 40, "tip": 40, "idea": 40, "question": 30,
                 "reason": 40, "character": 0.3, "token": 1.0, "page": 600}  # fmt: skip
 _QWORDS = frozenset(["what", "how", "why", "when", "where", "who", "whom", "which", "whose", "is", "are", "was", "were", "can", "could", "do", "does", "did", "should", "would", "will", "name", "tell"])  # fmt: skip
-_BULLET = re.compile(r"^[ \t]*(?:[-*•]|\d{1,3}[.)])[ \t]", re.MULTILINE)
-_CODE_LINE = re.compile(r"^(?:[ \t]*(?:def |class |import |from \S+ import|return\b|#|//|[{}])|    \S|.*;[ \t]*$)",
-                        re.MULTILINE)  # fmt: skip
+# line patterns, run on b"\n" + the UTF-8 bytes: a pattern that starts with a literal "\n" is
+# only tried at newlines (a MULTILINE "^" is tried at every byte: measured 3x slower)
+_BULLET = re.compile(rb"\n[ \t]*(?:[-*]|\xe2\x80\xa2|\d{1,3}[.)])[ \t]")  # -, *, •, 1. 1)
+_CODE_LINE = re.compile(rb"\n(?:[ \t]*(?:def |class |import |from \S+ import|return\b|#|//|[{}])|    \S|[^\n]*;[ \t]*(?=\n|\Z))")
 _PUNCT_CHARS = b"!\"$%&'()*,./:;<>?@[\\]^`{|}~=\n\t\r"
 # punctuation -> space on the UTF-8 bytes (C speed; ASCII bytes never occur inside a multi-byte
 # character, so this equals str.translate on the text, 5x faster)
@@ -125,13 +88,13 @@ _FLAGS: list[tuple[str, str, tuple[str, ...]]] = [
     ("kw_chat", "hi hello hey thanks please", ("thank you",)),
 ]
 # word -> bit mask of the flags it sets; a phrase is searched only when its longest word occurs
-_FLAG_WORDS: dict[str, int] = {}
-_FLAG_PHRASES: dict[str, list[tuple[int, str]]] = {}
+_FLAG_WORDS: dict[bytes, int] = {}
+_FLAG_PHRASES: dict[bytes, list[tuple[int, bytes]]] = {}
 for _j, (_, _ws, _ph) in enumerate(_FLAGS):
     for _w in _ws.split():
-        _FLAG_WORDS[_w] = _FLAG_WORDS.get(_w, 0) | 1 << _j
+        _FLAG_WORDS[_w.encode()] = _FLAG_WORDS.get(_w.encode(), 0) | 1 << _j
     for _p in _ph:
-        _FLAG_PHRASES.setdefault(max(_p.split(), key=len), []).append((1 << _j, f" {_p} "))
+        _FLAG_PHRASES.setdefault(max(_p.split(), key=len).encode(), []).append((1 << _j, f" {_p} ".encode()))
 _FLAG_BITS = np.uint64(1) << np.arange(len(_FLAGS), dtype=np.uint64)
 
 CUE_NAMES: tuple[str, ...] = (
@@ -157,83 +120,100 @@ CUE_NAMES: tuple[str, ...] = (
     *(n for n, _, _ in _FLAGS),  # keyword flags (0/1), see _FLAGS
 )
 _CLIP_HEAD, _CLIP_TAIL = 1200, 600
+_LOG1P = [i for i, n in enumerate(CUE_NAMES) if n.startswith("log_")]  # stored as log1p(value)
 _UNIT_WORDS = frozenset(u + s for u in _UNIT_TOKENS for s in ("", "s"))
-# byte classes for counting with bytes.translate (C speed): count = len(b) - len(b minus class)
-_B_DIGIT = bytes(range(48, 58))
-_B_UPPER = bytes(range(65, 91))
-_B_LOWER = bytes(range(97, 123))
-_B_CODE = b"{}[]()=;<>_#/\\"
-_B_LEAD = bytes(range(0xC0, 0x100))  # first byte of each non-ASCII character
-_B_CJK = bytes(range(0xE3, 0xEE))    # lead bytes of U+3000..U+DFFF (kana, CJK, hangul)
+# byte classes: one bytes.translate maps every byte to its class letter, then bytes.count per
+# class (C speed). d digit, u upper, l lower, c code punctuation, j lead byte of U+3000..U+DFFF
+# (kana, CJK, hangul), n lead byte of another non-ASCII character, . anything else
+_CLASSES = bytearray(b"." * 256)
+for _cls, _bytes in ((b"d", range(48, 58)), (b"u", range(65, 91)), (b"l", range(97, 123)),
+                     (b"c", b"{}[]()=;<>_#/\\"), (b"n", range(0xC0, 0x100)), (b"j", range(0xE3, 0xEE))):  # fmt: skip
+    for _b in _bytes:
+        _CLASSES[_b] = _cls[0]
+_CLASSES = bytes(_CLASSES)
 
 
-def _requested_tokens(words: list[str], wset: set[str]) -> float:
+# every whole word a cue looks for: flag words, the key word of each phrase, length units
+_UNIT_WORDS_B = frozenset(w.encode() for w in _UNIT_WORDS)
+_KEY_WORDS = frozenset(_FLAG_WORDS) | frozenset(_FLAG_PHRASES) | _UNIT_WORDS_B
+# key word -> (flag bits it sets, (bit, phrase) pairs it gates, whether it is a length unit)
+_KEY_INFO = {w: (_FLAG_WORDS.get(w, 0), tuple(_FLAG_PHRASES.get(w, ())), w in _UNIT_WORDS_B) for w in _KEY_WORDS}
+_QWORDS_B = frozenset(w.encode() for w in _QWORDS)
+_NUMWORDS_B = {w.encode(): float(n) for w, n in _NUMWORDS.items()}
+_UNIT_TOKENS_B = {w.encode() + s: v for w, v in _UNIT_TOKENS.items() for s in (b"", b"s")}
+
+
+def _requested_tokens(words: list[bytes], units: list[bytes]) -> float:
     """Largest "N units" request (N a number or number word up to two words before the unit),
-    in rough tokens: N x tokens per unit."""
-    if _UNIT_WORDS.isdisjoint(wset):
-        return 0.0
+    in rough tokens: N x tokens per unit. `units`: the unit words that occur in `words`."""
     best = 0.0
-    for i, w in enumerate(words):
-        if w in _UNIT_WORDS and i:
-            unit = w[:-1] if w.endswith("s") and w[:-1] in _UNIT_TOKENS else w
-            for prev in words[max(i - 2, 0):i][::-1]:
+    for u in units:
+        i = 0
+        while True:
+            try:
+                i = words.index(u, i) + 1  # C-speed scan to the next occurrence
+            except ValueError:
+                break
+            for prev in words[max(i - 3, 0):i - 1][::-1]:
                 if prev.isdigit() and len(prev) <= 5:
                     n = float(prev)
-                elif prev in _NUMWORDS:
-                    n = float(_NUMWORDS[prev])
+                elif prev in _NUMWORDS_B:
+                    n = _NUMWORDS_B[prev]
                 else:
                     continue
-                best = max(best, min(n, 10_000.0) * _UNIT_TOKENS[unit])
+                best = max(best, min(n, 10_000.0) * _UNIT_TOKENS_B[u])
                 break
     return best
 
 
-def _count(b: bytes, cls: bytes) -> int:
-    return len(b) - len(b.translate(None, cls))
-
-
 def _text_cues(text: str, clip: str) -> tuple[list[float], int]:
-    """The numeric cues of one text, and the bit mask of its keyword flags."""
-    norm = " " + clip.lower().encode("utf-8", "surrogatepass").translate(_PUNCT).decode("utf-8", "surrogatepass") + " "
-    words = norm.split()
-    wset = set(words)
-    stripped = text.strip()
-    first = stripped.split("\n", 1)[0]
-    last = stripped[stripped.rfind("\n") + 1:] if "\n" in stripped else stripped
-    req = _requested_tokens(words, wset)
+    """The raw numeric cues of one text (`_LOG1P` columns not yet logged), and the bit mask of
+    its keyword flags. Word cues read the normalised clip: ASCII lower-cased UTF-8 bytes,
+    punctuation as spaces, padded by spaces. Every step is one C-speed bytes/str method."""
     b = clip.encode("utf-8", "surrogatepass")
-    n = max(len(clip), 1)
-    upper, lower_n = _count(b, _B_UPPER), _count(b, _B_LOWER)
-    letters = max(upper + lower_n, 1)
-    row = [
-        math.log1p(len(text)),
-        math.log1p(len(words)),
-        math.log1p(text.count("\n")),
-        math.log1p(len(_BULLET.findall(clip))),
-        min(text.count("?"), 20),
-        float(stripped.endswith("?")),
-        float(bool(words) and words[0] in _QWORDS),
-        math.log1p(_count(b, _B_DIGIT)),
-        upper / letters,
-        _count(b, _B_CODE) / n,
-        _count(b, _B_LEAD) / n,
-        _count(b, _B_CJK) / n,
-        min(text.count("```"), 10),
-        math.log1p(len(_CODE_LINE.findall(clip))),
-        (upper + lower_n) / len(words) if words else 0.0,
-        math.log1p(len(last)),
-        math.log1p(len(first)),
-        float(req > 0),
-        math.log1p(req),
-    ]
-    mask = 0
-    for w in wset.intersection(_FLAG_WORDS):
-        mask |= _FLAG_WORDS[w]
-    for w in wset.intersection(_FLAG_PHRASES):
-        for bit, phrase in _FLAG_PHRASES[w]:
+    norm = b" " + b.lower().translate(_PUNCT) + b" "
+    words = norm.split()  # bytes, not str: ~3x cheaper to split and look up
+    mask, units = 0, []
+    for w in _KEY_WORDS.intersection(words):
+        bits, phrases, unit = _KEY_INFO[w]
+        mask |= bits
+        for bit, phrase in phrases:
             if not mask & bit and phrase in norm:
                 mask |= bit
-    return row, mask
+        if unit:
+            units.append(w)
+    req = _requested_tokens(words, units) if units else 0.0
+    n_words = len(words)
+    lines = b"\n" + b
+    stripped = text.strip()
+    nl = stripped.find("\n")
+    first = len(stripped) if nl < 0 else nl
+    last = len(stripped) - stripped.rfind("\n") - 1
+    n = max(len(clip), 1)
+    cls = b.translate(_CLASSES)
+    upper, lower_n, cjk = cls.count(b"u"), cls.count(b"l"), cls.count(b"j")
+    letters = max(upper + lower_n, 1)
+    return [
+        len(text),
+        n_words,
+        text.count("\n"),
+        len(_BULLET.findall(lines)),
+        min(text.count("?"), 20),
+        stripped.endswith("?"),
+        bool(words) and words[0] in _QWORDS_B,
+        cls.count(b"d"),
+        upper / letters,
+        cls.count(b"c") / n,
+        (cls.count(b"n") + cjk) / n,
+        cjk / n,
+        min(text.count("```"), 10),
+        len(_CODE_LINE.findall(lines)),
+        (upper + lower_n) / n_words if n_words else 0.0,
+        last,
+        first,
+        req > 0,
+        req,
+    ], mask
 
 
 def lexical_cues(texts: Sequence[str]) -> np.ndarray:
@@ -244,23 +224,25 @@ def lexical_cues(texts: Sequence[str]) -> np.ndarray:
     out = np.empty((len(texts), len(CUE_NAMES)))
     k = len(CUE_NAMES) - len(_FLAGS)
     out[:, :k] = np.array(rows, dtype=np.float64).reshape(len(texts), k)
+    out[:, _LOG1P] = np.log1p(out[:, _LOG1P])
     out[:, k:] = (np.array(masks, dtype=np.uint64)[:, None] & _FLAG_BITS) != 0
     return out
 
 
 # --- hashed n-grams -------------------------------------------------------------------------
-_MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
+_MIX1, _MIX2 = np.uint32(0x9E3779B1), np.uint32(0x85EBCA77)  # odd multiplicative-hash constants
 
 
 class NgramHasher:
     """Hashed n-grams of o200k token ids (1..`order`-grams), fully vectorised.
 
-    Texts are lower-cased and encoded in one Rust call (toktok `encode_batch_to_numpy`); BPE
-    tokens are sub-word pieces, so unigrams act like word pieces / char n-grams and 2–3-grams
-    like word n-grams. Only the first `head` and last `tail` tokens of each text are used (the
-    ask is usually at one end; bounds the cost of long prompts). Each n-gram is hashed
-    (multiply-xorshift on the id tuple) into `2**bits` columns; per-order blocks share the
-    space. Counts are sublinear (log1p) and rows l2-normalised. CSR float32, no fitted state.
+    Texts are encoded as they are (case kept: measured as accurate as lower-casing, and the
+    one encoding then also gives the exact token count, `encode`); BPE tokens are sub-word
+    pieces, so unigrams act like word pieces / char n-grams and 2–3-grams like word n-grams.
+    Only the first `head` and last `tail` tokens of each text are used (the ask is usually at
+    one end; bounds the cost of long prompts). Each n-gram is hashed (multiply-xorshift on the
+    id tuple) into `2**bits` columns; per-order blocks share the space. Counts are sublinear
+    (log1p) and rows l2-normalised. CSR float32, no fitted state.
     """
 
     def __init__(self, bits: int = 18, order: int = 3, head: int = 384, tail: int = 128) -> None:
@@ -268,46 +250,52 @@ class NgramHasher:
         self.n_features = 2**bits
 
     def __call__(self, texts: Sequence[str]):
+        return self.from_ids(*encode(texts))
+
+    def from_ids(self, ids: np.ndarray, off: np.ndarray):
+        """The CSR matrix from `encode`'s output (one row per text). 32-bit arithmetic
+        throughout (o200k ids < 2**18): half the memory traffic of 64-bit, same hashes' quality
+        for 2**bits <= 2**24 columns."""
         import scipy.sparse as sp
-        import toktok
 
         order, head, tail = (self.params[k] for k in ("order", "head", "tail"))
-        n = len(texts)
-        ids, off = toktok._encoding(ENCODING).encode_batch_to_numpy([t.lower() for t in texts], 1)
-        ids = np.asarray(ids, dtype=np.uint64)
-        off = np.asarray(off, dtype=np.int64)
-        lens = np.diff(off)
-        row = np.repeat(np.arange(n), lens)
-        pos = np.arange(ids.size) - off[:-1][row]
-        keep = (pos < head) | (pos >= (lens[row] - tail))
-        ids, row = ids[keep], row[keep]
+        n = off.size - 1
+        lens = np.diff(off).astype(np.int32)
+        ids = ids.astype(np.uint32)
+        row = np.repeat(np.arange(n, dtype=np.int32), lens)
+        if lens.size and lens.max() > head + tail:  # read only the head and tail of long texts
+            pos = np.arange(ids.size, dtype=np.int32) - off[:-1].astype(np.int32)[row]
+            keep = (pos < head) | (pos >= (lens[row] - tail))
+            ids, row = ids[keep], row[keep]
+        mask = np.uint32(self.n_features - 1)
         cols, rows = [], []
         with np.errstate(over="ignore"):
             for k in range(order):
                 if k == 0:
-                    h = (ids + np.uint64(1)) * _MIX1
+                    h = (ids + np.uint32(1)) * _MIX1
                     hk, rk = h, row
                 else:
-                    h = (h[:-1] ^ (ids[k:] + np.uint64(k + 1))) * _MIX2
+                    h = (h[:-1] ^ (ids[k:] + np.uint32(k + 1))) * _MIX2
                     same = row[k:] == row[:-k]
                     hk, rk = h[same], row[k:][same]
-                hk = hk ^ (hk >> np.uint64(29))
-                cols.append((hk & np.uint64(self.n_features - 1)).astype(np.int64))
+                cols.append((hk ^ (hk >> np.uint32(15))) & mask)
                 rows.append(rk)
         # distinct (row, column) pairs and their counts, sorted: CSR in canonical form directly
         # (scipy's COO -> CSR conversion and sum_duplicates cost ~0.15 ms for one short text)
-        key = np.concatenate(rows) * np.int64(self.n_features) + np.concatenate(cols)
+        key = np.concatenate(rows).astype(np.int64) * self.n_features + np.concatenate(cols)
+        if n * self.n_features < 2**31:
+            key = key.astype(np.int32)  # 32-bit keys sort ~2x faster
         key.sort()
         first = np.flatnonzero(np.diff(key, prepend=key[:1] - 1))  # empty when no text has a token
         counts = np.diff(np.append(first, key.size)).astype(np.float32)
         key = key[first]
-        r = key // self.n_features
+        r = key >> self.params["bits"]
         indptr = np.searchsorted(r, np.arange(n + 1))
         data = np.log1p(counts)
         per_row = np.diff(indptr)
         norms = np.sqrt(np.bincount(r, data.astype(np.float64) ** 2, minlength=n))
         data /= np.repeat(np.where(per_row > 0, norms, 1.0), per_row).astype(np.float32)
-        return sp.csr_matrix((data, key % self.n_features, indptr), shape=(n, self.n_features))
+        return sp.csr_matrix((data, key & (self.n_features - 1), indptr), shape=(n, self.n_features))
 
 
 # --- served-model features ------------------------------------------------------------------
