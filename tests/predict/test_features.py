@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import toktok
 
 from presched.predict import features as F
@@ -49,6 +50,8 @@ def test_ngram_hasher_rows_are_normalised_deterministic_and_bounded():
     assert (X[0] != X[1]).nnz > 0  # case kept: "QUANTUM" is other tokens than "quantum"
     assert X[2].nnz <= 2 * (32 + 16)  # only head + tail tokens are read
     assert (h(texts) != X).nnz == 0
+    with pytest.raises(ValueError, match="'bits'"):
+        F.NgramHasher(bits=30)
 
 
 def test_model_features_parse_family_and_size():

@@ -246,6 +246,8 @@ class NgramHasher:
     """
 
     def __init__(self, bits: int = 18, order: int = 3, head: int = 384, tail: int = 128) -> None:
+        if not 1 <= bits <= 24:
+            raise ValueError(f"field 'bits' must be 1..24 (hashes are mixed in 32 bits), got {bits}")
         self.params = {"bits": bits, "order": order, "head": head, "tail": tail}
         self.n_features = 2**bits
 
@@ -253,9 +255,9 @@ class NgramHasher:
         return self.from_ids(*encode(texts))
 
     def from_ids(self, ids: np.ndarray, off: np.ndarray):
-        """The CSR matrix from `encode`'s output (one row per text). 32-bit arithmetic
-        throughout (o200k ids < 2**18): half the memory traffic of 64-bit, same hashes' quality
-        for 2**bits <= 2**24 columns."""
+        """The CSR matrix from `encode`'s output (one row per text). 32-bit arithmetic throughout
+        (o200k ids < 2**18; hashes mixed in 32 bits, hence `bits` <= 24): half the memory
+        traffic of 64-bit."""
         import scipy.sparse as sp
 
         order, head, tail = (self.params[k] for k in ("order", "head", "tail"))
