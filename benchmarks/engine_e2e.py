@@ -159,13 +159,21 @@ def workload(args, count_engine) -> list[Request]:
 
 
 def predictor_file(kind: str, console: Console) -> Path:
-    """A `presched train -p KIND` model on CASTILLO (default splits), trained once and cached."""
+    """A `presched train -p KIND` model on CASTILLO (default splits), trained once and cached;
+    retrained when the cached file is of another model-file format (an older presched)."""
+    from presched.predict.base import ModelFileError, load_predictor
+
     path = launch.cache_dir() / "predictors" / f"{kind}-castillo.npz"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with console.status(f"training {kind} on CASTILLO (once; about a minute) ..."):
-            subprocess.run([sys.executable, "-m", "presched.cli", "train", "-p", kind, "-o", str(path)],
-                           check=True, capture_output=True)  # fmt: skip
+    if path.exists():
+        try:
+            load_predictor(path)
+            return path
+        except ModelFileError as e:
+            console.print(f"cached {path.name} unusable ({e}); retraining")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with console.status(f"training {kind} on CASTILLO (once; under a minute) ..."):
+        subprocess.run([sys.executable, "-m", "presched.cli", "train", "-p", kind, "-o", str(path)],
+                       check=True, capture_output=True)  # fmt: skip
     return path
 
 
