@@ -134,7 +134,7 @@ def train_predictor(path: str | None, console: Console):
     if path:
         return load_predictor(path), 0.0
     t = time.perf_counter()
-    console.print("training text-gbm on CASTILLO train + validate (all 13 models, ~1 min) ...")
+    console.print("training text-gbm on CASTILLO train + validate (all 13 models, ~20 s) ...")
     split = castillo_view("in-dist")
     pred = PREDICTORS.create("text-gbm")
     pred.fit(split.train, split.calibration)
