@@ -7,7 +7,7 @@ Per-request cost of each stage of `TextGBM.predict`, batched as `benchmarks/pred
 measures it (calls of 64 never-seen CASTILLO test prompts, `evaluate.fresh`, one core), timed
 *inside* whole calls (`staged_predict`: the same calls in the same order as `predict`, a clock
 read between stages), so each stage pays the cache misses the others cause, as in a server:
-timed alone in a loop, every stage looks 1.5-2x cheaper than it is. Stages: checks (and
+timed alone in a loop, a stage looks up to 2x cheaper than it is. Stages: checks (and
 de-duplicating prompts), one o200k encoding (which also gives the exact token count), n-gram
 hashing, the LSA projection, the ridge text score, the lexical cues, feature assembly, the point
 and spread boosters, the conformal quantiles. `staged` is their sum per call, `whole` the plain
