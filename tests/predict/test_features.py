@@ -92,3 +92,19 @@ def test_keyword_phrases_need_the_whole_phrase_and_words_need_the_whole_word():
     assert c[0, col["kw_compare"]] == 1 and c[1, col["kw_compare"]] == 0  # phrase, not its words apart
     assert c[2, col["kw_classify"]] == 1
     assert c[3, col["kw_rewrite"]] == 0 and c[4, col["kw_rewrite"]] == 1 and c[4, col["kw_chat"]] == 1
+
+
+def test_line_and_character_cues_count_what_they_name():
+    col = {n: i for i, n in enumerate(F.CUE_NAMES)}
+    texts = ["- first\n• second\n12) third\nnot a bullet - here", "x = 1;\n    return x\nplain line\nint y;",
+             "日本語 text", "Ünïcödé and ASCII"]  # fmt: skip
+    c = F.lexical_cues(texts)
+    # bullets at the very start of the text count, as does the non-ASCII bullet "•"
+    assert np.isclose(np.expm1(c[0, col["log_bullets"]]), 3)
+    # code lines: "...;" (also on the last line, with no newline after it) and an indented line
+    assert np.isclose(np.expm1(c[1, col["log_code_lines"]]), 3)
+    # fractions of characters (counted on UTF-8 bytes: a non-ASCII character counts once)
+    assert np.isclose(c[2, col["frac_cjk"]], 3 / len(texts[2])) and np.isclose(c[2, col["frac_nonascii"]], 3 / len(texts[2]))
+    assert c[3, col["frac_cjk"]] == 0 and np.isclose(c[3, col["frac_nonascii"]], 4 / len(texts[3]))
+    assert np.isclose(np.expm1(c[0, col["log_first_line"]]), len("- first"))
+    assert np.isclose(np.expm1(c[1, col["log_last_line"]]), len("int y;"))
