@@ -41,13 +41,17 @@ def encode(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 # --- lexical cues ---------------------------------------------------------------------------
-_NUMWORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-             "eight": 8, "nine": 9, "ten": 10, "twenty": 20, "fifty": 50, "hundred": 100,
-             "a": 1, "single": 1}  # fmt: skip
-_UNIT_TOKENS = {"word": 1.3, "sentence": 25, "line": 12, "paragraph": 120, "item": 20, "point": 25,
-                "bullet": 25, "example": 60, "step": 40, "tip": 40, "idea": 40, "question": 30,
-                "reason": 40, "character": 0.3, "token": 1.0, "page": 600}  # fmt: skip
-_QWORDS = frozenset(["what", "how", "why", "when", "where", "who", "whom", "which", "whose", "is", "are", "was", "were", "can", "could", "do", "does", "did", "should", "would", "will", "name", "tell"])  # fmt: skip
+# word tables are bytes: the cues compare them with words of the lower-cased UTF-8 text
+_NUMWORDS = {b"one": 1.0, b"two": 2.0, b"three": 3.0, b"four": 4.0, b"five": 5.0, b"six": 6.0, b"seven": 7.0,
+             b"eight": 8.0, b"nine": 9.0, b"ten": 10.0, b"twenty": 20.0, b"fifty": 50.0, b"hundred": 100.0,
+             b"a": 1.0, b"single": 1.0}  # fmt: skip
+_UNIT_TOKENS = {b"word": 1.3, b"sentence": 25, b"line": 12, b"paragraph": 120, b"item": 20, b"point": 25,
+                b"bullet": 25, b"example": 60, b"step": 40, b"tip": 40, b"idea": 40, b"question": 30,
+                b"reason": 40, b"character": 0.3, b"token": 1.0, b"page": 600}  # fmt: skip
+_UNIT_TOKENS.update({u + b"s": v for u, v in list(_UNIT_TOKENS.items())})  # plurals
+_UNIT_WORDS = frozenset(_UNIT_TOKENS)
+_QWORDS = frozenset(b"what how why when where who whom which whose is are was were can could do does did should "
+                    b"would will name tell".split())  # fmt: skip
 # line patterns, run on b"\n" + the UTF-8 bytes: a pattern that starts with a literal "\n" is
 # only tried at newlines (a MULTILINE "^" is tried at every byte: measured 3x slower)
 _BULLET = re.compile(rb"\n[ \t]*(?:[-*]|\xe2\x80\xa2|\d{1,3}[.)])[ \t]")  # -, *, •, 1. 1)
@@ -121,7 +125,6 @@ CUE_NAMES: tuple[str, ...] = (
 )
 _CLIP_HEAD, _CLIP_TAIL = 1200, 600
 _LOG1P = [i for i, n in enumerate(CUE_NAMES) if n.startswith("log_")]  # stored as log1p(value)
-_UNIT_WORDS = frozenset(u + s for u in _UNIT_TOKENS for s in ("", "s"))
 # byte classes: one bytes.translate maps every byte to its class letter, then bytes.count per
 # class (C speed). d digit, u upper, l lower, c code punctuation, j lead byte of U+3000..U+DFFF
 # (kana, CJK, hangul), n lead byte of another non-ASCII character, . anything else
@@ -134,13 +137,9 @@ _CLASSES = bytes(_CLASSES)
 
 
 # every whole word a cue looks for: flag words, the key word of each phrase, length units
-_UNIT_WORDS_B = frozenset(w.encode() for w in _UNIT_WORDS)
-_KEY_WORDS = frozenset(_FLAG_WORDS) | frozenset(_FLAG_PHRASES) | _UNIT_WORDS_B
+_KEY_WORDS = frozenset(_FLAG_WORDS) | frozenset(_FLAG_PHRASES) | _UNIT_WORDS
 # key word -> (flag bits it sets, (bit, phrase) pairs it gates, whether it is a length unit)
-_KEY_INFO = {w: (_FLAG_WORDS.get(w, 0), tuple(_FLAG_PHRASES.get(w, ())), w in _UNIT_WORDS_B) for w in _KEY_WORDS}
-_QWORDS_B = frozenset(w.encode() for w in _QWORDS)
-_NUMWORDS_B = {w.encode(): float(n) for w, n in _NUMWORDS.items()}
-_UNIT_TOKENS_B = {w.encode() + s: v for w, v in _UNIT_TOKENS.items() for s in (b"", b"s")}
+_KEY_INFO = {w: (_FLAG_WORDS.get(w, 0), tuple(_FLAG_PHRASES.get(w, ())), w in _UNIT_WORDS) for w in _KEY_WORDS}
 
 
 def _requested_tokens(words: list[bytes], units: list[bytes]) -> float:
@@ -157,11 +156,11 @@ def _requested_tokens(words: list[bytes], units: list[bytes]) -> float:
             for prev in words[max(i - 3, 0):i - 1][::-1]:
                 if prev.isdigit() and len(prev) <= 5:
                     n = float(prev)
-                elif prev in _NUMWORDS_B:
-                    n = _NUMWORDS_B[prev]
+                elif prev in _NUMWORDS:
+                    n = _NUMWORDS[prev]
                 else:
                     continue
-                best = max(best, min(n, 10_000.0) * _UNIT_TOKENS_B[u])
+                best = max(best, min(n, 10_000.0) * _UNIT_TOKENS[u])
                 break
     return best
 
@@ -200,7 +199,7 @@ def _text_cues(text: str, clip: str) -> tuple[list[float], int]:
         len(_BULLET.findall(lines)),
         min(text.count("?"), 20),
         stripped.endswith("?"),
-        bool(words) and words[0] in _QWORDS_B,
+        bool(words) and words[0] in _QWORDS,
         cls.count(b"d"),
         upper / letters,
         cls.count(b"c") / n,
