@@ -347,9 +347,12 @@ def seed_rows(n_req: int, predictor, names, console: Console) -> list[dict[str, 
     return out
 
 
-def pick(rows, w, load, p, inst=1):
+def pick(rows, w, load, p, inst=1, seed=None):
+    """The first row of workload `w` at `load` for policy `p` on `inst` instances; of workload
+    seed `seed` when given (a row without `seed` is seed 0)."""
     for r in rows:
-        if r["workload"] == w and r["load"] == load and r["policy"] == p and r["instances"] == inst:
+        if (r["workload"] == w and r["load"] == load and r["policy"] == p and r["instances"] == inst
+                and (seed is None or r.get("seed", 0) == seed)):  # fmt: skip
             return r
     return None
 

@@ -15,7 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import policies as P  # the evidence benchmark: its row lookup and gain capture
 
 RESULTS = Path(__file__).parent / "results" / "policies.json"
 SETTINGS = (("code", 0.9), ("conv", 0.95), ("mooncake", 0.9))
@@ -24,14 +28,8 @@ MULTI = ("fcfs", "srpt-oracle", "rank", "srpt", "mlfq-preempt+sjf")
 
 
 def pick(rows, w: str, load: float, policy: str, inst: int = 1, seed: int = 0):
-    for r in rows:
-        if (r["workload"], r["load"], r["policy"], r["instances"], r.get("seed", 0)) == (w, load, policy, inst, seed):
-            return r
-    return None
-
-
-def capture(fcfs: float, oracle: float, x: float) -> float:
-    return (fcfs - x) / (fcfs - oracle) if fcfs != oracle else float("nan")
+    """`policies.pick`, of workload seed 0 unless told (the seeds table mixes seeds)."""
+    return P.pick(rows, w, load, policy, inst, seed)
 
 
 def fmt_cap(x: float) -> str:
@@ -54,7 +52,7 @@ def settings_tables(rows) -> str:
         for r in rows:
             if (r["workload"], r["load"], r["instances"], r.get("seed", 0)) != (w, load, 1, 0):
                 continue
-            cap = capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], r["mean_e2el_ms"])
+            cap = P.capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], r["mean_e2el_ms"])
             body.append([r["policy"], f"{r['mean_e2el_ms'] / 1e3:.2f}", f"{r['p99_e2el_ms'] / 1e3:.1f}",
                          f"{r['short_p99_e2el_ms'] / 1e3:.2f}", f"{r['long_p99_queue_wait_ms'] / 1e3:.1f}",
                          f"{r['mean_ttft_ms'] / 1e3:.2f}", str(r["preemptions"]), fmt_cap(cap),
@@ -83,7 +81,7 @@ def seeds_table(rows, seed_rows) -> str:
                 if not (fc and orc and r):
                     line.append("—")
                     continue
-                caps.append(capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], r["mean_e2el_ms"]))
+                caps.append(P.capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], r["mean_e2el_ms"]))
                 line.append(f"{caps[-1]:.2f} ({r['p99_e2el_ms'] / fc['p99_e2el_ms']:.2f}x)")
             line.append(f"{statistics.mean(caps):.2f}" if caps else "—")
         body.append(line)
@@ -98,7 +96,7 @@ def multi_tables(rows, loads) -> str:
             line = [p]
             for load in loads:
                 fc, orc, r = (pick(rows, w, load, q, inst=4) for q in ("fcfs", "srpt-oracle", p))
-                line.append(f"{r['mean_e2el_ms'] / 1e3:.2f} ({fmt_cap(capture(fc['mean_e2el_ms'], orc['mean_e2el_ms'], r['mean_e2el_ms']))})"
+                line.append(f"{r['mean_e2el_ms'] / 1e3:.2f} ({fmt_cap(P.capture(fc['mean_e2el_ms'], orc['mean_e2el_ms'], r['mean_e2el_ms']))})"
                             if fc and orc and r else "—")  # fmt: skip
             body.append(line)
         out.append(f"{w}:\n\n" + table(["policy", *(f"{x:.2f}" for x in loads)], body))
@@ -114,7 +112,7 @@ def noise_table(rows, sweep) -> str:
         here = {s["policy"]: s for s in sweep if (s["workload"], s["load"], s["sigma"]) == (w, load, sigma)}
         tau = next(iter(here.values()))["tau"]
         body.append([f"{w} {load:g}", str(sigma), f"{tau:.2f}", *(
-            fmt_cap(capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], here[p]["mean_e2el_ms"])) if p in here else "—"
+            fmt_cap(P.capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], here[p]["mean_e2el_ms"])) if p in here else "—"
             for p in policies)])  # fmt: skip
     return ("## Noise sweep: accuracy → gain (noisy oracle, gain capture)\n"
             "![noise sweep](../benchmarks/results/policies-noise-sweep.png)\n\n"
@@ -124,7 +122,7 @@ def noise_table(rows, sweep) -> str:
 def knob_table(rows, pareto) -> str:
     fc, orc = pick(rows, "code", 0.9, "fcfs"), pick(rows, "code", 0.9, "srpt-oracle")
     body = [[k["policy"], f"{k['knob']}={k['value']:g}", f"{k['mean_e2el_ms'] / 1e3:.2f}", f"{k['p99_e2el_ms'] / 1e3:.1f}",
-             f"{k['p99_e2el_ms'] / fc['p99_e2el_ms']:.2f}", fmt_cap(capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], k["mean_e2el_ms"]))]
+             f"{k['p99_e2el_ms'] / fc['p99_e2el_ms']:.2f}", fmt_cap(P.capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], k["mean_e2el_ms"]))]
             for k in pareto]  # fmt: skip
     return ("## Each policy's knob (code 90 %, seed 0, real predictions)\n"
             "![pareto](../benchmarks/results/policies-pareto.png)\n\n"
