@@ -115,3 +115,21 @@ def test_frozen():
     cfg = WorkloadConfig()
     with pytest.raises(ValidationError):
         cfg.rate = 3.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"source": "azure-conv", "arrivals": "gamma", "cv": 2.0},
+     {"source": "castillo", "model": "llama-3.1-8b", "arrivals": "poisson", "rate": 2.0}],
+)  # fmt: skip
+def test_a_dumped_config_loads_back(kwargs):
+    # a dump writes every field, defaults included (`path: null`, `sample: 0`): loading it back
+    # must give the same config, not "path is not used by source 'default'"
+    cfg = WorkloadConfig(**kwargs)
+    again = WorkloadConfig(**cfg.model_dump())
+    assert again == cfg
+
+
+def test_a_non_default_option_the_source_does_not_take_is_still_refused():
+    with pytest.raises(ValidationError, match="sample is not used by source 'default'"):
+        WorkloadConfig(**{**WorkloadConfig().model_dump(), "sample": 3})

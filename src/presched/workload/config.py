@@ -118,7 +118,10 @@ class WorkloadConfig(Config):
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadConfig:
-        set_ = self.model_fields_set
+        # an option counts as given when it differs from its default: a dumped config (every
+        # field written out, `path: null`, `sample: 0`) must load back
+        fields = type(self).model_fields
+        set_ = {f for f in self.model_fields_set if getattr(self, f) != fields[f].default}
         _check_options(self.source, self.path, "", set_)
         if self.lengths_from is None:
             stray = [f"lengths_{o}" for o in ("path", *CASTILLO_OPTIONS) if f"lengths_{o}" in set_]
