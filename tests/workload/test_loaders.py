@@ -475,6 +475,11 @@ def test_generic_csv_schema(tmp_path):
             "expected integers",
         ),
         ("z.jsonl", '{"prompt_tokens": 5, "tenant": 3}\n', 1, "tenant", "expected text"),
+        ("z.jsonl", '{"prompt_tokens": 5, "output_tokens": []}\n', 1, "output_tokens", "expected"),
+        ("z.jsonl", '{"prompt_tokens": 5, "output_tokens": [3, 0]}\n', 1, "output_tokens",
+         "expected integers >= 1"),
+        ("z.jsonl", '{"prompt_tokens": 5, "output_tokens": [3], "output_samples": [3]}\n', 1,
+         "output_tokens", "a list here holds the samples"),
     ],
 )
 def test_generic_bad_rows(tmp_path, name, body, line, field, problem):
@@ -483,6 +488,17 @@ def test_generic_bad_rows(tmp_path, name, body, line, field, problem):
     with pytest.raises(LoadError) as e:
         load_generic(f)
     assert str(e.value).startswith(f"{name} line {line}, field '{field}': {problem}"), str(e.value)
+
+
+def test_generic_output_tokens_as_a_list_are_samples(tmp_path):
+    # outside data gives sampled lengths under output_tokens (`[652]`, `[652, 700]`): the first
+    # is the length, all of them the samples, as if given as output_samples
+    f = tmp_path / "s.jsonl"
+    f.write_text('{"prompt_tokens": 5, "output_tokens": [652]}\n'
+                 '{"prompt_tokens": 5, "output_tokens": [40, 7, 9]}\n')
+    a, b = load_generic(f)
+    assert (a.output_tokens, a.output_samples) == (652, (652,))
+    assert (b.output_tokens, b.output_samples) == (40, (40, 7, 9))
 
 
 def test_generic_other_errors(tmp_path):

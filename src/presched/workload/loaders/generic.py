@@ -7,7 +7,8 @@ One request per JSONL line / CSV row. Columns (see docs/workloads.md for the ful
 | `prompt_tokens`  | yes*     | prompt length in tokens (* or give `prompt` and it is counted)     |
 | `id`             | no       | unique id; default `<file stem>-<row index, 6 digits>`             |
 | `arrival`        | no       | seconds since the start of the log; default 0                      |
-| `output_tokens`  | no       | true output length (>= 1; 0 is refused as a bad row)               |
+| `output_tokens`  | no       | true output length (>= 1; 0 is refused as a bad row); a JSON list = |
+|                  |          | sampled lengths: the first is the length, all go to output_samples |
 | `max_tokens`     | no       | generation cap of the request                                      |
 | `tenant`         | no       | tenant / user class; default "default"                             |
 | `model`          | no       | model name                                                         |
@@ -144,9 +145,20 @@ def _request(
     kw["id"] = str(rid)
     if "arrival" in row:
         kw["arrival"] = parse_float(row.pop("arrival"), path, line, "arrival")
-    for name in ("output_tokens", "max_tokens"):
-        if name in row:
-            kw[name] = parse_int(row.pop(name), path, line, name)
+    out = row.pop("output_tokens", None)
+    if isinstance(out, list):  # sampled lengths: the first is the length, all are samples
+        if "output_samples" in row:
+            raise LoadError(path, "a list here holds the samples; give it or output_samples, "
+                            "not both", line=line, field="output_tokens")  # fmt: skip
+        samples = parse_int_list(out, path, line, "output_tokens")
+        if not samples:
+            raise LoadError(path, "expected an integer >= 1 or a non-empty list, got []",
+                            line=line, field="output_tokens")  # fmt: skip
+        kw["output_tokens"], kw["output_samples"] = samples[0], samples
+    elif out is not None:
+        kw["output_tokens"] = parse_int(out, path, line, "output_tokens")
+    if "max_tokens" in row:
+        kw["max_tokens"] = parse_int(row.pop("max_tokens"), path, line, "max_tokens")
     for name in ("tenant", "model"):
         if name in row:
             v = row.pop(name)
