@@ -492,7 +492,7 @@ def eval_(
 
 
 from presched.serve.cli import serve as _serve  # noqa: E402
-from presched.serve.replay_cli import replay as _replay  # noqa: E402
+from presched.loadgen.cli import replay as _replay  # noqa: E402
 
 app.command("serve")(_serve)
 app.command("replay")(_replay)

@@ -21,15 +21,15 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from typer.testing import CliRunner
 
-from presched.metrics.summary import GoodputSLO, summarize
-from presched.serve.replay import (
+from presched.loadgen.cli import replay
+from presched.loadgen.replay import (
     ReplayConfig,
     ReplayError,
     request_body,
     run_replay,
     synthetic_prompt,
 )
-from presched.serve.replay_cli import replay
+from presched.metrics.summary import GoodputSLO, summarize
 from presched.workload.request import Request
 
 
