@@ -102,7 +102,8 @@ def assert_one_clock(received: list[float], rows: list[dict], before: float) -> 
     assert lo <= hi + 1e-6, (lo, hi)
     for r in rows:  # the generator's own books: sent = schedule + its lateness + slot wait
         assert r["send_lag_ms"] >= 0 and r["client_wait_ms"] >= 0
-        assert r["sent_s"] == pytest.approx(r["scheduled_s"] + (r["send_lag_ms"] + r["client_wait_ms"]) / 1e3)
+        parts = r["scheduled_s"] + (r["send_lag_ms"] + r["client_wait_ms"]) / 1e3
+        assert r["sent_s"] == pytest.approx(parts)
 
 
 def _closed_port() -> int:
@@ -255,7 +256,8 @@ def test_api_key_and_per_tenant_keys_are_sent(asgi_server):
 def test_metrics_match_the_stubs_known_timing(stub_server):
     token_s = 0.02
     lengths = [2, 4, 6, 16, 20, 5]
-    true_e2e = [(n - 1) * token_s for n in lengths]  # n tokens, one every token_s, the first at once
+    # n tokens, one every token_s, the first at once
+    true_e2e = [(n - 1) * token_s for n in lengths]
     reqs = _reqs(lengths, gap_s=0.03)
     url, _ = stub_server(token_s=token_s)
     res = run_replay(reqs, ReplayConfig(url=url, model="stub"), slo=GoodputSLO(e2el_ms=200))
@@ -300,7 +302,8 @@ def test_non_streaming_and_chat(stub_server):
     assert [r["events"] for r in res.rows] == [4, 6]
     # the gaps between the chat deltas: 8 of them, each after the first token (the stub's 10 ms a
     # token is a floor of their sum; how much more a busy machine adds is not asserted)
-    assert res.itl[0].size == 8 and res.summary["mean_itl_ms"] == pytest.approx(res.itl[0].mean() * 1e3)
+    assert res.itl[0].size == 8
+    assert res.summary["mean_itl_ms"] == pytest.approx(res.itl[0].mean() * 1e3)
     assert sum(r["e2el_s"] - r["ttft_s"] for r in res.rows) >= 8 * 0.01 - 0.002
 
 
