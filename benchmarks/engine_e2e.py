@@ -35,7 +35,7 @@ simulator's saturated FCFS throughput on these requests with the step-time model
 engine (`presched.engine.calibrate`, the same definition as benchmarks/policies.py).
 
 The configurations (same requests, same engine; one process each for every gateway and the load
-generator, which is `presched.serve.replay` in this script's process):
+generator, which is `presched.loadgen.replay` in this script's process):
 
   direct-fcfs       replay straight at vLLM, no priority (vLLM's own FCFS)
   passthrough       `presched serve --mode passthrough`: vLLM priority = predicted mean length
@@ -111,9 +111,9 @@ from presched.bench.capacity import saturated_throughput
 from presched.bench.runner import arrivals_at_load
 from presched.engine import affinity, launch
 from presched.engine.calibrate import Calibration, calibrate, parse_histograms
+from presched.loadgen.replay import ReplayConfig, run_replay
+from presched.loadgen.result import nan_to_none
 from presched.metrics.summary import summarize
-from presched.serve.replay import ReplayConfig, run_replay
-from presched.serve.replay_result import nan_to_none
 from presched.serve.tokens import counter
 from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig, simulate

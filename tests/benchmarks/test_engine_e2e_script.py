@@ -11,7 +11,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from builders import BENCHMARKS, load_benchmark, printed_figures, require_engine
@@ -28,11 +27,10 @@ def bench():
 @pytest.mark.engine
 def test_quick_run_replays_every_configuration_and_compares_with_the_simulator(tmp_path):
     require_engine()
-    t = time.monotonic()
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
                           check=False, capture_output=True, text=True, timeout=420)  # fmt: skip
+    # the timeout catches a hang (~65 s on 2 busy cores); how fast it ran is not asserted
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert time.monotonic() - t < 300  # ~65 s on 2 busy cores, ~30 s of it the engine's start
     figures = printed_figures(proc.stdout)
     names = list(figures)
     assert names[:2] == ["engine_fcfs_over_sjf_mean_e2e", "sim_vs_engine_mean_e2e_error_pct"]

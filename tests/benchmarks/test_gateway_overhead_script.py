@@ -24,7 +24,6 @@ def bench():
 
 
 def test_quick_run_prints_the_figures_and_writes_the_results(tmp_path):
-    t = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
         capture_output=True,
@@ -32,8 +31,8 @@ def test_quick_run_prints_the_figures_and_writes_the_results(tmp_path):
         timeout=180,
         check=False,
     )
+    # the timeout catches a hang (~20 s on 2 busy cores); how fast it ran is not asserted
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert time.monotonic() - t < 60  # ~20 s on 2 busy cores
     figures = printed_figures(proc.stdout)
     for name in (
         "gateway_added_p50_ms",

@@ -12,6 +12,7 @@ import threading
 import time
 
 import httpx
+from builders import require_engine
 
 from presched.predict.base import PREDICTORS
 from presched.serve.app import build_app
@@ -202,6 +203,7 @@ def test_natural_lengths_from_a_real_instruct_model_feed_the_log_and_training(as
     from presched.engine import launch
     from presched.serve.train_log import train_from_log
 
+    require_engine()  # no engine fixture here: skip (or, in CI, fail) without the engine venv
     model = launch.ensure_smollm2()
     with launch.start_engine(model, served_name="smollm2", max_num_seqs=4, max_model_len=1024, inproc_worker=True,
                              log_path=tmp_path / "smollm2.log") as eng:  # fmt: skip

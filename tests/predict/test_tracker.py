@@ -132,7 +132,10 @@ def test_add_is_linear_in_the_window_not_quadratic():
             t.add(e, y)
         return (time.perf_counter() - t0) / (2 * window)
 
-    assert per_add(4000) < 2e-3  # O(window^2) would be ~1.6e7 pair checks per add
+    # A ratio of two runs on the same machine, not a speed: a 16x longer window costs at most
+    # 16x per add when add is linear in the window (measured ~1.5x: the constant dominates),
+    # 256x when quadratic (~1.6e7 pair checks per add at 4000). A slow machine slows both.
+    assert per_add(4000) < 40 * per_add(250)
 
 
 def test_bad_config_names_the_field():

@@ -466,7 +466,7 @@ def test_first_byte_timeout_moves_the_request(asgi_server, stub_server, tmp_path
 
     rep, took = drive(g, main)
     assert_served(rep, 8, stream=False)
-    assert 0.5 <= took < 5.0
+    assert 0.5 <= took < 15.0  # generous: catches a missing timeout (the slow one answers at 20 s)
     assert slow.received == 1 and fast.received == 1
     df = settled(g, rows=1)
     row = df.iloc[0]
@@ -570,8 +570,8 @@ def test_client_leaving_a_stream_closes_it_upstream(asgi_server, stub_server, tm
 
     async def main():
         async with client() as c, client() as c2:
-            req = c.build_request("POST", f"{g.url}/v1/completions", json=body(200, True, "long"))
-            resp = await c.send(req, stream=True)  # 200 tokens: 10 s if nobody leaves
+            req = c.build_request("POST", f"{g.url}/v1/completions", json=body(400, True, "long"))
+            resp = await c.send(req, stream=True)  # 400 tokens: 20 s if nobody leaves
             lines = resp.aiter_lines()
             while not (await anext(lines)).startswith("data:"):
                 pass
@@ -586,13 +586,14 @@ def test_client_leaving_a_stream_closes_it_upstream(asgi_server, stub_server, tm
 
     long_id, rep, took = drive(g, main)
     assert_served(rep, 2, stream=False)
-    assert took < 5.0  # the queued request got the slot at once, not after 10 s
+    # generous: the queued request got the slot once the client left, not after 20 s
+    assert took < 15.0
     assert eng.started == ["long", "next"]
     wait_until(lambda: eng.running == 0, 5, "the stub to drop the abandoned stream")
     df = settled(g, rows=2).set_index("id")
     row = df.loc[long_id]
     assert row["status"] == 499 and row["backend"] == "b" and row["stream"] == 1
-    assert row["e2e_s"] < 5.0
+    assert row["e2e_s"] < 15.0  # cut when its client left, not run to its 20 s end
     assert (df["status"] == 200).sum() == 1
 
 

@@ -50,7 +50,9 @@ def test_azure_conv_rows_and_stats():
     reqs = load_azure_conv()
     elapsed = time.perf_counter() - t
     assert len(reqs) == 19_366
-    assert elapsed < 1.0, f"loading 19k Azure rows took {elapsed:.2f} s"
+    # generous on purpose (~0.2 s measured): catches a loader gone pathological (row-by-row
+    # parsing in a quadratic loop), not a slow or busy machine
+    assert elapsed < 30.0, f"loading 19k Azure rows took {elapsed:.2f} s"
     assert reqs[0].id == "azure-conv-000000" and reqs[123].id == "azure-conv-000123"
     arr = np.array([r.arrival for r in reqs])
     assert arr[0] == 0.0 and np.all(np.diff(arr) >= 0)

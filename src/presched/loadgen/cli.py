@@ -4,7 +4,7 @@ replay.csv (one row per request) and replay.png.
 
 This module is a typer command FUNCTION, registered by `presched.cli`:
 
-    from presched.serve.replay_cli import replay
+    from presched.loadgen.cli import replay
     app.command("replay")(replay)
 
 It does not import `presched.cli` (so either may be imported first, and `python -m presched.cli`
@@ -24,9 +24,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from presched.config import Config, apply_overrides, format_validation_error
+from presched.loadgen.replay import ReplayConfig, ReplayError, run_replay
+from presched.loadgen.result import nan_to_none
 from presched.metrics.summary import GoodputSLO
-from presched.serve.replay import ReplayConfig, ReplayError, run_replay
-from presched.serve.replay_result import nan_to_none
 from presched.serve.tokens import counter
 from presched.workload.config import WorkloadConfig
 

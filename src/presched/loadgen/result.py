@@ -19,13 +19,13 @@ import numpy as np
 import pandas as pd
 from rich.table import Table
 
+from presched.loadgen.wire import Outcome
 from presched.metrics.records import RecordTable
 from presched.metrics.summary import GoodputSLO, summarize
-from presched.serve.replay_wire import Outcome
 from presched.workload.request import Request
 
 if TYPE_CHECKING:
-    from presched.serve.replay import ReplayConfig
+    from presched.loadgen.replay import ReplayConfig
 
 
 @dataclass

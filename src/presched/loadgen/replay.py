@@ -1,12 +1,13 @@
 """`presched replay`: an open-loop load generator for any OpenAI-compatible endpoint (vLLM,
 SGLang, the presched gateway), reporting the simulator's metrics with the simulator's code.
 
-    from presched.serve.replay import ReplayConfig, run_replay
+    from presched.loadgen.replay import ReplayConfig, run_replay
     res = run_replay(requests, ReplayConfig(url="http://127.0.0.1:8000"))
     res.summary["p99_e2el_ms"], res.summary["max_send_lag_ms"]; res.plot("replay.png")
 
-Who calls it: the `presched replay` command (`replay_cli.py`), tests, benchmark scripts.
-One request on the wire is `replay_wire.py`; the result and its outputs are `replay_result.py`.
+Who calls it: the `presched replay` command (`cli.py`), tests, benchmark scripts.
+One request on the wire is `wire.py` (its SSE lines split by `sse.py`); the result and its
+outputs are `result.py`.
 
 How a request is sent
 - At its arrival time: request i leaves at `(arrival_i - arrival_0) * time_scale` seconds after
@@ -57,9 +58,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from presched.config import Config
+from presched.loadgen.result import ReplayResult, build_result
+from presched.loadgen.wire import Outcome, send
 from presched.metrics.summary import GoodputSLO
-from presched.serve.replay_result import ReplayResult, build_result
-from presched.serve.replay_wire import Outcome, send
 from presched.workload.request import Request
 
 
