@@ -1,5 +1,5 @@
 """The load generator and the gateway meet only over HTTP (docs/architecture.md): `loadgen/`
-imports nothing of `serve/` but the stateless `serve/tokens.py`, and `serve/` imports nothing of
+imports nothing of `serve/` but the stateless `serve/tokens.py` and `serve/sse.py`, and `serve/` imports nothing of
 `loadgen/`. Read from the source (every import statement, top level or inside a function)."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def test_loadgen_uses_only_the_token_counter_of_serve():
     assert {"loadgen/replay.py", "loadgen/wire.py", "loadgen/cli.py"} <= set(files)
     for name, mods in files.items():
         from_serve = {m for m in mods if m.startswith("presched.serve")}
-        assert from_serve <= {"presched.serve.tokens", "presched.serve.tokens.counter"}, name
+        assert from_serve <= {"presched.serve.tokens", "presched.serve.tokens.counter",
+                             "presched.serve.sse", "presched.serve.sse.sse_lines"}, name
 
 
 def test_serve_imports_nothing_of_loadgen():

@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from presched.loadgen.sse import sse_lines
+from presched.serve.sse import sse_lines
 from presched.sim.steptime.fitted import FittedStepModel, StepSample
 
 DECODE = "vllm:request_decode_time_seconds"

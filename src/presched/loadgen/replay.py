@@ -6,7 +6,7 @@ SGLang, the presched gateway), reporting the simulator's metrics with the simula
     res.summary["p99_e2el_ms"], res.summary["max_send_lag_ms"]; res.plot("replay.png")
 
 Who calls it: the `presched replay` command (`cli.py`), tests, benchmark scripts.
-One request on the wire is `wire.py` (its SSE lines split by `sse.py`); the result and its
+One request on the wire is `wire.py` (its SSE lines split by `serve/sse.py`); the result and its
 outputs are `result.py`.
 
 How a request is sent

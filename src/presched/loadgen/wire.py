@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from presched.loadgen.sse import sse_lines
+from presched.serve.sse import sse_lines
 
 QUEUE_WAIT_HEADER = "x-presched-queue-wait-ms"
 BACKEND_HEADER = "x-presched-backend"

@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from presched.loadgen.sse import sse_lines
+from presched.serve.sse import sse_lines
 
 
 def lines_of(chunks: list[bytes]) -> list[str]:
