@@ -147,7 +147,7 @@ def test_oracle_policy_refuses_requests_without_forced_length(asgi_server, stub_
 
 def test_predictive_policy_without_predictor_is_refused_at_start():
     cfg = ServeConfig(backends=[{"url": "http://127.0.0.1:9"}], policy="sjf", log={"path": None})
-    with pytest.raises(ValueError, match="policy: 'sjf' orders by predicted length"):
+    with pytest.raises(ValueError, match=r"predictor: policy 'sjf' reads length predictions"):
         build_app(cfg)
 
 
