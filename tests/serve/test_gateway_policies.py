@@ -200,3 +200,42 @@ def test_requests_that_leave_waiting_leave_no_policy_state(policy):
         assert gw.policy_errors == 0 and gw.shares.counts == {}
 
     asyncio.run(main())
+
+
+def test_vtc_refunds_the_advance_charge_of_a_cancelled_request():
+    """Charged at admission w_in * prompt + w_out * predicted; cancelled after g tokens, the
+    tenant keeps w_in * prompt + w_out * g (what it was served), and nothing is left keyed to
+    the request."""
+
+    async def main():
+        backends = [{"url": "http://127.0.0.1:9", "model": "m", "max_in_flight": 1}]
+        gw = Gateway(ServeConfig(backends=backends, log={"path": None}, policy="vtc",
+                                 policy_params={"charge_predicted": "mean"}), predicts=True)  # fmt: skip
+        vtc = gw.backends[0].policy
+        est = probe_estimate(100.0)
+        s = gw.accept(Request(id="r", prompt_tokens=10, tenant="default", model="m"), estimate=est)
+        assert vtc.counters["default"] == pytest.approx(10 + 2 * est.mean)
+        for _ in range(3):
+            s.on_token(gw.now())
+            gw.tokens(s, 1)
+        gw.cancel(s)
+        assert vtc.counters["default"] == pytest.approx(10 + 2 * 3) and vtc._charged == {}
+
+    asyncio.run(main())
+
+
+def test_fallback_learns_nothing_from_a_cancelled_request():
+    async def main():
+        backends = [{"url": "http://127.0.0.1:9", "model": "m", "max_in_flight": 1}]
+        gw = Gateway(ServeConfig(backends=backends, log={"path": None}, policy="fallback",
+                                 policy_params={"inner": "sjf"}), predicts=True)  # fmt: skip
+        fb = gw.backends[0].policy
+        a, b = (gw.accept(Request(id=f"r{i}", prompt_tokens=5, model="m"), estimate=probe_estimate(50.0))
+                for i in range(2))  # fmt: skip
+        a.on_token(gw.now())
+        gw.cancel(a)  # running; its client left after 1 token: 1 is no true length
+        assert fb.tracker.n == 0
+        gw.finish(b, 40)  # a completion is learned from
+        assert fb.tracker.n == 1
+
+    asyncio.run(main())
