@@ -212,7 +212,8 @@ class GatewayApp:
         if isinstance(text, list):  # token ids
             n_prompt, text = len(text), None
         else:  # off the event loop: a long prompt must not stall the streams
-            n_prompt = max(1, await self.worker.run(self.count, text) + (4 * len(body["messages"]) if chat else 0))
+            n = await self.worker.run(self.count, text)
+            n_prompt = max(1, n + (4 * len(body["messages"]) if chat else 0))
         if n_prompt > self.cfg.max_prompt_tokens:
             raise _Done(error_response(413, f"prompt: {n_prompt} tokens exceed the limit of "
                                        f"{self.cfg.max_prompt_tokens}", param="prompt"))  # fmt: skip

@@ -61,7 +61,8 @@ class PolicyError(GatewayError):
     """A policy hook raised for this request: it was dropped from the queue (500)."""
 
     def __init__(self, policy: str, hook: str, e: Exception) -> None:
-        super().__init__(500, f"scheduling policy {policy!r} failed in {hook}: {type(e).__name__}: {e}")
+        why = f"{type(e).__name__}: {e}"
+        super().__init__(500, f"scheduling policy {policy!r} failed in {hook}: {why}")
 
 
 class Gateway:
@@ -116,8 +117,9 @@ class Gateway:
     # --- arrival ----------------------------------------------------------------------------
     def accept(self, request: Request, target: int | None = None, estimate: Any = None) -> GatewaySeq:
         """Admit a parsed request: route it and, in queue mode, queue it (then `wait`).
-        Raises GatewayError: 429 when the queue is full, 503 when no backend is healthy,
-        400 when an oracle policy gets a request without a forced length."""
+        Raises GatewayError: 429 when the queue or the tenant's share of it is full, 503 when
+        no backend is healthy, 400 when an oracle policy gets a request without a forced
+        length. A policy hook that fails for the request surfaces in `wait` (PolicyError)."""
         if self.oracle and target is None:
             raise GatewayError(400, f"policy {self.cfg.policy!r} / router {self.cfg.router!r} "
                                "reads true lengths: send ignore_eos=true with max_tokens",

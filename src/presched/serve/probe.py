@@ -43,7 +43,8 @@ def probe_estimate(median: float = 64.0):
 
 
 def probe_seq(i: int, tenant: str, model: str, predicts: bool) -> GatewaySeq:
-    req = Request(id=f"presched-probe-{i}", prompt_tokens=16, tenant=tenant, model=model, max_tokens=32)
+    req = Request(id=f"presched-probe-{i}", prompt_tokens=16, tenant=tenant, model=model,
+                  max_tokens=32)
     return GatewaySeq(req, 0.0, 0.0, target=32, estimate=probe_estimate() if predicts else None)
 
 
@@ -53,7 +54,8 @@ def check_policy(make: Callable[[], Policy], engine: EngineInfo, mode: str, pred
     policy = make()
     step = ["attach"]
     try:
-        _lifecycle(policy, engine, mode, [probe_seq(i, tenant, model, predicts) for i in range(3)], step)
+        seqs = [probe_seq(i, tenant, model, predicts) for i in range(3)]
+        _lifecycle(policy, engine, mode, seqs, step)
     except Exception as e:  # noqa: BLE001 - every failure is reported, naming the field
         raise ValueError(explain(policy.name, step[0], e, predicts)) from None
 
@@ -67,10 +69,12 @@ def explain(name: str, hook: str, e: Exception, predicts: bool) -> str:
     m = _FIELD.search(msg) if isinstance(e, ValueError) else None
     if m is not None:
         return f"policy_params.{m.group(1)}: policy {name!r} cannot run here ({hook}): {msg}"
-    return f"policy: {name!r} failed the gateway's start-up check in {hook}: {type(e).__name__}: {msg}"
+    why = f"{type(e).__name__}: {msg}"
+    return f"policy: {name!r} failed the gateway's start-up check in {hook}: {why}"
 
 
-def _lifecycle(policy: Policy, engine: EngineInfo, mode: str, seqs: list[GatewaySeq], step: list) -> None:
+def _lifecycle(policy: Policy, engine: EngineInfo, mode: str, seqs: list[GatewaySeq],
+               step: list) -> None:  # fmt: skip
     a, b, c = seqs
     now = 0.0
 
