@@ -262,3 +262,36 @@ def test_queue_shares_follow_the_weights_and_the_rest_is_shared():
     s.sub("other")
     assert s.counts == {}
     assert QueueShares([], 10).share("default") == 10
+
+
+def test_a_queue_that_fails_on_a_rekey_fails_its_waiting_requests_and_starts_afresh():
+    class BrokenRekey(FCFS):
+        """Keys change at t = 1 (`rekey_at`); from then on `priority` raises while `broken`."""
+
+        broken = False
+
+        def priority(self, seq, now):
+            if self.broken:
+                raise ValueError("cannot order")
+            return seq.arrival
+
+        def rekey_at(self, seq, now):
+            return 1.0 if now < 1.0 else None
+
+    async def main():
+        t = [0.0]
+        backends = [{"url": "http://127.0.0.1:9", "model": "m", "max_in_flight": 1}]
+        gw = Gateway(ServeConfig(backends=backends, log={"path": None}), clock=lambda: t[0])
+        policy = BrokenRekey()
+        with_policy(gw, policy)
+        seqs = [gw.accept(req(i)) for i in range(3)]
+        policy.broken, t[0] = True, 2.0
+        gw.finish(seqs[0], 3)  # the next decision re-keys the two waiting requests: it raises
+        for s in seqs[1:]:
+            with pytest.raises(PolicyError, match="the waiting queue"):
+                await gw.wait(s)
+        assert gw.policy_errors == 2 and gw.num_waiting == 0 and gw.shares.counts == {}
+        policy.broken = False
+        assert await gw.wait(gw.accept(req(9))) is gw.backends[0]  # a fresh queue serves
+
+    run(main())
