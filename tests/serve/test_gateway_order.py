@@ -14,9 +14,15 @@ import time
 import httpx
 import pytest
 
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
 from presched.predict.base import PREDICTORS
+from presched.schedule.fcfs import FCFS
 from presched.serve.app import build_app
 from presched.serve.config import ServeConfig
+from presched.serve.log import RequestLog, read_log
 from presched.workload.request import Request
 
 WORDS = {k: " ".join(["word"] * k) for k in (3, 8, 20, 45, 90, 150)}
@@ -150,7 +156,7 @@ def test_oracle_policy_refuses_requests_without_forced_length(asgi_server, stub_
 
 def test_predictive_policy_without_predictor_is_refused_at_start():
     cfg = ServeConfig(backends=[{"url": "http://127.0.0.1:9"}], policy="sjf", log={"path": None})
-    with pytest.raises(ValueError, match="policy: 'sjf' orders by predicted length"):
+    with pytest.raises(ValueError, match=r"predictor: policy 'sjf' reads length predictions"):
         build_app(cfg)
 
 
@@ -194,3 +200,93 @@ def test_vtc_lets_a_late_tenant_pass_a_flooding_one(asgi_server, stub_server):
     started = [p for p in engine.started if p != "blocker"]
     assert sorted(started) == sorted(jobs)
     assert max(started.index("late 0"), started.index("late 1")) <= 3, started
+
+
+# --- policies and predictors that misbehave; what reaches the engine --------------------------
+class BoomOnSchedule(FCFS):
+    """FCFS whose `on_schedule` raises for prompts containing 'boom' (a stand-in policy bug)."""
+
+    def on_schedule(self, seq, now):
+        if "boom" in (seq.request.prompt or ""):
+            raise RuntimeError("broken policy")
+
+
+def test_a_policy_that_raises_answers_a_logged_500_and_frees_the_slot(asgi_server, stub_server, tmp_path):
+    up, _ = stub_server(model="stub")
+    log = RequestLog(tmp_path / "log.sqlite")
+    backends = [{"url": up, "model": "stub", "max_in_flight": 1}]
+    app = build_app(ServeConfig(backends=backends, log={"path": None}), None, log)
+    g = app.state.gateway
+    b = g.gw.backends[0]
+    b.policy = BoomOnSchedule()
+    b.queue = b.policy.new_queue()
+    url = asgi_server(app)
+    r = httpx.post(url + "/v1/completions", json={"model": "stub", "prompt": "boom", "max_tokens": 3}, timeout=10)
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["type"] == "server_error" and "on_schedule" in err["message"] and err["code"] == 500
+    assert post(url, "fine", 3).status_code == 200  # the slot did not leak (max_in_flight 1)
+    wait_for(lambda: g.gw.ended == 2)
+    log.flush()
+    assert list(read_log(tmp_path / "log.sqlite")["status"]) == [500, 200]
+    assert "presched_policy_errors_total 1.0" in httpx.get(url + "/metrics").text
+
+
+def recording_upstream(seen: list[dict]) -> Starlette:
+    async def complete(request):
+        seen.append(await request.json())
+        return JSONResponse({"id": "cmpl-1", "object": "text_completion", "model": "stub",
+                             "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+                             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})  # fmt: skip
+
+    return Starlette(routes=[Route("/v1/completions", complete, methods=["POST"]),
+                             Route("/health", lambda r: Response())])  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["queue", "passthrough"])
+def test_the_client_cannot_set_the_engines_priority(asgi_server, mode):
+    seen: list[dict] = []
+    url, _ = start_gateway(asgi_server, asgi_server(recording_upstream(seen)), mode=mode)
+    assert post(url, "hello", 2, priority=-1000).status_code == 200
+    # queue mode: the gateway's order is the order; passthrough: the gateway's prediction
+    # (none here: 0) is the priority
+    assert seen[0].get("priority") == (None if mode == "queue" else 0)
+    assert seen[0]["prompt"] == "hello"
+
+
+class GatedPredictor:
+    """`linear-prompt`, except that a batch with a 'slow' prompt blocks until `release` is set
+    (at most 5 s): a stand-in for a predictor busy with a batch of long prompts."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.events: list[str] = []
+
+    def predict(self, requests):
+        if any("slow" in (r.prompt or "") for r in requests):
+            self.entered.set()
+            self.release.wait(5)
+            self.events.append("slow prediction returned")
+        return self.inner.predict(requests)
+
+
+def test_a_slow_prediction_does_not_hold_up_another_stream(asgi_server, stub_server, predictor):
+    up, _ = stub_server(model="stub", token_s=0.01)
+    gated = GatedPredictor(predictor)
+    url, gw = start_gateway(asgi_server, up, gated, max_in_flight=4)
+    body = {"model": "stub", "prompt": "fast", "max_tokens": 300, "stream": True}
+    slow = threading.Thread(target=post, args=(url, "slow " + WORDS[150], 2))
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+        events = r.iter_raw()
+        next(events)  # the stream runs
+        slow.start()
+        assert gated.entered.wait(10)  # the slow prediction has started and blocks
+        for _ in events:
+            pass
+    gated.events.append("stream done")
+    gated.release.set()
+    slow.join(30)
+    # the stream ended while the predictor was still busy (on the event loop it waited 5 s)
+    assert gated.events == ["stream done", "slow prediction returned"]
+    wait_for(lambda: gw.ended == 2)

@@ -175,5 +175,9 @@ class Fallback(Wrapper):
         self.inner.on_finish(seq, now)
         self.conservative.on_finish(seq, now)
 
+    def on_cancel(self, seq, now):  # no true length: the tracker does not learn from it
+        self.inner.on_cancel(seq, now)
+        self.conservative.on_cancel(seq, now)
+
     def describe(self) -> str:
         return f"fallback({self.inner.describe()} -> {self.conservative.describe()})"

@@ -83,5 +83,8 @@ class HRRN(Policy):
     def on_finish(self, seq: SeqView, now: float) -> None:
         self._waiting.pop(id(seq), None)
 
+    def on_cancel(self, seq: SeqView, now: float) -> None:
+        self._waiting.pop(id(seq), None)
+
     def describe(self) -> str:
         return f"hrrn(stat={self.stat})"

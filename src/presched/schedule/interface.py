@@ -23,6 +23,10 @@ Call order: `attach` once, before any request (what the engine offers). Then for
 `on_arrival` -> `priority` (+ `rekey_at`) when it enters the waiting queue -> `admit` when it is at
 the head and fits -> `on_schedule` (each time it is admitted to the running batch) -> `on_tokens`
 (as it generates) -> [`on_preempt` -> `priority` -> `on_schedule` ...] -> `on_finish`.
+A request may instead leave at any point after `on_arrival` (waiting or running) with
+`on_cancel`: its client went away, or the gateway moved it to another backend (whose policy
+then hears `on_arrival` afresh). After `on_finish` or `on_cancel` the policy hears nothing more
+of that request and must hold no state for it. The simulator never cancels.
 
 Keeping decisions cheap (the gateway and the simulator call these on their hot path): a key that
 changes with time in a way known in advance (starvation promotion at a wait threshold, an SLO
@@ -177,6 +181,12 @@ class Policy(ABC):
 
     def on_finish(self, seq: SeqView, now: float) -> None:
         """The request generated its last token."""
+
+    def on_cancel(self, seq: SeqView, now: float) -> None:
+        """The request left before finishing, waiting or running (its client went away, or it
+        was moved to another backend): drop what is kept for it. It did not complete, so its
+        `generated` is no true length (do not learn from it). Default: ignore (policies without
+        per-request state)."""
 
     def describe(self) -> str:
         return self.name + (" (oracle)" if self.oracle else "")

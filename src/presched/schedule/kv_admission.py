@@ -121,3 +121,7 @@ class KVAdmission(Wrapper):
     def on_finish(self, seq, now):
         self._drop(seq)
         self.inner.on_finish(seq, now)
+
+    def on_cancel(self, seq, now):
+        self._drop(seq)
+        self.inner.on_cancel(seq, now)

@@ -146,5 +146,9 @@ class MLFQ(Policy):
         self._due.pop(id(seq), None)
         del self._state[id(seq)]
 
+    def on_cancel(self, seq: SeqView, now: float) -> None:
+        self._due.pop(id(seq), None)
+        self._state.pop(id(seq), None)
+
     def describe(self) -> str:
         return f"mlfq(levels={len(self.quanta)}, q0={self.quanta[0]:g}, preempt={self.preempt})"

@@ -136,3 +136,14 @@ class SLOAware(Policy):
     def rekey_at(self, seq: SeqView, now: float) -> float | None:
         t_star, _ = self.plan(seq, now)
         return t_star if now < t_star and t_star != math.inf else None
+
+    def on_finish(self, seq: SeqView, now: float) -> None:
+        self._forget(seq)
+
+    def on_cancel(self, seq: SeqView, now: float) -> None:
+        self._forget(seq)
+
+    def _forget(self, seq: SeqView) -> None:
+        """Drop the plan cache if it is this request's (its id may be reused by a new one)."""
+        if self._last is not None and self._last[0] == id(seq):
+            self._last = None

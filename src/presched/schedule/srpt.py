@@ -132,7 +132,16 @@ class LimitedPreemption(Policy):
 
     def on_finish(self, seq, now):
         self._batch_version += 1
+        self._forget(seq)
+
+    def on_cancel(self, seq, now):
+        self._batch_version += 1
+        self._forget(seq)
+
+    def _forget(self, seq) -> None:
         self._initial.pop(id(seq), None)
+        if self._declined is not None and self._declined[0] is seq:
+            self._declined = None
 
 
 @POLICIES.register("srpt")

@@ -135,6 +135,14 @@ class VTC(Wrapper):
             self._avg[tenant] = g if old == 0 else (old * (_MA_WINDOW - 1) + g) / _MA_WINDOW
         self.inner.on_finish(seq, now)
 
+    def on_cancel(self, seq, now):
+        # the tenant keeps the charge for what it was served (prompt, generated tokens); the
+        # advance charge for tokens it will not get is refunded; no moving-average sample
+        pred = self._charged.pop(id(seq), 0.0)
+        if pred > seq.generated:
+            self._charge(tenant_of(seq), -self.w_out * (pred - seq.generated))
+        self.inner.on_cancel(seq, now)
+
     def describe(self) -> str:
         return f"vtc({self.inner.describe()})"
 

@@ -71,6 +71,9 @@ class Wrapper(Policy):
     def on_finish(self, seq, now):
         self.inner.on_finish(seq, now)
 
+    def on_cancel(self, seq, now):
+        self.inner.on_cancel(seq, now)
+
     def describe(self) -> str:
         return f"{self.name}({self.inner.describe()})"
 

@@ -42,7 +42,7 @@ from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
 from presched.serve.gateway import Gateway, GatewayError
 from presched.serve.metrics import GatewayMetrics
-from presched.serve.predictions import PredictBatcher
+from presched.serve.predictions import PredictBatcher, Worker
 from presched.serve.seq import GatewaySeq
 from presched.serve.tenants import Tenants
 from presched.serve.tokens import counter, prompt_text
@@ -75,7 +75,8 @@ class GatewayApp:
         self.gw = Gateway(cfg, predicts=predictor is not None)
         self.tenants = Tenants(cfg.tenants)
         self.count, self.count_how = counter(cfg.tokenizer)
-        self.predict = PredictBatcher(predictor) if predictor is not None else None
+        self.worker = Worker()  # predictions and token counting, off the event loop
+        self.predict = PredictBatcher(predictor, self.worker) if predictor is not None else None
         self.log = log
         self.metrics = GatewayMetrics(self.gw)
         self.client: httpx.AsyncClient | None = None  # health checks and model discovery
@@ -104,6 +105,7 @@ class GatewayApp:
             await self.upstream.aclose()
         if self.log is not None:
             self.log.close()
+        self.worker.close()
 
     async def _discover_models(self) -> None:
         for b in self.gw.backends:
@@ -163,6 +165,11 @@ class GatewayApp:
         try:
             if await _until_disconnect(self._serve(seq, body, chat, out, send), receive):
                 out.status, out.error = 499, "the client disconnected"
+        except GatewayError as e:  # e.g. its policy failed (PolicyError): answered, logged
+            out.status, out.error, out.kind = e.status, str(e), e.kind
+            if not out.started:
+                with contextlib.suppress(Exception):
+                    await self._send_error(out, send)
         except Exception as e:  # noqa: BLE001 - a bug must still end the request and its row
             out.status, out.error, out.kind = 500, f"gateway error: {type(e).__name__}: {e}", "server_error"
             if not out.started:
@@ -204,8 +211,9 @@ class GatewayApp:
     async def _accept(self, tenant: str, body: dict, text, chat: bool) -> GatewaySeq:
         if isinstance(text, list):  # token ids
             n_prompt, text = len(text), None
-        else:
-            n_prompt = max(1, self.count(text) + (4 * len(body["messages"]) if chat else 0))
+        else:  # off the event loop: a long prompt must not stall the streams
+            n = await self.worker.run(self.count, text)
+            n_prompt = max(1, n + (4 * len(body["messages"]) if chat else 0))
         if n_prompt > self.cfg.max_prompt_tokens:
             raise _Done(error_response(413, f"prompt: {n_prompt} tokens exceed the limit of "
                                        f"{self.cfg.max_prompt_tokens}", param="prompt"))  # fmt: skip
@@ -242,6 +250,8 @@ class GatewayApp:
             up["stream_options"] = opts
         if self.cfg.mode == "passthrough":
             up["priority"] = int(seq.key or 0)
+        else:  # the gateway's queue decides the order; the engine's priority is not the client's
+            up.pop("priority", None)
         if self.cfg.send_prediction and seq.estimate is not None:
             xargs = dict(body.get("vllm_xargs") or {})
             xargs.update(presched_pred_mean=float(seq.estimate.mean),

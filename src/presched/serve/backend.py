@@ -22,7 +22,8 @@ class Backend:
         self.model = cfg.model
         self.max_in_flight = cfg.max_in_flight
         self.policy = policy
-        policy.attach(EngineInfo(kv_tokens=cfg.kv_tokens, max_num_seqs=cfg.max_in_flight))
+        self.engine = EngineInfo(kv_tokens=cfg.kv_tokens, max_num_seqs=cfg.max_in_flight)
+        policy.attach(self.engine)
         self.queue = policy.new_queue()
         self.running: list[GatewaySeq] = []
         self.healthy = True

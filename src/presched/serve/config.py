@@ -67,7 +67,7 @@ class ServeConfig(Config):
     priority_stat: str = Field("mean", description="Passthrough mode: the statistic of the predicted length sent as vLLM `priority` (mean, median, q90, ...; lower runs first).")
     send_prediction: bool = Field(False, description="Add the prediction to the upstream body as vllm_xargs (presched_pred_mean, presched_pred_q90), for engine-side plug-ins.")
     tenants: list[TenantConfig] = Field(default_factory=list, description="API keys and their tenants. Empty: no authentication, every request is tenant 'default'.")
-    max_queue: int = Field(10_000, ge=1, description="Most requests waiting in the gateway; more get 429 with Retry-After.")
+    max_queue: int = Field(10_000, ge=1, description="Most requests waiting in the gateway; more get 429 with Retry-After. With tenants, each tenant may fill only its share, max_queue * weight / (sum of weights) (docs/gateway.md, Queue shares).")
     max_prompt_tokens: int = Field(32_768, ge=1, description="Longer prompts get 413.")
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="Larger request bodies get 413.")
     connect_timeout_s: float = Field(5.0, gt=0, description="Backend connect timeout; a backend that refuses or times out is retried on another.")

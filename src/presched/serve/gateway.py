@@ -13,15 +13,23 @@ Queue mode: each backend has its own policy object and waiting queue (as each si
 instance does); the router picks the backend at arrival; `dispatch` releases the head of the
 queue while the backend has fewer than `max_in_flight` requests and the policy's `admit` agrees.
 Decisions happen at arrivals and completions, plus at `Policy.wakeup` times. The gateway never
-preempts a request the engine is running (it cannot take it back without losing its work).
+preempts a request the engine is running (it cannot take it back without losing its work). A
+request that leaves before finishing (client gone, moved off a backend that went down or failed
+it) is told to its old backend's policy with `on_cancel`; one that completes with `on_finish`.
 
-Passthrough mode: no gateway queue; the request goes to the routed backend at once, with a vLLM
-`priority` (lower first) = the configured statistic of its predicted length.
+Queue shares (`tenants.QueueShares`): a tenant may have at most its share of `max_queue`
+waiting (proportional to its weight); over it, it gets 429 while the others are still accepted.
+
+Policy errors: the start-up check (`probe.py`) runs the policy's lifecycle on probe requests
+and refuses a policy that cannot run here. A hook that still raises is counted (`policy_errors`)
+and logged; a request not yet released leaves its queue and slot and its `wait` raises
+`PolicyError` (500); see docs/gateway.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from typing import Any, Callable
@@ -32,8 +40,12 @@ from presched.schedule.registry import POLICIES
 from presched.schedule.routers import ROUTERS
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
+from presched.serve.probe import check_policy
 from presched.serve.seq import GatewaySeq
+from presched.serve.tenants import QueueShares
 from presched.workload.request import Request
+
+_log = logging.getLogger("presched.serve")
 
 
 class GatewayError(Exception):
@@ -45,16 +57,12 @@ class GatewayError(Exception):
         self.status, self.kind, self.param, self.retry_after = status, kind, param, retry_after
 
 
-def _needs_no_prediction(policy, field: str) -> None:
-    """Refuse, at start, a policy that reads predictions when there is no predictor."""
-    probe = GatewaySeq(Request(id="probe", prompt_tokens=1), 0.0, 0.0, target=None)
-    try:
-        policy.priority(probe, 0.0)
-    except ValueError as e:
-        if "no length prediction" in str(e):
-            raise ValueError(f"{field}: {policy.name!r} orders by predicted length; set predictor "
-                             "(a file from `presched train`)") from None
-        raise
+class PolicyError(GatewayError):
+    """A policy hook raised for this request: it was dropped from the queue (500)."""
+
+    def __init__(self, policy: str, hook: str, e: Exception) -> None:
+        why = f"{type(e).__name__}: {e}"
+        super().__init__(500, f"scheduling policy {policy!r} failed in {hook}: {why}")
 
 
 class Gateway:
@@ -67,12 +75,10 @@ class Gateway:
         params = dict(cfg.policy_params)
         if cfg.policy == "vtc" and cfg.tenants and "weights" not in params:
             params["weights"] = {t.name: t.weight for t in cfg.tenants}
+        self._params = params
         self.backends = []
         for i, b in enumerate(cfg.backends):
-            try:
-                policy = POLICIES.create(cfg.policy, **params)
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"policy_params: {e}") from None
+            policy = self._new_policy()
             try:
                 self.backends.append(Backend(i, b, policy))
             except ValueError as e:  # what the policy needs of the engine (e.g. kv_tokens)
@@ -82,14 +88,23 @@ class Gateway:
         except (TypeError, ValueError) as e:
             raise ValueError(f"router_params: {e}") from None
         self.oracle = self.backends[0].policy.oracle or self.router.oracle
-        if not predicts and not self.oracle:
-            _needs_no_prediction(POLICIES.create(cfg.policy, **params), "policy")
+        b0 = self.backends[0]
+        check_policy(self._new_policy, b0.engine, cfg.mode, predicts,
+                     cfg.tenants[0].name if cfg.tenants else "default", b0.model or "")  # fmt: skip
+        self.shares = QueueShares(cfg.tenants, cfg.max_queue)  # tenant -> waiting, and its cap
+        self.policy_errors = 0  # hooks that raised at run time
         self.tracker = ErrorTracker()
         self._priority_of = total(cfg.priority_stat)
         self._wakeups: dict[int, asyncio.TimerHandle] = {}
         self.accepted = 0  # requests admitted by `accept`
         self.finished = 0  # ... that completed on a backend (200)
         self.ended = 0  # ... whose outcome is fully recorded (metrics, log row): the driver counts
+
+    def _new_policy(self):
+        try:
+            return POLICIES.create(self.cfg.policy, **self._params)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"policy_params: {e}") from None
 
     def now(self) -> float:
         """Seconds since the gateway started: the clock policies see."""
@@ -102,15 +117,22 @@ class Gateway:
     # --- arrival ----------------------------------------------------------------------------
     def accept(self, request: Request, target: int | None = None, estimate: Any = None) -> GatewaySeq:
         """Admit a parsed request: route it and, in queue mode, queue it (then `wait`).
-        Raises GatewayError: 429 when the queue is full, 503 when no backend is healthy,
-        400 when an oracle policy gets a request without a forced length."""
+        Raises GatewayError: 429 when the queue or the tenant's share of it is full, 503 when
+        no backend is healthy, 400 when an oracle policy gets a request without a forced
+        length. A policy hook that fails for the request surfaces in `wait` (PolicyError)."""
         if self.oracle and target is None:
             raise GatewayError(400, f"policy {self.cfg.policy!r} / router {self.cfg.router!r} "
                                "reads true lengths: send ignore_eos=true with max_tokens",
                                kind="invalid_request_error", param="ignore_eos")  # fmt: skip
-        if self.cfg.mode == "queue" and self.num_waiting >= self.cfg.max_queue:
-            raise GatewayError(429, f"the gateway queue is full ({self.cfg.max_queue} waiting)",
-                               kind="rate_limit_error", retry_after=self._retry_after())  # fmt: skip
+        if self.cfg.mode == "queue":
+            if self.num_waiting >= self.cfg.max_queue:
+                raise GatewayError(429, f"the gateway queue is full ({self.cfg.max_queue} waiting)",
+                                   kind="rate_limit_error", retry_after=self._retry_after())  # fmt: skip
+            share = self.shares.share(request.tenant)
+            if self.shares.waiting(request.tenant) >= share:
+                raise GatewayError(429, f"tenant {request.tenant!r} has its share of the gateway "
+                                   f"queue waiting ({share} of max_queue {self.cfg.max_queue})",
+                                   kind="rate_limit_error", retry_after=self._retry_after())  # fmt: skip
         now = self.now()
         seq = GatewaySeq(request, now, time.time(), target, estimate)
         self._place(seq, now)
@@ -136,13 +158,20 @@ class Gateway:
         seq.instance = b.index
         if seq.released is None or seq.released.done():  # a moved request keeps its waiter
             seq.released = asyncio.get_running_loop().create_future()
-        b.policy.on_arrival(seq, now)
-        if self.cfg.mode == "passthrough":
-            seq.key = float(round(self._priority_of(seq))) if seq.estimate is not None else 0.0
-            self._start(b, seq, now)
+        hook = "on_arrival"
+        try:
+            b.policy.on_arrival(seq, now)
+            if self.cfg.mode == "passthrough":
+                hook = "priority_stat"
+                seq.key = float(round(self._priority_of(seq))) if seq.estimate is not None else 0.0
+                self._start(b, seq, now)
+                return
+            hook = "priority"
+            self._push(b, seq, now)
+            seq.key = b.policy.priority(seq, now)
+        except Exception as e:  # noqa: BLE001 - the request is failed, the gateway goes on
+            self._fault(b, seq, hook, e)
             return
-        b.queue.push(seq, now)
-        seq.key = b.policy.priority(seq, now)
         self.dispatch(b)
 
     async def wait(self, seq: GatewaySeq) -> Backend:
@@ -156,29 +185,46 @@ class Gateway:
             return
         now = self.now()
         q, policy = b.queue, b.policy
-        q.update(now)
-        while q and len(b.running) < b.max_in_flight:
-            head = q.peek()
-            if head.released.done():  # its client left (task cancelled); `cancel` is coming
-                q.pop()
-                self._route_done(head)
-                continue
-            if not policy.admit(head, b.running, now):
-                break
-            self._start(b, q.pop(), now)
+        try:
+            q.update(now)
+            while q and len(b.running) < b.max_in_flight:
+                head = q.peek()
+                if head.released.done():  # its client left (task cancelled): it leaves now
+                    self._pop(b)
+                    self._cancelled(b, head, now)
+                    continue
+                try:
+                    ok = policy.admit(head, b.running, now)
+                except Exception as e:  # noqa: BLE001
+                    self._fault(b, head, "admit", e)
+                    continue
+                if not ok:
+                    break
+                self._start(b, self._pop(b), now)
+        except Exception as e:  # noqa: BLE001 - the queue itself failed (a re-key, a peek)
+            self._fault_queue(b, e)
         self._arm_wakeup(b, now)
 
     def _start(self, b: Backend, seq: GatewaySeq, now: float) -> None:
-        b.running.append(seq)
         if seq.first_scheduled is None:
             seq.first_scheduled = now
-        b.policy.on_schedule(seq, now)
+        b.running.append(seq)
+        try:
+            b.policy.on_schedule(seq, now)
+        except Exception as e:  # noqa: BLE001
+            self._fault(b, seq, "on_schedule", e)
+            return
         seq.released.set_result(b)  # type: ignore[union-attr]
 
     def _arm_wakeup(self, b: Backend, now: float) -> None:
         """Decide again at the policy's next `wakeup` or the queue's next re-key, whichever
         comes first (a head that `admit` refused may be admitted then)."""
-        t = min(b.policy.wakeup(now) or math.inf, b.queue.next_rekey())
+        try:
+            w = b.policy.wakeup(now)
+        except Exception as e:  # noqa: BLE001 - no wakeup; the next event decides
+            self._policy_error(b, None, "wakeup", e)
+            w = None
+        t = min(math.inf if w is None else w, b.queue.next_rekey())
         old = self._wakeups.pop(b.index, None)
         if old is not None:
             old.cancel()
@@ -199,7 +245,7 @@ class Gateway:
             self.tokens(seq, output_tokens - seq.generated)
         if output_tokens is not None:
             seq.generated = output_tokens
-        self._leave(b, seq)
+        self._leave(b, seq, finished=True)
         b.served += 1
         if seq.estimate is not None and output_tokens:
             self.tracker.add(seq.estimate, output_tokens)
@@ -210,14 +256,18 @@ class Gateway:
         """`seq` produced `n` more output tokens (the driver counts stream events; `finish`
         adds what usage says the events did not show): policies that charge or demote by
         tokens served (vtc, mlfq) hear it as in the simulator."""
-        self.backends[seq.instance].policy.on_tokens(seq, n, self.now())
+        b = self.backends[seq.instance]
+        try:
+            b.policy.on_tokens(seq, n, self.now())
+        except Exception as e:  # noqa: BLE001 - the request is streaming: it goes on
+            self._policy_error(b, seq, "on_tokens", e)
 
     def failed(self, seq: GatewaySeq, mark_down: bool = True) -> None:
         """The backend refused or timed out before the first byte: free the slot, mark the
         backend down (health checks bring it back) and place the request on another healthy
         backend (then `wait` again). Raises GatewayError(502/503) when none is left."""
         b = self.backends[seq.instance]
-        self._leave(b, seq)
+        self._leave(b, seq, finished=False)
         seq.tried.add(b.index)
         if mark_down:
             self.set_health(b, False)
@@ -232,21 +282,77 @@ class Gateway:
             return
         b = self.backends[seq.instance]
         if seq in b.queue:
-            b.queue.remove(seq)
-            self._route_done(seq)
+            self._remove(b, seq)
+            self._cancelled(b, seq, self.now())
         else:
-            self._leave(b, seq)
+            self._leave(b, seq, finished=False)
             self.dispatch(b)
         if seq.released is not None and not seq.released.done():
             seq.released.cancel()
 
-    def _leave(self, b: Backend, seq: GatewaySeq) -> None:
-        """`seq` stops running on `b` (done, failed, or its client left): the policy hears
-        `on_finish` (it no longer holds a slot or memory there) and the router retires it."""
+    def _leave(self, b: Backend, seq: GatewaySeq, finished: bool) -> None:
+        """`seq` stops running on `b`: the policy hears `on_finish` if it completed, else
+        `on_cancel` (failed, or its client left); the router retires it."""
+        if seq not in b.running:
+            return
+        b.running.remove(seq)
+        if not finished:
+            self._cancelled(b, seq, self.now())
+            return
+        try:
+            b.policy.on_finish(seq, self.now())
+        except Exception as e:  # noqa: BLE001 - its slot is free already
+            self._policy_error(b, seq, "on_finish", e)
+        self._route_done(seq)
+
+    def _cancelled(self, b: Backend, seq: GatewaySeq, now: float) -> None:
+        """`seq` left `b` before finishing (no longer queued or running there)."""
+        try:
+            b.policy.on_cancel(seq, now)
+        except Exception as e:  # noqa: BLE001
+            self._policy_error(b, seq, "on_cancel", e)
+        self._route_done(seq)
+
+    # --- the queues, with the per-tenant count of waiting requests ----------------------------
+    def _push(self, b: Backend, seq: GatewaySeq, now: float) -> None:
+        b.queue.push(seq, now)
+        self.shares.add(seq.tenant)
+
+    def _pop(self, b: Backend) -> GatewaySeq:
+        seq = b.queue.pop()
+        self.shares.sub(seq.tenant)
+        return seq
+
+    def _remove(self, b: Backend, seq: GatewaySeq) -> None:
+        b.queue.remove(seq)
+        self.shares.sub(seq.tenant)
+
+    # --- policy errors ----------------------------------------------------------------------
+    def _policy_error(self, b: Backend, seq: GatewaySeq | None, hook: str, e: Exception) -> None:
+        self.policy_errors += 1
+        _log.warning("policy %r failed in %s on backend %s (request %s): %s: %s", b.policy.name,
+                     hook, b.name, seq.id if seq is not None else "-", type(e).__name__, e)  # fmt: skip
+
+    def _fault(self, b: Backend, seq: GatewaySeq, hook: str, e: Exception) -> None:
+        """A hook raised for `seq`, not yet released: it leaves `b` and its `wait` raises."""
+        self._policy_error(b, seq, hook, e)
+        if seq in b.queue:
+            self._remove(b, seq)
         if seq in b.running:
             b.running.remove(seq)
-            b.policy.on_finish(seq, self.now())
-            self._route_done(seq)
+        self._cancelled(b, seq, self.now())
+        if seq.released is not None and not seq.released.done():
+            seq.released.set_exception(PolicyError(b.policy.name, hook, e))
+
+    def _fault_queue(self, b: Backend, e: Exception) -> None:
+        """The queue of `b` failed (not attributable to one request): every request waiting
+        there is failed, and `b` gets a fresh queue."""
+        waiting = list(b.queue)
+        b.queue = b.policy.new_queue()
+        for s in waiting:
+            self.shares.sub(s.tenant)
+        for s in waiting:
+            self._fault(b, s, "the waiting queue", e)
 
     def _route_done(self, seq: GatewaySeq) -> None:
         if seq.routed >= 0:
@@ -269,8 +375,8 @@ class Gateway:
         for s in moved:
             if not self._candidates(s):
                 continue
-            b.queue.remove(s)
-            self._route_done(s)
+            self._remove(b, s)
+            self._cancelled(b, s, self.now())
             self._place(s, self.now())
 
     def _unhold(self, b: Backend) -> None:
@@ -285,8 +391,8 @@ class Gateway:
                 s.tried.discard(b.index)
                 if not self._candidates(s):
                     continue
-                o.queue.remove(s)
-                self._route_done(s)
+                self._remove(o, s)
+                self._cancelled(o, s, self.now())
                 self._place(s, self.now())
 
     def _retry_after(self) -> float:
@@ -298,6 +404,7 @@ class Gateway:
         """State for /health and /metrics."""
         return {
             "accepted": self.accepted, "finished": self.finished, "waiting": self.num_waiting,
+            "policy_errors": self.policy_errors,
             "backends": [{"name": b.name, "url": b.url, "healthy": b.healthy,
                           "running": b.num_running, "waiting": b.num_waiting, "served": b.served}
                          for b in self.backends],

@@ -4,6 +4,7 @@ Per request (updated when it ends): `presched_requests_total{tenant,status}`, hi
 `presched_e2e_seconds`, `presched_ttft_seconds`, `presched_queue_wait_seconds` (gateway queue
 only), `presched_output_tokens_total`, `presched_prompt_tokens_total`. Read at scrape time from
 the gateway: `presched_waiting{backend}`, `presched_running{backend}`, `presched_backend_up`,
+`presched_policy_errors_total` (policy hooks that raised at run time; see docs/gateway.md),
 and the rolling prediction error of the last completed requests (`ErrorTracker`, the numbers
 the `fallback` policy acts on): `presched_predictor_mae_tokens`, `..._rel_mae`,
 `..._kendall_tau`, `..._discordance`, `..._coverage_q50`, `..._coverage_q90`, `..._samples`.
@@ -15,7 +16,7 @@ import math
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 disable_created_metrics()  # no *_created series: counters and histograms only
 
@@ -69,6 +70,9 @@ class _Live:
             running.add_metric([b.name], b.num_running)
             up.add_metric([b.name], 1.0 if b.healthy else 0.0)
         yield from (waiting, running, up)
+        yield CounterMetricFamily("presched_policy_errors", "Scheduling-policy hooks that raised "
+                                  "at run time (the request concerned was failed with a 500).",
+                                  value=self.gw.policy_errors)  # fmt: skip
         for name, value in self.gw.tracker.snapshot().items():
             g = GaugeMetricFamily(f"presched_predictor_{name}",
                                   f"Length prediction {name} over the last completed requests (NaN before any).")  # fmt: skip

@@ -1,45 +1,71 @@
-"""`PredictBatcher`: predicts the lengths of requests that arrive together in one call.
+"""Work the gateway keeps off its event loop: length predictions and prompt token counts.
 
-Predictors are batch-first (a LightGBM call costs about the same for 1 row as for 50), so the
-gateway does not predict per request: every request that asks in the same event-loop turn joins
-one `predict` call, made on the next turn. Under load this amortises the predictor's fixed cost;
-when idle it adds one loop turn (microseconds).
+`Worker` is one thread that runs CPU-bound calls (a LightGBM batch, a tokenizer over a long
+prompt) while the event loop goes on relaying streams; one thread, so predictors and tokenizers
+need not be thread-safe, and calls run in the order they were made.
+
+`PredictBatcher` predicts the lengths of requests that arrive together in one call. Predictors
+are batch-first (a LightGBM call costs about the same for 1 row as for 50), so the gateway does
+not predict per request: the requests that ask in the same event-loop turn form one batch, and
+those that ask while a batch is being predicted form the next one. Under load this amortises the
+predictor's fixed cost; when idle it adds one loop turn and a thread hand-off (microseconds).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
 
 from presched.workload.request import Request
 
 
+class Worker:
+    """One background thread for CPU-bound calls: `await worker.run(fn, *args)`."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="presched-worker")
+
+    async def run(self, fn: Callable, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 class PredictBatcher:
-    def __init__(self, predictor: Any) -> None:
+    def __init__(self, predictor: Any, worker: Worker | None = None) -> None:
         self.predictor = predictor
+        self.worker = worker or Worker()
         self._pending: list[tuple[Request, asyncio.Future]] = []
+        self._draining: asyncio.Task | None = None
         self.calls = 0
         self.predicted = 0
 
     async def estimate(self, request: Request):
         """The request's `RequestEstimate` (raises what the predictor raised)."""
         fut = asyncio.get_running_loop().create_future()
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append((request, fut))
+        if self._draining is None:
+            self._draining = asyncio.get_running_loop().create_task(self._drain())
         return await fut
 
-    def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        self.calls += 1
-        self.predicted += len(batch)
+    async def _drain(self) -> None:
+        """Predict batches until none is pending (started on the turn after the first ask)."""
         try:
-            est = self.predictor.predict([r for r, _ in batch])
-        except Exception as e:  # noqa: BLE001 - handed to every waiting request
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(e)
-            return
-        for i, (_, fut) in enumerate(batch):
-            if not fut.done():
-                fut.set_result(est[i])
+            while self._pending:
+                batch, self._pending = self._pending, []
+                self.calls += 1
+                self.predicted += len(batch)
+                try:
+                    est = await self.worker.run(self.predictor.predict, [r for r, _ in batch])
+                except Exception as e:  # noqa: BLE001 - handed to every waiting request
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(e)
+                    continue
+                for i, (_, fut) in enumerate(batch):
+                    if not fut.done():
+                        fut.set_result(est[i])
+        finally:
+            self._draining = None

@@ -3,10 +3,21 @@
 With no tenants configured, authentication is off and every request is tenant 'default'.
 Otherwise `Authorization: Bearer KEY` (or `api-key: KEY`) must name a configured key: a
 missing or unknown key is refused (401) before anything else is done with the request.
+
+Queue shares (`QueueShares`, queue mode): so that one tenant filling the gateway queue cannot
+make every tenant get 429, tenant t may have at most
+
+    share(t) = max(1, floor(max_queue * w_t / W))      W = the sum of the configured weights
+
+requests waiting; tenant names that are not configured (the HTTP app never sends one when
+tenants are configured; other fronts of `Gateway` may) share one pool of what the configured
+shares leave, max(1, max_queue - sum of the shares). Without tenants, the one tenant 'default'
+has all of max_queue. The total stays bounded by max_queue as well.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Mapping
 
@@ -62,3 +73,40 @@ class Tenants:
         if bucket is None or bucket.take():
             return None
         return bucket.wait_s()
+
+
+class QueueShares:
+    """Per-tenant caps on waiting requests (module doc) and the count of each tenant's waiting
+    requests (`add` when one is queued, `sub` when it leaves the queue; no entry at zero)."""
+
+    def __init__(self, tenants: list[TenantConfig], max_queue: int) -> None:
+        self.caps: dict[str, int] = {}
+        self.rest = max_queue
+        if tenants:
+            total = sum(t.weight for t in tenants)
+            self.caps = {t.name: max(1, math.floor(max_queue * t.weight / total)) for t in tenants}
+            self.rest = max(1, max_queue - sum(self.caps.values()))
+        self.counts: dict[str | None, int] = {}  # pool -> requests waiting
+
+    def _pool(self, tenant: str) -> str | None:
+        return tenant if tenant in self.caps else None  # None: the unconfigured tenants' pool
+
+    def share(self, tenant: str) -> int:
+        """The most requests `tenant` (with the others of its pool) may have waiting."""
+        return self.caps.get(tenant, self.rest)
+
+    def waiting(self, tenant: str) -> int:
+        """Requests of `tenant`'s pool waiting now."""
+        return self.counts.get(self._pool(tenant), 0)
+
+    def add(self, tenant: str) -> None:
+        pool = self._pool(tenant)
+        self.counts[pool] = self.counts.get(pool, 0) + 1
+
+    def sub(self, tenant: str) -> None:
+        pool = self._pool(tenant)
+        n = self.counts[pool] - 1
+        if n:
+            self.counts[pool] = n
+        else:
+            del self.counts[pool]
