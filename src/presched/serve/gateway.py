@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from presched.predict.tracker import ErrorTracker
 from presched.schedule.lengths import total
+from presched.schedule.params import ParamsError
 from presched.schedule.registry import POLICIES
 from presched.schedule.routers import ROUTERS
 from presched.serve.backend import Backend
@@ -71,6 +72,8 @@ class Gateway:
         for i, b in enumerate(cfg.backends):
             try:
                 policy = POLICIES.create(cfg.policy, **params)
+            except ParamsError as e:  # names the dotted path: policy_params.inner_params.x
+                raise ValueError(str(e.under("policy_params"))) from None
             except (TypeError, ValueError) as e:
                 raise ValueError(f"policy_params: {e}") from None
             try:
