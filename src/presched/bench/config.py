@@ -20,7 +20,7 @@ from presched.config import Config
 from presched.metrics.summary import GoodputSLO
 from presched.predict.source import PredictionsConfig
 from presched.schedule import POLICIES
-from presched.schedule.params import validate_params_at
+from presched.schedule.params import validate_each
 from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig
 from presched.workload.config import WorkloadConfig
@@ -89,8 +89,7 @@ class BenchConfig(Config):
     @field_validator("policy_params")
     @classmethod
     def _params_valid(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        for name, params in v.items():  # errors nest: policy_params.mlfq.base_quantum
-            validate_params_at(name, name, params)
+        validate_each(v)  # errors nest: policy_params.mlfq.base_quantum
         return v
 
     @field_validator("loads")

@@ -56,7 +56,7 @@ from presched.schedule.registry import POLICIES
 
 class AgingParams(PolicyParams):
     rate: float = Field(100.0, ge=0, allow_inf_nan=False, description="Predicted tokens one second of waiting is worth: 0 = shortest predicted first, large tends to FCFS.")
-    stat: Stat = Field("mean", description="Statistic of the predicted length (remaining form after a preemption).")
+    stat: Stat = Field("mean", description="Statistic of the predicted length (remaining form after a preemption); rank works, with rate in score units per second.")
 
 
 @POLICIES.register("aging")

@@ -31,18 +31,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from presched.schedule.interface import Policy, SeqView
 from presched.schedule.lengths import remaining
-from presched.schedule.params import PolicyParams, Stat, not_rank
+from presched.schedule.params import LengthStat, PolicyParams
 from presched.schedule.registry import POLICIES
 
 
 class HRRNParams(PolicyParams):
-    stat: Stat = Field("mean", description="Statistic of the predicted length S (a length: not rank).")
-
-    _length = field_validator("stat")(not_rank("hrrn"))
+    stat: LengthStat = Field("mean", description="Statistic of the predicted length S (a length, so not rank: a score has no time scale).")
 
 
 @POLICIES.register("hrrn")

@@ -42,7 +42,7 @@ from presched.schedule.wrapper import Wrapper, WrapperParams
 
 class KVAdmissionParams(WrapperParams):
     quantile: float = Field(0.9, gt=0, lt=1, description="Level of the predicted output-length quantile charged per request.")
-    headroom: float = Field(1.0, gt=0, allow_inf_nan=False, description="Fraction of the KV capacity the predicted footprints may fill (< 1 leaves slack for requests that outlive their quantile).")
+    headroom: float = Field(1.0, gt=0, allow_inf_nan=False, description="Fraction of the KV capacity the predicted footprints may fill (< 1 leaves slack for requests that outlive their quantile, > 1 over-commits on purpose).")
     kv_tokens: int | None = Field(None, ge=1, le=2**40, description="KV capacity in tokens; None: the engine's (set it when the engine does not report it).")
 
 

@@ -33,8 +33,8 @@ from presched.schedule.params import PolicyParams
 
 class LimitedPreemptionParams(PolicyParams):
     c_frac: float = Field(2.0, ge=0, allow_inf_nan=False, description="Preemption window: a running request may be preempted while it generated fewer than c_frac * its predicted total at arrival; 0 = never preempt (reorder only).")
-    max_preemptions: int | None = Field(4, ge=0, le=1_000_000, description="Most preemptions of one request; None = no limit.")
-    min_gap: float = Field(0.0, ge=0, allow_inf_nan=False, description="Tokens by which the victim's predicted remaining must exceed the candidate's (beyond the recompute charge).")
+    max_preemptions: int | None = Field(4, ge=0, le=1_000_000, description="Most preemptions of one request (KV-pressure ones count too); None = no limit.")
+    min_gap: float = Field(0.0, ge=0, allow_inf_nan=False, description="Margin by which the victim's size must exceed the candidate's, beyond the recompute charge (TRAIL's margin).")
     recompute_weight: float = Field(1.0, ge=0, allow_inf_nan=False, description="Charge per token the victim must prefill again (prompt + generated).")
 
 

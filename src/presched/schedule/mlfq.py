@@ -51,10 +51,11 @@ and quanta in seconds (10 ms * 2^level).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from presched.schedule.interface import Policy, SeqView
 from presched.schedule.lengths import remaining
@@ -70,6 +71,15 @@ class MLFQParams(PolicyParams):
     preempt: bool = Field(False, description="Preempt a running request at a lower level for the head of the queue when the quantum gap pays for the recompute.")
     recompute_weight: float = Field(1.0, ge=0, allow_inf_nan=False, description="Weight of the recompute cost in the preemption test; 0 = preempt whenever the victim is at a lower level.")
     within: Stat | None = Field(None, description="Order inside a level: None = FIFO (FastServe), or a statistic of the predicted remaining length (shortest first).")
+
+    @field_validator("quantum_ratio")
+    @classmethod
+    def _last_quantum_bounded(cls, v: float, info: ValidationInfo) -> float:
+        q0, k = info.data.get("base_quantum"), info.data.get("num_levels")
+        if q0 is not None and k is not None and math.log10(q0) + (k - 1) * math.log10(v) > 18:
+            raise ValueError("the last quantum, base_quantum * quantum_ratio ** (num_levels - 1), "
+                             "must be at most 1e18 tokens")  # fmt: skip
+        return v
 
 
 class _State:

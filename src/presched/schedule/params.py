@@ -12,7 +12,7 @@
 The model is the single source of a policy's options: `Policy.__init__` validates its keyword
 arguments with it (unknown names refused; numbers strict: no bools, no strings, no NaN, finite
 unless the field says otherwise) and keeps the result as `policy.params`; `presched config
---policy NAME` prints it; the docs' config tables are generated from it (`params_table`).
+--policy NAME` prints it; the docs' config tables are generated from it (`params_docs.py`).
 
 A bad value raises `ParamsError` (a ValueError) whose lines name the dotted path of each problem:
 `inner_params.base_quantum: Input should be greater than 0 (got 0)`. Drivers prefix the place the
@@ -22,13 +22,9 @@ parameters came from (`policy_params.` in the gateway, the sim and bench configs
 
 from __future__ import annotations
 
-import json
-import types
-import typing
 from typing import Any, Literal, Mapping, TypeVar
 
 from pydantic import ConfigDict, ValidationError
-from pydantic.fields import FieldInfo
 
 from presched.config import Config
 from presched.schedule.lengths import STATS
@@ -37,6 +33,8 @@ P = TypeVar("P", bound="PolicyParams")
 
 Stat = Literal[STATS]  # type: ignore[valid-type]
 """A statistic of the predicted length (`schedule/lengths.py`): mean, point, rank, median, qNN."""
+LengthStat = Literal[tuple(s for s in STATS if s != "rank")]  # type: ignore[valid-type]
+"""A statistic that is a length in tokens (the rank score is not)."""
 
 
 class PolicyParams(Config):
@@ -92,78 +90,18 @@ def validate_params(name: str, params: Mapping[str, Any]) -> PolicyParams:
     return params_model(name).model_validate(dict(params))
 
 
-# --- description: `presched config --policy NAME` and the docs' config tables -----------------
-def type_name(annotation: Any) -> str:
-    """A short readable type: `float`, `int | None`, one of `"a"`, `"b"`, `dict[str, float]`."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is Literal:
-        return " | ".join(json.dumps(a) for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join(type_name(a) for a in args)
-    if origin is not None:
-        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(type_name(a) for a in args)}]"
-    if annotation is type(None):
-        return "None"
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def bounds(info: FieldInfo) -> str:
-    """The numeric bounds of a field, e.g. `> 0`, `>= 1, <= 64`, plus `finite` where enforced."""
-    out = []
-    for m in info.metadata:
-        for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
-            v = getattr(m, attr, None)
-            if v is not None:
-                out.append(f"{sym} {v:g}")
-    return ", ".join(out)
-
-
-def describe_params(model: type[PolicyParams]) -> list[tuple[str, str, str, str]]:
-    """(name, type and bounds, default as JSON, help) of every field of `model`."""
-    rows = []
-    for name, info in model.model_fields.items():
-        kind = type_name(info.annotation)
-        b = bounds(info)
-        default = info.get_default(call_default_factory=True)
-        rows.append((name, f"{kind} ({b})" if b else kind, json.dumps(default), info.description or ""))
-    return rows
-
-
-def params_table(name: str) -> str:
-    """The markdown config table of policy `name`, as the docs pages hold it (a test checks)."""
-    rows = describe_params(params_model(name))
-    if not rows:
-        return "None."
-    lines = ["| option | type | default | meaning |", "|---|---|---|---|"]
-    for n, t, d, h in rows:
-        lines.append(f"| `{n}` | {_cell(t)} | `{d}` | {_cell(h)} |")
-    return "\n".join(lines)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def not_rank(policy: str) -> Any:
-    """A `stat` validator for policies that need a length in tokens (the rank score is none):
-    `_length = field_validator("stat")(not_rank("srpt"))`."""
-
-    def check(cls, v: str) -> str:
-        if v == "rank":
-            raise ValueError(f"'rank' is a unitless score, not a length in tokens; {policy} needs "
-                             "a length: mean, point, median or a quantile (order by rank with sjf "
-                             "or rank)")  # fmt: skip
-        return v
-
-    return classmethod(check)
-
-
-def validate_params_at(key: str, name: str, params: Mapping[str, Any]) -> PolicyParams:
-    """`validate_params` with `key` in front of every error path (one entry of a mapping of
-    policies to their params, e.g. bench's policy_params.mlfq.base_quantum)."""
-    try:
-        return validate_params(name, params)
-    except ValidationError as e:
-        details = [{"type": x["type"], "loc": (key, *x["loc"]), "input": x.get("input"),
-                    **({"ctx": x["ctx"]} if "ctx" in x else {})} for x in e.errors()]  # fmt: skip
-        raise ValidationError.from_exception_data(e.title, details) from None  # type: ignore[arg-type]
+def validate_each(params_by_policy: Mapping[str, Mapping[str, Any]]) -> None:
+    """Every entry {policy name: params} checked by that policy's model; one ValidationError
+    with every problem, each path starting with the policy name (bench's
+    policy_params.mlfq.base_quantum)."""
+    details: list[Any] = []
+    title = "policy_params"
+    for name, params in params_by_policy.items():
+        try:
+            validate_params(name, params)
+        except ValidationError as e:
+            title = e.title
+            details += [{"type": x["type"], "loc": (name, *x["loc"]), "input": x.get("input"),
+                         **({"ctx": x["ctx"]} if "ctx" in x else {})} for x in e.errors()]  # fmt: skip
+    if details:
+        raise ValidationError.from_exception_data(title, details)

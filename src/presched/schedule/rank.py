@@ -56,7 +56,7 @@ from presched.schedule.registry import POLICIES
 
 class RankParams(PolicyParams):
     stat: Stat = Field("rank", description="Score ordered by: the ranker's score (rank) or any statistic of the predicted length.")
-    starvation_s: float | None = Field(60.0, ge=0, allow_inf_nan=True, description="Seconds after arrival at which a request is promoted ahead of every unpromoted one; None (or inf) disables promotion.")
+    starvation_s: float | None = Field(60.0, ge=0, allow_inf_nan=True, description="Seconds after arrival at which a request is promoted ahead of every unpromoted one; None (or inf) disables promotion: pure ranking, unbounded waits.")
 
 
 @POLICIES.register("rank")

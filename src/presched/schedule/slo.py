@@ -56,7 +56,7 @@ def _seconds(description: str):
 
 class SLOParams(PolicyParams):
     stat: Stat = Field("mean", description="Statistic of the predicted remaining length L.")
-    order: Literal[ORDERS] = Field("shortest", description="Among feasible requests: shortest predicted service first, or least slack first.")  # type: ignore[valid-type]
+    order: Literal[ORDERS] = Field("shortest", description="Among feasible requests: shortest predicted service first, or least slack first (slack: t* ascending, EDF corrected by each request's own predicted service).")  # type: ignore[valid-type]
     e2e_slo_s: float | None = _seconds("E2E SLO in seconds for requests without their own (request.slo_e2e).")
     ttft_slo_s: float | None = _seconds("TTFT SLO in seconds for requests without their own (request.slo_ttft).")
     tpot_s: float | None = _seconds("Seconds per output token; None: from the engine's step model.")

@@ -48,19 +48,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from presched.schedule import lengths
 from presched.schedule.interface import SeqView
 from presched.schedule.limited_preemption import LimitedPreemption, LimitedPreemptionParams
-from presched.schedule.params import Stat, not_rank
+from presched.schedule.params import LengthStat
 from presched.schedule.registry import POLICIES
 
 
 class SRPTParams(LimitedPreemptionParams):
-    stat: Stat = Field("mean", description="Statistic of the predicted remaining length r (a length: not rank).")
-
-    _length = field_validator("stat")(not_rank("srpt"))
+    stat: LengthStat = Field("mean", description="Statistic of the predicted remaining length r (a length, so not rank: order by rank with sjf or rank).")
 
 
 class TRAILParams(SRPTParams):

@@ -65,10 +65,10 @@ class VTCParams(WrapperParams):
     w_in: float = Field(1.0, ge=0, allow_inf_nan=False, description="Service charged per prompt token (the paper's default 1).")
     w_out: float = Field(2.0, ge=0, allow_inf_nan=False, description="Service charged per output token (the paper's default 2).")
     weights: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
-        default_factory=dict, max_length=100_000, description="Share of each tenant, {tenant: weight > 0}; tenants not listed weigh 1.",
+        default_factory=dict, max_length=100_000, description="Share of each tenant, {tenant: weight > 0}: its service is divided by it; tenants not listed weigh 1.",
     )  # fmt: skip
     charge_predicted: Literal[_PREDICTED] | None = Field(  # type: ignore[valid-type]
-        None, description="Charge the predicted output at admission (moving-average of the tenant's past lengths, or a statistic of seq.estimate); None: charge tokens as generated.",
+        None, description="Charge the predicted output at admission: moving-average (the artifact's per-tenant average of past lengths, window 5) or a statistic of seq.estimate; tokens are then charged only beyond the prediction and an over-charge is refunded at completion. None: charge tokens as generated.",
     )  # fmt: skip
 
 
