@@ -89,7 +89,7 @@ def sync_params_tables(text: str) -> str:
     return _BLOCK.sub(lambda m: f"{m[1]}{params_table(m[2])}\n{m[4]}", text)
 
 
-if __name__ == "__main__":  # python -m presched.schedule.params docs/policies.md docs/policies/*.md
+if __name__ == "__main__":  # python -m presched.schedule.params_docs docs/policies.md docs/policies/*.md
     import sys
     from pathlib import Path
 
