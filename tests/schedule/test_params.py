@@ -18,6 +18,7 @@ from presched.schedule import POLICIES
 from presched.schedule.params import ParamsError, PolicyParams, params_model
 from presched.schedule.params_docs import params_table, sync_params_tables
 from presched.serve.config import ServeConfig
+from presched.serve.gateway import Gateway
 from presched.sim.setup import SimConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -80,9 +81,13 @@ def test_configs_that_carry_policy_params_report_their_full_paths():
     with pytest.raises(ValidationError) as e:
         ServeConfig(backends=[{"url": "http://127.0.0.1:1"}], policy="fallback", policy_params=bad)
     assert format_validation_error(e.value).startswith("policy_params.inner_params.base_quantum:")
-    # checks that need the built policy still name the path, when the factory is made
+    # checks that need the built policy still name the path, when the policies are built
     with pytest.raises(ValueError, match=r"^policy_params\.inner: 'vtc' has its own queue"):
         SimConfig(policy="fallback", policy_params={"inner": "vtc"}).policy_factory()
+    cfg = ServeConfig(backends=[{"url": "http://127.0.0.1:1"}], policy="fallback",
+                      policy_params={"inner": "vtc"})  # fmt: skip
+    with pytest.raises(ValueError, match=r"^policy_params\.inner: 'vtc' has its own queue"):
+        Gateway(cfg)  # builds its policies, no request sent
 
 
 finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e9, max_value=1e9)
