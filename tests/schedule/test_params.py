@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from presched.bench.config import BenchConfig
 from presched.config import format_validation_error
 from presched.schedule import POLICIES
+from presched.schedule.routers import ROUTERS
 from presched.schedule.params import ParamsError, PolicyParams, params_model
 from presched.schedule.params_docs import params_table, sync_params_tables
 from presched.serve.config import ServeConfig
@@ -118,8 +119,19 @@ def test_docs_config_tables_are_generated_from_the_models(page):
         f"{page.name} is out of date: python -m presched.schedule.params_docs docs/policies.md docs/policies/*.md")
 
 
-def test_every_policy_with_params_has_its_table_in_the_docs():
+def test_every_policy_and_router_with_params_has_its_table_in_the_docs():
     text = "".join(p.read_text(encoding="utf-8") for p in PAGES)
     for name in POLICIES.names():
         if params_model(name).model_fields:
             assert f"<!-- params: {name} -->\n{params_table(name)}\n<!-- /params -->" in text, name
+    for name in ("least-work", "p2c-work", "short-long"):  # least-work-oracle: least-work's
+        table = params_table(name, router=True)
+        assert f"<!-- router-params: {name} -->\n{table}\n<!-- /params -->" in text, name
+
+
+def test_router_params_are_typed_too():
+    with pytest.raises(ParamsError, match=r"^d: Input should be a valid integer \(got 1.5\)$"):
+        ROUTERS.create("p2c-work", d=1.5)
+    with pytest.raises(ParamsError, match=r"^stat: Input should be 'mean'"):
+        ROUTERS.create("short-long", stat="rank")
+    assert ROUTERS.create("short-long", window=10, prompt_weight=0.5).params.prompt_weight == 0.5

@@ -84,6 +84,13 @@ def params_model(name: str) -> type[PolicyParams]:
     return getattr(POLICIES.get(name), "Params", NoParams)
 
 
+def router_params_model(name: str) -> type[PolicyParams]:
+    """The parameter model of the registered router `name` (UnknownNameError if unknown)."""
+    from presched.schedule.routers import ROUTERS
+
+    return getattr(ROUTERS.get(name), "Params", NoParams)
+
+
 def validate_params(name: str, params: Mapping[str, Any]) -> PolicyParams:
     """`params` of policy `name` checked by its model, raising pydantic's ValidationError: for
     use inside other configs' validators, where pydantic nests its paths (sim.policy_params.x)."""

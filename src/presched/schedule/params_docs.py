@@ -1,7 +1,8 @@
 """The parameters of a policy as text: rows for `presched config --policy NAME`, and the
 markdown config tables of the docs pages, generated from each policy's `Params` model.
 
-A docs page holds a table between `<!-- params: NAME -->` and `<!-- /params -->`; regenerate
+A docs page holds a table between `<!-- params: NAME -->` (or `<!-- router-params: NAME -->`)
+and `<!-- /params -->`; regenerate
 after changing a model with
 
     python -m presched.schedule.params_docs docs/policies.md docs/policies/*.md
@@ -19,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic.fields import FieldInfo
 
-from presched.schedule.params import PolicyParams, params_model
+from presched.schedule.params import PolicyParams, params_model, router_params_model
 
 
 def type_name(annotation: Any) -> str:
@@ -65,9 +66,9 @@ def describe_params(model: type[PolicyParams]) -> list[tuple[str, str, str, str]
     return rows
 
 
-def params_table(name: str) -> str:
-    """The markdown config table of policy `name`, as the docs pages hold it (a test checks)."""
-    rows = describe_params(params_model(name))
+def params_table(name: str, router: bool = False) -> str:
+    """The markdown config table of policy (or router) `name`, as the docs pages hold it."""
+    rows = describe_params(router_params_model(name) if router else params_model(name))
     if not rows:
         return "None."
     lines = ["| option | type | default | meaning |", "|---|---|---|---|"]
@@ -80,13 +81,13 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-_BLOCK = re.compile(r"(<!-- params: ([\w-]+) -->\n)(.*?)(<!-- /params -->)", re.S)
+_BLOCK = re.compile(r"(<!-- (router-)?params: ([\w-]+) -->\n)(.*?)(<!-- /params -->)", re.S)
 
 
 def sync_params_tables(text: str) -> str:
-    """`text` (a docs page) with every block between `<!-- params: NAME -->` and
-    `<!-- /params -->` replaced by `params_table(NAME)`."""
-    return _BLOCK.sub(lambda m: f"{m[1]}{params_table(m[2])}\n{m[4]}", text)
+    """`text` (a docs page) with every block between `<!-- params: NAME -->` (a policy) or
+    `<!-- router-params: NAME -->` and `<!-- /params -->` replaced by `params_table(NAME)`."""
+    return _BLOCK.sub(lambda m: f"{m[1]}{params_table(m[3], bool(m[2]))}\n{m[5]}", text)
 
 
 if __name__ == "__main__":  # python -m presched.schedule.params_docs docs/policies.md docs/policies/*.md

@@ -82,6 +82,8 @@ class Gateway:
                 raise ValueError(f"backends[{i}] (or policy_params): {e}") from None
         try:
             self.router = ROUTERS.create(cfg.router, **cfg.router_params)
+        except ParamsError as e:
+            raise ValueError(str(e.under("router_params"))) from None
         except (TypeError, ValueError) as e:
             raise ValueError(f"router_params: {e}") from None
         self.oracle = self.backends[0].policy.oracle or self.router.oracle

@@ -95,8 +95,8 @@ class SimConfig(Config):
 def _router(name: str, params: dict, field: str):
     try:
         return ROUTERS.create(name, **params)
-    except TypeError as e:
-        raise ValueError(f"{field} for {name!r}: {e}") from None
+    except ParamsError as e:
+        raise e.under(field) from None
 
 
 def build_cluster(cfg: SimConfig) -> Cluster | DisaggCluster:
