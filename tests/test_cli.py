@@ -83,3 +83,36 @@ def test_config_lists_fields_of_optional_sub_configs():
         assert any(line.split("│")[1].strip() == path for line in lines if "│" in line), path
     row = next(line for line in lines if "│" in line and line.split("│")[1].strip() == "sim.disaggregated")
     assert row.split("│")[2].strip() == "null"
+
+
+def test_config_lists_each_policys_parameters():
+    r = presched("config", "--policy", "mlfq")
+    assert r.returncode == 0, r.stderr
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in r.stdout.splitlines() if "│" in line]
+    by_name = {row[1]: row for row in rows if row[1]}
+    assert by_name["base_quantum"][2:4] == ["float (> 0)", "32.0"]
+    assert by_name["num_levels"][2:4] == ["int (>= 1, <= 64)", "8"]
+    assert by_name["base_quantum"][4].startswith("Quantum of level 0")
+    assert "slo.tpot_ms" not in r.stdout  # only the policy's table
+    r = presched("config")  # the plain listing ends with every policy's parameters
+    assert r.returncode == 0, r.stderr
+    assert "headroom" in r.stdout and "starvation_s" in r.stdout and "slo.tpot_ms" in r.stdout
+    r = presched("config", "--policy", "nope")
+    assert r.returncode == 2 and "unknown policy 'nope'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_policy_params_name_the_dotted_path(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("sim:\n  policy: kv-admission\n  policy_params: {inner: mlfq, inner_params: {base_quantum: 0}}\n")
+    cases = [
+        (["simulate", "-n", "10", "--policy", "mlfq", "--set", "sim.policy_params.base_quantum=0"],
+         "sim.policy_params.base_quantum: Input should be greater than 0"),
+        (["simulate", "-n", "10", "-c", str(exp)],
+         "sim.policy_params.inner_params.base_quantum: Input should be greater than 0"),
+        (["bench", "--set", "policy_params={mlfq: {num_levels: 0}}"], "policy_params.mlfq.num_levels"),
+    ]  # fmt: skip
+    for args, needle in cases:
+        r = presched(*args, cwd=tmp_path)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert needle in " ".join(r.stderr.split()), (args, r.stderr)
+        assert "Traceback" not in r.stderr

@@ -26,6 +26,9 @@ from presched.cliutil import csv_list as _csv
 from presched.cliutil import err
 from presched.cliutil import progress_bar as _progress
 from presched.config import UserError, apply_overrides, format_validation_error, load_file
+from presched.schedule import POLICIES
+from presched.schedule.params import params_model
+from presched.schedule.params_docs import describe_params
 from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig
 from presched.sim.steptime import StepTimeConfig
@@ -171,8 +174,10 @@ def simulate(
 @app.command("config")
 def show_config(
     dump: Optional[Path] = typer.Option(None, "--dump", help="Write every field with its default to this YAML/JSON file."),
+    policy: Optional[str] = typer.Option(None, "--policy", "-p", help="Show only the parameters of this policy (what sim.policy_params, policy_params.NAME in bench, or the gateway's policy_params accept)."),
 ) -> None:
-    """List every configuration field (dotted path, type, default, meaning)."""
+    """List every configuration field (dotted path, type, default, meaning), then every policy's
+    parameters."""
     cfg = BenchConfig()
     if dump is not None:
         data = json.loads(cfg.model_dump_json())
@@ -180,13 +185,33 @@ def show_config(
         dump.write_text(text)
         Console().print(f"wrote {dump}")
         return
+    console = Console(width=max(Console().width, 140))
+    if policy is not None:
+        console.print(_policy_table([policy]))
+        return
     table = Table(title="presched configuration (set in an experiment file, or with --set PATH=VALUE)")
     table.add_column("field")
     table.add_column("default", overflow="fold", max_width=28)
     table.add_column("meaning", overflow="fold")
     for path, default, desc in _fields(cfg):
         table.add_row(path, default, desc)
-    Console(width=max(Console().width, 140)).print(table)
+    console.print(table)
+    console.print(_policy_table(POLICIES.names()))
+
+
+def _policy_table(names: list[str]) -> Table:
+    """The parameters of each policy in `names` (from its model; UnknownNameError if unknown)."""
+    what = f"policy {names[0]!r}" if len(names) == 1 else "every policy"
+    table = Table(title=f"parameters of {what} (sim.policy_params, e.g. --set sim.policy_params."
+                        "base_quantum=64; policy_params.NAME in bench; policy_params in the gateway)")
+    for col in ("policy", "parameter", "type", "default"):
+        table.add_column(col, overflow="fold", max_width=30)
+    table.add_column("meaning", overflow="fold")
+    for name in names:
+        rows = describe_params(params_model(name)) or [("(none)", "", "", "")]
+        for i, (field, kind, default, desc) in enumerate(rows):
+            table.add_row(name if i == 0 else "", field, kind, default, desc)
+    return table
 
 
 def _optional_model(annotation):

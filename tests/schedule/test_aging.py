@@ -25,7 +25,7 @@ def test_rate_trades_length_against_waiting_time():
     est = make_estimates([9, 9, 1])
 
     def run(rate):
-        return starts(run_engine(make_engine(Aging(rate, "median"), max_num_seqs=1), reqs, est))
+        return starts(run_engine(make_engine(Aging(rate=rate, stat="median"), max_num_seqs=1), reqs, est))
 
     assert run(1) == {"r0": 0.0, "r2": 9.0, "r1": 10.0}
     assert run(3) == {"r0": 0.0, "r1": 9.0, "r2": 18.0}
@@ -69,7 +69,7 @@ def test_rate_zero_is_shortest_predicted_first_and_starves():
 def test_bad_config_names_the_field():
     for params, field in (({"rate": -1}, "rate"), ({"rate": float("inf")}, "rate"),
                           ({"rate": "fast"}, "rate"), ({"stat": "q42"}, "stat")):  # fmt: skip
-        with pytest.raises(ValueError, match=f"field '{field}'"):
+        with pytest.raises(ValueError, match=rf"^{field}: "):
             POLICIES.create("aging", **params)
 
 

@@ -139,7 +139,7 @@ def test_property_sum_stays_exact_under_underprediction(lengths, seed):
 def test_bad_config_names_the_field():
     for kwargs, field in [({"quantile": 1.0}, "quantile"), ({"headroom": 0}, "headroom"),
                           ({"kv_tokens": -5}, "kv_tokens")]:  # fmt: skip
-        with pytest.raises(ValueError, match=f"field '{field}'"):
+        with pytest.raises(ValueError, match=rf"^{field}: "):
             POLICIES.create("kv-admission", **kwargs)
     with pytest.raises(ValueError, match="unknown policy 'nope'"):  # Wrapper's message
         POLICIES.create("kv-admission", inner="nope")

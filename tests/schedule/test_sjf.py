@@ -105,9 +105,9 @@ def test_invariants_under_memory_pressure_with_bad_predictions(
 
 
 def test_bad_config_names_the_field():
-    with pytest.raises(ValueError, match="field 'stat': unknown statistic 'q42'"):
+    with pytest.raises(ValueError, match=r"^stat: Input should be 'mean', 'point'.* \(got 'q42'\)"):
         POLICIES.create("sjf", stat="q42")
-    with pytest.raises(ValueError, match="field 'stat'"):
+    with pytest.raises(ValueError, match=r"policy_params\.stat"):
         SimConfig(policy="sjf", policy_params={"stat": "mode"}).policy_factory()
 
 

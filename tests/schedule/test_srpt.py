@@ -234,9 +234,9 @@ def test_trail_has_the_papers_defaults():
 ])  # fmt: skip
 @pytest.mark.parametrize("name", ["srpt", "trail"])
 def test_bad_config_names_the_field(name, params, field):
-    with pytest.raises(ValueError, match=f"field '{field}'"):
+    with pytest.raises(ValueError, match=rf"^{field}: "):
         POLICIES.create(name, **params)
-    with pytest.raises(ValueError, match=f"field '{field}'"):
+    with pytest.raises(ValueError, match=rf"policy_params\.{field}"):
         SimConfig(policy=name, policy_params=params).policy_factory()
 
 

@@ -20,6 +20,7 @@ from presched.config import Config
 from presched.metrics.summary import GoodputSLO
 from presched.predict.source import PredictionsConfig
 from presched.schedule import POLICIES
+from presched.schedule.params import validate_each
 from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig
 from presched.workload.config import WorkloadConfig
@@ -46,7 +47,7 @@ class BenchConfig(Config):
         min_length=1, description="Scheduling policies to compare: " + ", ".join(POLICIES.names()) + ".",
     )  # fmt: skip
     policy_params: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="Keyword arguments per policy name, e.g. {srpt-oracle: {recompute_weight: 0.5}}."
+        default_factory=dict, description="Parameters per policy name, e.g. {srpt-oracle: {recompute_weight: 0.5}}, checked by each policy's model (`presched config --policy NAME`)."
     )
     loads: list[float] = Field(
         default_factory=lambda: [0.5, 0.7, 0.8, 0.9, 0.95],
@@ -83,6 +84,12 @@ class BenchConfig(Config):
     def _known(cls, v: list[str]) -> list[str]:
         for name in v:
             POLICIES.get(name)
+        return v
+
+    @field_validator("policy_params")
+    @classmethod
+    def _params_valid(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        validate_each(v)  # errors nest: policy_params.mlfq.base_quantum
         return v
 
     @field_validator("loads")

@@ -30,7 +30,7 @@ length: unlike `rank`'s constant `starvation_s`, a long request is delayed in pr
 much longer it is predicted to be. With stat "rank" (a unitless score, unbounded below) rate is
 in score units per second and the bound holds only if the scores are bounded.
 
-Config: `rate` (tokens/s, default 100: P99 E2E within 1.3x FCFS's at 80-100 % load on a bursty
+Config (`AgingParams`): `rate` (tokens/s, default 100: P99 E2E within 1.3x FCFS's at 80-100 % load on a bursty
 trace, docs/policies/aging.md; its scale is typical length differences / typical waits), `stat`
 (default "mean"). KV-pressure victim: the running request with the largest key (remaining form).
 Non-preemptive.
@@ -44,20 +44,30 @@ System Concepts, "priority scheduling with aging"); here on predicted LLM output
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field
 
 from presched.schedule.interface import Policy, SeqView
 from presched.schedule.lengths import remaining
-from presched.schedule.options import number
+from presched.schedule.params import PolicyParams, Stat
 from presched.schedule.registry import POLICIES
+
+
+class AgingParams(PolicyParams):
+    rate: float = Field(100.0, ge=0, allow_inf_nan=False, description="Predicted tokens one second of waiting is worth: 0 = shortest predicted first, large tends to FCFS.")
+    stat: Stat = Field("mean", description="Statistic of the predicted length (remaining form after a preemption); rank works, with rate in score units per second.")
 
 
 @POLICIES.register("aging")
 class Aging(Policy):
     name = "aging"
+    Params = AgingParams
 
-    def __init__(self, rate: float = 100.0, stat: str = "mean") -> None:
-        self.rate = number("rate", rate)  # tokens per second of waiting
-        self.stat = stat
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.rate = self.params.rate  # tokens per second of waiting
+        self.stat = stat = self.params.stat
         self.length = remaining(stat)
 
     def priority(self, seq: SeqView, now: float) -> float:

@@ -25,9 +25,10 @@ count and both policies' epochs), so the waiting queue is re-keyed once by the n
 Both policies receive every notification, so either can take over with its state up to date;
 the decisions (priority, rekey_at, admit, victim, preempt_for, wakeup) are the active one's.
 
-Config: `inner` (predictive, default "fcfs"), `inner_params`, `conservative` ("fcfs"),
-`conservative_params`, `metric` ("discordance"), `threshold` (0.3), `hysteresis` (0.05),
-`min_samples` (100), `window` (500), `level` (0.9, for coverage_error).
+Config (`FallbackParams`): `inner` (predictive, default "fcfs"), `inner_params`, `conservative`
+("fcfs"), `conservative_params`, `metric` ("discordance"), `threshold` (0.3), `hysteresis`
+(0.05, < threshold), `min_samples` (100), `window` (500, >= min_samples), `level` (0.9, for
+coverage_error). Delegation is `Wrapper`'s, with `active` switched and both policies members.
 
 Caveat (measured, docs/policies/fallback.md): the window holds the requests that completed last,
 and a predictive policy chooses them by their predictions, so under saturation their predicted
@@ -40,61 +41,77 @@ averages over it; with 200 a good predictor was switched off 5 times in a 3000-r
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator
 
 from presched.predict.tracker import ErrorTracker
-from presched.schedule.interface import EngineInfo, Policy
+from presched.schedule.interface import Policy
+from presched.schedule.params import ParamsError
 from presched.schedule.registry import POLICIES
-from presched.schedule.wrapper import Wrapper, create_policy, plain_order
+from presched.schedule.wrapper import Wrapper, WrapperParams, create_policy, known_policy, nested_params, plain_order
 
 METRICS = ("discordance", "rel_mae", "coverage_error")
 PREDICTIVE, CONSERVATIVE = "predictive", "conservative"
 
 
+class FallbackParams(WrapperParams):
+    inner: str = Field("fcfs", description="The predictive policy, active while the tracked error is low.")
+    conservative: str = Field("fcfs", description="The policy active while the tracked error is high.")
+    conservative_params: dict[str, Any] | None = Field(None, description="Parameters of `conservative`, checked by its own model (None: its defaults).")
+    metric: Literal[METRICS] = Field("discordance", description="Tracked error: discordant-pair share of predicted vs true lengths, relative MAE, or |coverage - level| of the `level` quantile.")  # type: ignore[valid-type]
+    threshold: float = Field(0.3, gt=0, allow_inf_nan=False, description="Switch to `conservative` when the error exceeds it.")
+    hysteresis: float = Field(0.05, ge=0, allow_inf_nan=False, description="Switch back when the error is below threshold - hysteresis; must be < threshold.")
+    min_samples: int = Field(100, ge=2, le=1_000_000, description="Completions tracked before the first decision.")
+    window: int = Field(500, ge=2, le=1_000_000, description="Completions the error is computed over (the latest); must be >= min_samples.")
+    level: float = Field(0.9, gt=0, lt=1, description="Quantile level checked by `coverage_error`.")
+
+    @field_validator("conservative")
+    @classmethod
+    def _conservative_known(cls, v: str) -> str:
+        return known_policy(v)
+
+    @field_validator("conservative_params")
+    @classmethod
+    def _conservative_params_ok(cls, v, info: ValidationInfo):
+        return nested_params(v, info, "conservative")
+
+    @field_validator("hysteresis")
+    @classmethod
+    def _below_threshold(cls, v: float, info: ValidationInfo) -> float:
+        t = info.data.get("threshold")
+        if t is not None and not v < t:
+            raise ValueError(f"must be < threshold ({t:g})")
+        return v
+
+    @field_validator("window")
+    @classmethod
+    def _covers_min_samples(cls, v: int, info: ValidationInfo) -> int:
+        m = info.data.get("min_samples")
+        if m is not None and v < m:
+            raise ValueError(f"must be >= min_samples ({m})")
+        return v
+
+
 @POLICIES.register("fallback")
 class Fallback(Wrapper):
     name = "fallback"
+    Params = FallbackParams
+    params: FallbackParams
 
-    def __init__(
-        self,
-        inner: str = "fcfs",
-        inner_params: dict[str, Any] | None = None,
-        conservative: str = "fcfs",
-        conservative_params: dict[str, Any] | None = None,
-        metric: str = "discordance",
-        threshold: float = 0.3,
-        hysteresis: float = 0.05,
-        min_samples: int = 100,
-        window: int = 500,
-        level: float = 0.9,
-    ) -> None:
-        super().__init__(inner, inner_params)
-        self.conservative: Policy = create_policy("conservative", conservative, conservative_params)
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        p = self.params
+        self.conservative: Policy = create_policy("conservative", p.conservative, p.conservative_params)
         for field, pol in (("inner", self.inner), ("conservative", self.conservative)):
             if not plain_order(pol):
-                raise ValueError(
-                    f"field '{field}': {pol.name!r} has its own queue and cannot be switched; "
-                    "wrap the other way round (e.g. vtc with inner='fallback')"
-                )
-        if metric not in METRICS:
-            raise ValueError(f"field 'metric': must be one of {', '.join(METRICS)}, got {metric!r}")
-        if not isinstance(threshold, (int, float)) or not threshold > 0:
-            raise ValueError(f"field 'threshold': must be > 0, got {threshold!r}")
-        if not isinstance(hysteresis, (int, float)) or not 0 <= hysteresis < threshold:
-            raise ValueError(f"field 'hysteresis': must be in [0, threshold), got {hysteresis!r}")
-        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 2:
-            raise ValueError(f"field 'min_samples': must be an integer >= 2, got {min_samples!r}")
-        if isinstance(window, bool) or not isinstance(window, int) or window < min_samples:
-            raise ValueError(f"field 'window': must be an integer >= min_samples, got {window!r}")
-        if not isinstance(level, (int, float)) or not 0 < level < 1:
-            raise ValueError(f"field 'level': must be in (0, 1), got {level!r}")
-        self.metric, self.threshold, self.hysteresis = metric, float(threshold), float(hysteresis)
-        self.min_samples, self.level = min_samples, float(level)
-        self.tracker = ErrorTracker(window, levels=(level,))
-        self.oracle = self.inner.oracle or self.conservative.oracle
-        self.dynamic = self.inner.dynamic or self.conservative.dynamic
+                raise ParamsError([(field, f"{pol.name!r} has its own queue and cannot be switched; "
+                                           "wrap the other way round (e.g. vtc with inner='fallback')")])  # fmt: skip
+        self.metric, self.threshold, self.hysteresis = p.metric, p.threshold, p.hysteresis
+        self.min_samples, self.level = p.min_samples, p.level
+        self.tracker = ErrorTracker(p.window, levels=(p.level,))
+        self.delegate(self.inner, (self.inner, self.conservative))
         self.mode = PREDICTIVE
-        self.active: Policy = self.inner
         self.switches: list[tuple[int, float, str]] = []
 
     def new_queue(self):
@@ -128,56 +145,11 @@ class Fallback(Wrapper):
         self.active = self.inner if mode == PREDICTIVE else self.conservative
         self.switches.append((self.tracker.total, now, mode))
 
-    # --- decisions: the active policy's --------------------------------------------------
-    def priority(self, seq, now):
-        return self.active.priority(seq, now)
-
-    def rekey_at(self, seq, now):
-        return self.active.rekey_at(seq, now)
-
-    def admit(self, seq, running, now):
-        return self.active.admit(seq, running, now)
-
-    def victim(self, candidates, now):
-        return self.active.victim(candidates, now)
-
-    def preempt_for(self, candidate, running, now):
-        return self.active.preempt_for(candidate, running, now)
-
-    def wakeup(self, now):
-        return self.active.wakeup(now)
-
-    # --- notifications: both ---------------------------------------------------------------
-    def attach(self, engine: EngineInfo) -> None:
-        self.inner.attach(engine)
-        self.conservative.attach(engine)
-
-    def on_arrival(self, seq, now):
-        self.inner.on_arrival(seq, now)
-        self.conservative.on_arrival(seq, now)
-
-    def on_schedule(self, seq, now):
-        self.inner.on_schedule(seq, now)
-        self.conservative.on_schedule(seq, now)
-
-    def on_tokens(self, seq, num_tokens, now):
-        self.inner.on_tokens(seq, num_tokens, now)
-        self.conservative.on_tokens(seq, num_tokens, now)
-
-    def on_preempt(self, seq, now):
-        self.inner.on_preempt(seq, now)
-        self.conservative.on_preempt(seq, now)
-
     def on_finish(self, seq, now):
         if seq.estimate is not None:
             self.tracker.add(seq.estimate, seq.generated)
             self._update_mode(now)
-        self.inner.on_finish(seq, now)
-        self.conservative.on_finish(seq, now)
-
-    def on_cancel(self, seq, now):  # no true length: the tracker does not learn from it
-        self.inner.on_cancel(seq, now)
-        self.conservative.on_cancel(seq, now)
+        super().on_finish(seq, now)  # both policies
 
     def describe(self) -> str:
         return f"fallback({self.inner.describe()} -> {self.conservative.describe()})"

@@ -13,13 +13,13 @@ a LIKELY-short request even when its tail is heavy: a request that is 50 % likel
 predictions it orders like SRPT.
 
 KV-pressure victim: the lowest index (largest 1 / G), ties to the latest arrival. Limited
-preemption with `srpt`'s guard (`srpt.LimitedPreemption`), with r = 1 / G and the window
+preemption with `srpt`'s guard (`limited_preemption.py`), with r = 1 / G and the window
 c_frac * E[L] (the mean at arrival); c_frac = 0 only reorders. Preemption measured worth it:
 without it gittins orders fresh requests as sjf does when every prediction has the same spread
 (capture ~0.5 of the srpt-oracle gain under noisy predictions), with it ~0.85
 (docs/policies/gittins.md).
 
-Inputs: `seq.estimate` (`RequestEstimate.gittins`). Config: `c_frac` (2.0), `max_preemptions`
+Inputs: `seq.estimate` (`RequestEstimate.gittins`). Config (`LimitedPreemptionParams`): `c_frac` (2.0), `max_preemptions`
 (4; None = no limit), `min_gap` (0), `recompute_weight` (1.0), as in `srpt`.
 
     POLICIES.create("gittins", c_frac=0)
@@ -35,19 +35,13 @@ in output tokens (prefill is not part of the size).
 from __future__ import annotations
 
 from presched.schedule.lengths import estimate_of
+from presched.schedule.limited_preemption import LimitedPreemption
 from presched.schedule.registry import POLICIES
-from presched.schedule.srpt import LimitedPreemption
 
 
 @POLICIES.register("gittins")
 class Gittins(LimitedPreemption):
     name = "gittins"
-
-    def __init__(
-        self, c_frac: float = 2.0, max_preemptions: int | None = 4, min_gap: float = 0.0,
-        recompute_weight: float = 1.0,
-    ) -> None:  # fmt: skip
-        super().__init__(c_frac, max_preemptions, min_gap, recompute_weight)
 
     def size(self, seq) -> float:
         return 1.0 / estimate_of(seq).gittins(seq.generated)

@@ -17,7 +17,7 @@ of the queue (O(n)), so fast-forwarded decode runs end there and the simulation 
 scale prefer `aging` (a static key, O(log n)), which trades mean against tail latency with one
 knob, `rate`.
 
-Config: `stat` (default "mean"; "rank" is refused: a score is not a length). Non-preemptive;
+Config (`HRRNParams`): `stat` (default "mean"; "rank" is refused: a score is not a length). Non-preemptive;
 KV-pressure victim: the running request with the lowest ratio.
 
     presched simulate --policy hrrn --set sim.policy_params.stat=median
@@ -29,22 +29,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field
 
 from presched.schedule.interface import Policy, SeqView
-from presched.schedule.lengths import check_stat, remaining
+from presched.schedule.lengths import remaining
+from presched.schedule.params import LengthStat, PolicyParams
 from presched.schedule.registry import POLICIES
+
+
+class HRRNParams(PolicyParams):
+    stat: LengthStat = Field("mean", description="Statistic of the predicted length S (a length, so not rank: a score has no time scale).")
 
 
 @POLICIES.register("hrrn")
 class HRRN(Policy):
     name = "hrrn"
     dynamic = True
+    Params = HRRNParams
 
-    def __init__(self, stat: str = "mean") -> None:
-        if check_stat(stat) == "rank":
-            raise ValueError("field 'stat': hrrn needs a length, and 'rank' is a unitless score; "
-                             "use mean, point, median or a quantile")  # fmt: skip
-        self.stat = stat
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.stat = stat = self.params.stat
         self.length = remaining(stat)
         self._waiting: dict[int, SeqView] = {}  # for `wakeup`
 

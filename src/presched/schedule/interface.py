@@ -40,7 +40,12 @@ from __future__ import annotations
 
 from abc import ABC
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence
+
+from presched.schedule.params import NoParams, PolicyParams, parse
+
+if TYPE_CHECKING:
+    from presched.schedule.request_queue import RequestQueue
 
 
 class SeqView(Protocol):
@@ -80,9 +85,16 @@ class Policy(ABC):
 
     The defaults are FCFS: order by arrival, preempt the latest arrival under KV pressure,
     never preempt to admit.
+
+    Parameters: a policy with options declares them as a frozen pydantic model, `Params`
+    (`schedule/params.py`); `__init__` validates its keyword arguments with it and keeps the
+    result as `self.params` (a `ParamsError` naming each bad field otherwise). A subclass's
+    `__init__(**params)` calls `super().__init__(**params)` first and reads `self.params`.
     """
 
     name: ClassVar[str] = "base"
+    Params: ClassVar[type[PolicyParams]] = NoParams
+    """The parameter model (fields with defaults, bounds and `description` help text)."""
     oracle: bool = False
     """True when the policy reads true lengths (`seq.target`): a bound, not deployable."""
     dynamic: bool = False
@@ -91,6 +103,9 @@ class Policy(ABC):
     epoch: int = 0
     """Bump (on the instance) when the order of requests already queued changes at once, e.g. a
     switch of mode; the queue re-keys every waiting request once, at its next decision."""
+
+    def __init__(self, **params: Any) -> None:
+        self.params: PolicyParams = parse(type(self).Params, params)
 
     def attach(self, engine: EngineInfo) -> None:
         """Called once by the driver, before any request, with what the engine offers (KV
@@ -122,12 +137,10 @@ class Policy(ABC):
         `wakeup` or re-key in between): the simulator fast-forwards such stretches."""
         return True
 
-    def new_queue(self) -> Any:
+    def new_queue(self) -> RequestQueue:
         """The waiting queue this policy orders (called once by each driver). Default: a
         `WaitingQueue` keyed by `priority`. Policies that pick across sub-queues (per-tenant
-        fair share) return their own object with the same methods: `push(seq, now)`,
-        `update(now)`, `peek()`, `pop()`, `remove(seq)`, `next_rekey()`, `len`, `bool`, `in`,
-        iteration (see `queue.py`)."""
+        fair share) return their own `RequestQueue` (`request_queue.py`)."""
         from presched.schedule.queue import WaitingQueue
 
         return WaitingQueue(self)

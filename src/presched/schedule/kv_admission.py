@@ -20,7 +20,7 @@ each; on_tokens moves F(r) exactly as g_r passes q_r), so `admit` is O(1). q_r i
 so a refusal stays a refusal until a completion (what the simulator's fast-forward assumes).
 
 Inputs: `seq.estimate` (a quantile), `EngineInfo.kv_tokens` and `block_size` (attach).
-Config: `inner` ("fcfs"), `inner_params`, `quantile` (0.9), `headroom` (1.0, > 0; < 1 leaves
+Config (`KVAdmissionParams`): `inner` ("fcfs"), `inner_params`, `quantile` (0.9), `headroom` (1.0, > 0; < 1 leaves
 slack for requests that outlive their quantile), `kv_tokens` (None = the engine's; set it when
 the engine does not report its capacity).
 
@@ -32,35 +32,32 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pydantic import Field
+
 from presched.schedule.interface import EngineInfo
 from presched.schedule.lengths import estimate_of
 from presched.schedule.registry import POLICIES
-from presched.schedule.wrapper import Wrapper
+from presched.schedule.wrapper import Wrapper, WrapperParams
+
+
+class KVAdmissionParams(WrapperParams):
+    quantile: float = Field(0.9, gt=0, lt=1, description="Level of the predicted output-length quantile charged per request.")
+    headroom: float = Field(1.0, gt=0, allow_inf_nan=False, description="Fraction of the KV capacity the predicted footprints may fill (< 1 leaves slack for requests that outlive their quantile, > 1 over-commits on purpose).")
+    kv_tokens: int | None = Field(None, ge=1, le=2**40, description="KV capacity in tokens; None: the engine's (set it when the engine does not report it).")
 
 
 @POLICIES.register("kv-admission")
 class KVAdmission(Wrapper):
     name = "kv-admission"
+    Params = KVAdmissionParams
+    params: KVAdmissionParams
 
-    def __init__(
-        self,
-        inner: str = "fcfs",
-        inner_params: dict[str, Any] | None = None,
-        quantile: float = 0.9,
-        headroom: float = 1.0,
-        kv_tokens: int | None = None,
-    ) -> None:
-        super().__init__(inner, inner_params)
-        if not isinstance(quantile, (int, float)) or not 0 < quantile < 1:
-            raise ValueError(f"field 'quantile': must be in (0, 1), got {quantile!r}")
-        if not isinstance(headroom, (int, float)) or not headroom > 0:
-            raise ValueError(f"field 'headroom': must be > 0, got {headroom!r}")
-        if kv_tokens is not None and (isinstance(kv_tokens, bool) or not isinstance(kv_tokens, int)
-                                      or kv_tokens < 1):  # fmt: skip
-            raise ValueError(f"field 'kv_tokens': must be a positive integer, got {kv_tokens!r}")
-        self.quantile = float(quantile)
-        self.headroom = float(headroom)
-        self.kv_tokens = kv_tokens
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        p = self.params
+        self.quantile = p.quantile
+        self.headroom = p.headroom
+        self.kv_tokens = p.kv_tokens
         self.block_size = 1
         self.limit = float("inf")
         self.footprint = 0  # sum of F(r) over the running requests

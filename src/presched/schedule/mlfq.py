@@ -34,7 +34,7 @@ The prefill mapping: prompt_weight ~ (prefill time per prompt token) / (decode t
 per step at a full batch); on the roofline model of Llama-3.1-8B on an H100 with 64 slots, a prompt
 token costs 27 us of prefill and a decode token 0.27 ms of a 17.5 ms step: ~0.1, the default.
 
-Config: `num_levels` (K, default 8), `base_quantum` (tokens, default 32), `quantum_ratio`
+Config (`MLFQParams`): `num_levels` (K, default 8, at most 64), `base_quantum` (tokens, default 32), `quantum_ratio`
 (default 2), `prompt_weight` (default 0.1), `preempt` (default False), `recompute_weight`
 (default 1.0; 0 = preempt whenever the victim is at a lower level), `within` (None = FIFO inside
 a level, as FastServe; or a statistic of schedule/lengths.py STATS).
@@ -51,12 +51,35 @@ and quanta in seconds (10 ms * 2^level).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field, ValidationInfo, field_validator
 
 from presched.schedule.interface import Policy, SeqView
 from presched.schedule.lengths import remaining
-from presched.schedule.options import number
+from presched.schedule.params import PolicyParams, Stat
 from presched.schedule.registry import POLICIES
+
+
+class MLFQParams(PolicyParams):
+    num_levels: int = Field(8, ge=1, le=64, description="Levels K; level i has quantum base_quantum * quantum_ratio ** i.")
+    base_quantum: float = Field(32.0, gt=0, allow_inf_nan=False, description="Quantum of level 0, in output tokens.")
+    quantum_ratio: float = Field(2.0, ge=1, allow_inf_nan=False, description="Growth of the quantum from one level to the next.")
+    prompt_weight: float = Field(0.1, ge=0, allow_inf_nan=False, description="Output-token equivalents of one prompt token (the prefill cost that places a new request, skip-join).")
+    preempt: bool = Field(False, description="Preempt a running request at a lower level for the head of the queue when the quantum gap pays for the recompute.")
+    recompute_weight: float = Field(1.0, ge=0, allow_inf_nan=False, description="Weight of the recompute cost in the preemption test; 0 = preempt whenever the victim is at a lower level.")
+    within: Stat | None = Field(None, description="Order inside a level: None = FIFO (FastServe), or a statistic of the predicted remaining length (shortest first).")
+
+    @field_validator("quantum_ratio")
+    @classmethod
+    def _last_quantum_bounded(cls, v: float, info: ValidationInfo) -> float:
+        q0, k = info.data.get("base_quantum"), info.data.get("num_levels")
+        if q0 is not None and k is not None and math.log10(q0) + (k - 1) * math.log10(v) > 18:
+            raise ValueError("the last quantum, base_quantum * quantum_ratio ** (num_levels - 1), "
+                             "must be at most 1e18 tokens")  # fmt: skip
+        return v
 
 
 class _State:
@@ -70,20 +93,17 @@ class _State:
 class MLFQ(Policy):
     name = "mlfq"
 
-    def __init__(self, num_levels: int = 8, base_quantum: float = 32, quantum_ratio: float = 2.0,
-                 prompt_weight: float = 0.1, preempt: bool = False,
-                 recompute_weight: float = 1.0, within: str | None = None) -> None:  # fmt: skip
-        if isinstance(num_levels, bool) or not isinstance(num_levels, int) or num_levels < 1:
-            raise ValueError(f"field 'num_levels': must be an integer >= 1, got {num_levels!r}")
-        if not isinstance(preempt, bool):
-            raise ValueError(f"field 'preempt': must be true or false, got {preempt!r}")
-        q0 = number("base_quantum", base_quantum, 0, strict=True)
-        ratio = number("quantum_ratio", quantum_ratio, 1)
-        self.quanta = [q0 * ratio**i for i in range(num_levels)]
-        self.prompt_weight = number("prompt_weight", prompt_weight, 0)
-        self.recompute_weight = number("recompute_weight", recompute_weight, 0)
-        self.preempt = preempt
-        self.within = None if within is None else remaining(within)
+    Params = MLFQParams
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        p = self.params
+        q0, ratio = p.base_quantum, p.quantum_ratio
+        self.quanta = [q0 * ratio**i for i in range(p.num_levels)]
+        self.prompt_weight = p.prompt_weight
+        self.recompute_weight = p.recompute_weight
+        self.preempt = p.preempt
+        self.within = None if p.within is None else remaining(p.within)
         self._state: dict[int, _State] = {}  # id(seq) -> its level, usage there, entry time
         self._due: dict[int, _State] = {}  # states whose usage reached the quantum
 

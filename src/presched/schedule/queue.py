@@ -17,9 +17,12 @@ import math
 from typing import Iterator
 
 from presched.schedule.interface import Policy, SeqView
+from presched.schedule.request_queue import RequestQueue
 
 
-class WaitingQueue:
+class WaitingQueue(RequestQueue):
+    """A `RequestQueue` keyed by `policy.priority` (then arrival, then FIFO); see module doc."""
+
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._heap: list[tuple] = []  # (key, arrival, tie, seq)
@@ -74,7 +77,8 @@ class WaitingQueue:
         return seq
 
     def remove(self, seq: SeqView) -> None:
-        """Remove a request that is still waiting (e.g. a client cancelled). O(1), lazy."""
+        """Remove a request that is still waiting (e.g. a client cancelled). O(1), lazy;
+        KeyError if it is not waiting."""
         del self._live[id(seq)]
 
     def refresh(self, now: float) -> None:

@@ -26,7 +26,7 @@ before it (the younger ones have a larger key, promoted or not). With one batch 
 requests run FIFO, so the bound grows with the number promoted ahead: under a sustained overload
 everyone is promoted and the order degrades to FCFS, which is the point.
 
-Config: `stat` (default "rank"), `starvation_s` (seconds, default 60; None disables promotion:
+Config (`RankParams`): `stat` (default "rank"), `starvation_s` (seconds, default 60; None disables promotion:
 pure ranking, which can starve a long request forever under a stream of short ones). The default
 was measured on a bursty trace (Azure code, 64 slots) at 80-100 % load: P99 E2E within 1.1-1.25x
 FCFS's while keeping most of the ranking's mean gain (docs/policies/rank.md).
@@ -44,23 +44,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field
 
 from presched.schedule.interface import Policy, SeqView
 from presched.schedule.lengths import remaining
-from presched.schedule.options import number
+from presched.schedule.params import PolicyParams, Stat
 from presched.schedule.registry import POLICIES
+
+
+class RankParams(PolicyParams):
+    stat: Stat = Field("rank", description="Score ordered by: the ranker's score (rank) or any statistic of the predicted length.")
+    starvation_s: float | None = Field(60.0, ge=0, allow_inf_nan=True, description="Seconds after arrival at which a request is promoted ahead of every unpromoted one; None (or inf) disables promotion: pure ranking, unbounded waits.")
 
 
 @POLICIES.register("rank")
 class Rank(Policy):
     name = "rank"
+    Params = RankParams
 
-    def __init__(self, stat: str = "rank", starvation_s: float | None = 60.0) -> None:
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        stat, starvation_s = self.params.stat, self.params.starvation_s
         self.score = remaining(stat)
         self.stat = stat
-        self.starvation_s = (  # None disables promotion
-            math.inf if starvation_s is None else number("starvation_s", starvation_s, finite=False)
-        )
+        self.starvation_s = math.inf if starvation_s is None else starvation_s  # None disables promotion
 
     def priority(self, seq: SeqView, now: float) -> tuple:
         if now >= seq.arrival + self.starvation_s:

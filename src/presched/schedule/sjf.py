@@ -10,7 +10,7 @@ running request with the largest predicted remaining, ties to the latest arrival
              = remaining(stat)   re-queued after a preemption (g > 0)
 
 Inputs: `seq.estimate` (a length prediction per request; missing -> a ValueError naming the
-request). Config: `stat` (default "mean"; one of `lengths.STATS`).
+request). Config (`SJFParams`): `stat` (default "mean"; one of `lengths.STATS`).
 
     POLICIES.create("sjf", stat="median")
     presched simulate --policy sjf --set sim.policy_params.stat=q90
@@ -23,18 +23,28 @@ SSJF's starvation promotion is not built in: use `rank` (promotion after a wait)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field
 
 from presched.schedule import lengths
 from presched.schedule.interface import Policy, SeqView
+from presched.schedule.params import PolicyParams, Stat
 from presched.schedule.registry import POLICIES
+
+
+class SJFParams(PolicyParams):
+    stat: Stat = Field("mean", description="Statistic of the predicted length ordered by: mean, point, rank (the ranker's score), median, q10 ... q99.")
 
 
 @POLICIES.register("sjf")
 class SJF(Policy):
     name = "sjf"
+    Params = SJFParams
 
-    def __init__(self, stat: str = "mean") -> None:
-        self.stat = lengths.check_stat(stat)
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.stat = stat = self.params.stat
         self._total = lengths.total(stat)
         self._remaining = lengths.remaining(stat)
 

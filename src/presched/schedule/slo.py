@@ -31,55 +31,54 @@ Times from the step model (`EngineInfo.step_model`, approximations documented he
 It ignores queueing in the running batch, chunking of long prompts and the batch's actual size.
 Without a step model (a gateway) set `tpot_s` (and `prefill_s_per_token`, else prefill = 0).
 
-Config: `stat` ("mean"), `order` ("shortest"), `e2e_slo_s`, `ttft_slo_s` (None: the request's own
+Config (`SLOParams`): `stat` ("mean"), `order` ("shortest"), `e2e_slo_s`, `ttft_slo_s` (None: the request's own
 SLO is required), `tpot_s`, `prefill_s_per_token`, `batch`, `context` (1024).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, Literal
+
+from pydantic import Field
 
 from presched.schedule.interface import EngineInfo, Policy, SeqView
 from presched.schedule.lengths import remaining
-from presched.schedule.options import number
+from presched.schedule.params import PolicyParams, Stat
 from presched.schedule.registry import POLICIES
 
 ORDERS = ("slack", "shortest")
 
 
+def _seconds(description: str):
+    return Field(None, gt=0, allow_inf_nan=False, description=description)
+
+
+class SLOParams(PolicyParams):
+    stat: Stat = Field("mean", description="Statistic of the predicted remaining length L.")
+    order: Literal[ORDERS] = Field("shortest", description="Among feasible requests: shortest predicted service first, or least slack first (slack: t* ascending, EDF corrected by each request's own predicted service).")  # type: ignore[valid-type]
+    e2e_slo_s: float | None = _seconds("E2E SLO in seconds for requests without their own (request.slo_e2e).")
+    ttft_slo_s: float | None = _seconds("TTFT SLO in seconds for requests without their own (request.slo_ttft).")
+    tpot_s: float | None = _seconds("Seconds per output token; None: from the engine's step model.")
+    prefill_s_per_token: float | None = _seconds("Prefill seconds per prompt token; None: from the step model (0 without one).")
+    batch: int | None = Field(None, ge=1, le=1_000_000, description="Batch size of the typical decode step behind tpot; None: max_num_seqs // 2.")
+    context: int = Field(1024, ge=1, le=10_000_000, description="Context tokens per request of the typical decode step behind tpot.")
+
+
 @POLICIES.register("slo")
 class SLOAware(Policy):
     name = "slo"
+    Params = SLOParams
 
-    def __init__(
-        self,
-        stat: str = "mean",
-        order: str = "shortest",
-        e2e_slo_s: float | None = None,
-        ttft_slo_s: float | None = None,
-        tpot_s: float | None = None,
-        prefill_s_per_token: float | None = None,
-        batch: int | None = None,
-        context: int = 1024,
-    ) -> None:
-        self._remaining = remaining(stat)
-        if order not in ORDERS:
-            raise ValueError(f"field 'order': must be one of {', '.join(ORDERS)}, got {order!r}")
-        for field, v in (("e2e_slo_s", e2e_slo_s), ("ttft_slo_s", ttft_slo_s), ("tpot_s", tpot_s),
-                         ("prefill_s_per_token", prefill_s_per_token)):  # fmt: skip
-            if v is not None:
-                number(field, v, strict=True)
-        if batch is not None and (
-            isinstance(batch, bool) or not isinstance(batch, int) or batch < 1
-        ):
-            raise ValueError(f"field 'batch': must be an integer >= 1, got {batch!r}")
-        if isinstance(context, bool) or not isinstance(context, int) or context < 1:
-            raise ValueError(f"field 'context': must be an integer >= 1, got {context!r}")
-        self.stat, self.order = stat, order
-        self.e2e_slo_s, self.ttft_slo_s = e2e_slo_s, ttft_slo_s
-        self.tpot = tpot_s
-        self.prefill_s_per_token = prefill_s_per_token
-        self.batch, self.context = batch, context
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        p = self.params
+        self._remaining = remaining(p.stat)
+        self.stat, self.order = p.stat, p.order
+        self.e2e_slo_s, self.ttft_slo_s = p.e2e_slo_s, p.ttft_slo_s
+        self.tpot = p.tpot_s
+        self.prefill_s_per_token = p.prefill_s_per_token
+        self.batch, self.context = p.batch, p.context
         self._step = None
         self._last: tuple | None = None  # (id, now, generated, t*, service): priority then rekey_at
 

@@ -40,127 +40,50 @@ its radix cache, so its recompute is often a prefix hit, which presched's simula
 model). Deviation: TRAIL refines r with a probe on the model's hidden state every step (every 8
 in the repo); presched refines from the predicted distribution, conditioned on L > g.
 
-`LimitedPreemption` is the shared machinery (guard, victim, decision cache); `gittins` uses it
-with the Gittins index as the size.
+`LimitedPreemption` (`limited_preemption.py`) is the shared machinery (guard, victim, decision
+cache); `gittins` uses it with the Gittins index as the size. Config: `SRPTParams`, `TRAILParams`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field
 
 from presched.schedule import lengths
-from presched.schedule.interface import Policy, SeqView
-from presched.schedule.options import number
+from presched.schedule.interface import SeqView
+from presched.schedule.limited_preemption import LimitedPreemption, LimitedPreemptionParams
+from presched.schedule.params import LengthStat
 from presched.schedule.registry import POLICIES
 
 
-class LimitedPreemption(Policy):
-    """Order by a predicted size, preempt under the guard (1)-(3) of the module doc. Subclasses
-    define `size(seq)` (predicted remaining work; lower runs first) and `initial(seq)` (the
-    predicted total at arrival, the base of the c_frac window)."""
+class SRPTParams(LimitedPreemptionParams):
+    stat: LengthStat = Field("mean", description="Statistic of the predicted remaining length r (a length, so not rank: order by rank with sjf or rank).")
 
-    name = "limited-preemption"
 
-    def __init__(
-        self, c_frac: float, max_preemptions: int | None, min_gap: float, recompute_weight: float
-    ) -> None:
-        self.c_frac = number("c_frac", c_frac)
-        if max_preemptions is not None and (
-            isinstance(max_preemptions, bool) or not isinstance(max_preemptions, int)
-            or max_preemptions < 0
-        ):  # fmt: skip
-            raise ValueError(
-                f"field 'max_preemptions': must be an integer >= 0 or None (no limit), "
-                f"got {max_preemptions!r}"
-            )
-        self.max_preemptions = max_preemptions
-        self.min_gap = number("min_gap", min_gap)
-        self.recompute_weight = number("recompute_weight", recompute_weight)
-        self._max_p = math.inf if max_preemptions is None else max_preemptions
-        self._initial: dict[int, float] = {}  # id(seq) -> initial(seq), from arrival to finish
-        self._batch_version = 0  # bumped whenever the running batch changes
-        self._declined: tuple | None = None  # (candidate, batch version) last refused
-
-    def size(self, seq: SeqView) -> float:
-        raise NotImplementedError
-
-    def initial(self, seq: SeqView) -> float:
-        raise NotImplementedError
-
-    def priority(self, seq: SeqView, now: float) -> float:
-        return self.size(seq)
-
-    def victim(self, candidates: Sequence[SeqView], now: float) -> SeqView:
-        size = self.size
-        return max(reversed(candidates), key=lambda s: (size(s), s.arrival))
-
-    def preempt_for(self, candidate, running, now):
-        if not running or self.c_frac == 0 or self._max_p == 0:
-            return None
-        declined = self._declined
-        if declined is not None and declined[0] is candidate and declined[1] == self._batch_version:
-            return None  # nothing changed since we said no (see the module doc)
-        size, init, c_frac, w = self.size, self._initial, self.c_frac, self.recompute_weight
-        bar = size(candidate) + self.min_gap
-        best, best_r = None, -math.inf
-        for v in running:
-            if v.preemptions >= self._max_p:
-                continue
-            p0 = init.get(id(v))
-            if p0 is None:
-                p0 = self.initial(v)
-            if v.generated >= c_frac * p0:
-                continue
-            r = size(v)
-            if r > bar + w * (v.prompt_tokens + v.generated) and (
-                r > best_r or (r == best_r and v.arrival >= best.arrival)
-            ):
-                best, best_r = v, r
-        if best is None:
-            self._declined = (candidate, self._batch_version)
-        return best
-
-    def on_arrival(self, seq, now):
-        self._initial[id(seq)] = self.initial(seq)
-
-    def on_schedule(self, seq, now):
-        self._batch_version += 1
-
-    def on_preempt(self, seq, now):
-        self._batch_version += 1
-
-    def on_finish(self, seq, now):
-        self._batch_version += 1
-        self._forget(seq)
-
-    def on_cancel(self, seq, now):
-        self._batch_version += 1
-        self._forget(seq)
-
-    def _forget(self, seq) -> None:
-        self._initial.pop(id(seq), None)
-        if self._declined is not None and self._declined[0] is seq:
-            self._declined = None
+class TRAILParams(SRPTParams):
+    c_frac: float = Field(0.8, ge=0, allow_inf_nan=False, description="Preemption window (TRAIL's c): preemptible while generated < c_frac * predicted total at arrival; 0 = reorder only.")
+    max_preemptions: int | None = Field(None, ge=0, le=1_000_000, description="Most preemptions of one request; None = no limit (TRAIL's default).")
+    recompute_weight: float = Field(0.0, ge=0, allow_inf_nan=False, description="Charge per token the victim must prefill again; 0 as in TRAIL (SGLang often hits its radix cache).")
 
 
 @POLICIES.register("srpt")
 class SRPT(LimitedPreemption):
     name = "srpt"
+    Params = SRPTParams
+    params: SRPTParams
 
-    def __init__(
-        self, stat: str = "mean", c_frac: float = 2.0, max_preemptions: int | None = 4,
-        min_gap: float = 0.0, recompute_weight: float = 1.0,
-    ) -> None:  # fmt: skip
-        if lengths.check_stat(stat) == "rank":
-            raise ValueError(
-                "field 'stat': 'rank' is a score, not a length in tokens; srpt needs a length "
-                "(order by rank with sjf, stat='rank')"
-            )
-        super().__init__(c_frac, max_preemptions, min_gap, recompute_weight)
-        self.stat = stat
-        self.size = lengths.remaining(stat)  # type: ignore[method-assign]
-        self.initial = lengths.total(stat)  # type: ignore[method-assign]
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.stat = stat = self.params.stat
+        self._size = lengths.remaining(stat)
+        self._initial_size = lengths.total(stat)
+
+    def size(self, seq: SeqView) -> float:
+        return self._size(seq)
+
+    def initial(self, seq: SeqView) -> float:
+        return self._initial_size(seq)
 
     def describe(self) -> str:
         return (f"{self.name}(stat={self.stat}, c_frac={self.c_frac:g}, "
@@ -173,9 +96,4 @@ class TRAIL(SRPT):
     """`srpt` with TRAIL's paper defaults (see the module doc)."""
 
     name = "trail"
-
-    def __init__(
-        self, stat: str = "mean", c_frac: float = 0.8, max_preemptions: int | None = None,
-        min_gap: float = 0.0, recompute_weight: float = 0.0,
-    ) -> None:  # fmt: skip
-        super().__init__(stat, c_frac, max_preemptions, min_gap, recompute_weight)
+    Params = TRAILParams

@@ -29,8 +29,8 @@ generated fewer tokens is refunded the difference. The prediction is `moving-ave
 artifact: per-tenant average of past output lengths, window 5, 0 before the first completion)
 or a statistic of `seq.estimate` (`mean`, `median`, `point`, `q10`...`q99`).
 
-Config: `inner`, `inner_params`, `w_in` (1), `w_out` (2; the paper's defaults), `weights`
-({tenant: weight}, default 1 each), `charge_predicted` (None). Preemption by recompute is not
+Config (`VTCParams`): `inner`, `inner_params`, `w_in` (1), `w_out` (2; the paper's defaults),
+`weights` ({tenant: weight}, default 1 each), `charge_predicted` (None). Preemption by recompute is not
 charged again (the tenant did not cause it): a request's prompt is charged once.
 
     POLICIES.create("vtc", inner="sjf-oracle", weights={"gold": 2, "free": 1})
@@ -40,13 +40,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from presched.schedule.interface import SeqView
 from presched.schedule.lengths import STATS, total
+from presched.schedule.params import ParamsError
 from presched.schedule.queue import WaitingQueue
 from presched.schedule.registry import POLICIES
-from presched.schedule.wrapper import Wrapper, plain_order
+from presched.schedule.request_queue import RequestQueue
+from presched.schedule.wrapper import Wrapper, WrapperParams, plain_order
 
 _PREDICTED = tuple(s for s in STATS if s != "rank") + ("moving-average",)
 _MA_WINDOW = 5  # the artifact's predict_window
@@ -56,36 +60,31 @@ def tenant_of(seq: SeqView) -> str:
     return seq.request.tenant
 
 
+class VTCParams(WrapperParams):
+    inner: str = Field("fcfs", description="Orders requests within a tenant (a policy with a plain order, e.g. sjf).")
+    w_in: float = Field(1.0, ge=0, allow_inf_nan=False, description="Service charged per prompt token (the paper's default 1).")
+    w_out: float = Field(2.0, ge=0, allow_inf_nan=False, description="Service charged per output token (the paper's default 2).")
+    weights: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+        default_factory=dict, max_length=100_000, description="Share of each tenant, {tenant: weight > 0}: its service is divided by it; tenants not listed weigh 1.",
+    )  # fmt: skip
+    charge_predicted: Literal[_PREDICTED] | None = Field(  # type: ignore[valid-type]
+        None, description="Charge the predicted output at admission: moving-average (the artifact's per-tenant average of past lengths, window 5) or a statistic of seq.estimate; tokens are then charged only beyond the prediction and an over-charge is refunded at completion. None: charge tokens as generated.",
+    )  # fmt: skip
+
+
 @POLICIES.register("vtc")
 class VTC(Wrapper):
     name = "vtc"
+    Params = VTCParams
+    params: VTCParams
 
-    def __init__(
-        self,
-        inner: str = "fcfs",
-        inner_params: dict[str, Any] | None = None,
-        w_in: float = 1.0,
-        w_out: float = 2.0,
-        weights: dict[str, float] | None = None,
-        charge_predicted: str | None = None,
-    ) -> None:
-        super().__init__(inner, inner_params)
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        p = self.params
         if not plain_order(self.inner):
-            raise ValueError(f"field 'inner': {inner!r} has its own queue; vtc needs a plain order")
-        for field, v in (("w_in", w_in), ("w_out", w_out)):
-            if not isinstance(v, (int, float)) or not v >= 0:
-                raise ValueError(f"field '{field}': must be a number >= 0, got {v!r}")
-        weights = dict(weights or {})
-        for t, w in weights.items():
-            if not isinstance(w, (int, float)) or not w > 0 or not math.isfinite(w):
-                raise ValueError(f"field 'weights': weight of tenant {t!r} must be > 0, got {w!r}")
-        if charge_predicted is not None and charge_predicted not in _PREDICTED:
-            raise ValueError(
-                f"field 'charge_predicted': must be one of {', '.join(_PREDICTED)} or None, "
-                f"got {charge_predicted!r}"
-            )
-        self.w_in, self.w_out, self.weights = float(w_in), float(w_out), weights
-        self.charge_predicted = charge_predicted
+            raise ParamsError([("inner", f"{p.inner!r} has its own queue; vtc needs a plain order")])
+        self.w_in, self.w_out, self.weights = p.w_in, p.w_out, dict(p.weights)
+        self.charge_predicted = charge_predicted = p.charge_predicted
         self._predict = None
         if charge_predicted not in (None, "moving-average"):
             self._predict = total(charge_predicted)
@@ -147,7 +146,7 @@ class VTC(Wrapper):
         return f"vtc({self.inner.describe()})"
 
 
-class TenantQueues:
+class TenantQueues(RequestQueue):
     """The waiting queue of `vtc`: one `WaitingQueue` per tenant, ordered by the inner policy;
     the head is the head of the backlogged tenant with the smallest counter (ties: the earlier
     head arrival, then the tenant seen first). O(#tenants) per peek/pop."""

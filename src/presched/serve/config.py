@@ -18,9 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from presched.config import Config
+from presched.schedule.params import validate_params
 from presched.schedule.registry import POLICIES
 from presched.schedule.routers import ROUTERS
 
@@ -59,7 +60,7 @@ class ServeConfig(Config):
     backends: list[BackendConfig] = Field(..., min_length=1, description="Engines behind the gateway.")
     mode: Literal["queue", "passthrough"] = Field("queue", description="'queue': hold requests in the gateway and release them in policy order, at most max_in_flight per backend. 'passthrough': send at once with a vLLM `priority` from the prediction (needs --scheduling-policy priority on the engine).")
     policy: str = Field("fcfs", description="Order of the gateway queue (queue mode): " + ", ".join(POLICIES.names()) + ".")
-    policy_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the policy.")
+    policy_params: dict[str, Any] = Field(default_factory=dict, description="Parameters of the policy, checked by its model (`presched config --policy NAME` lists them).")
     router: str = Field("least-requests", description="Which backend gets a request: " + ", ".join(ROUTERS.names()) + ".")
     router_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the router.")
     predictor: Path | None = Field(None, description="Length predictor file from `presched train` (.npz); none: policies that need predictions cannot be used.")
@@ -81,6 +82,13 @@ class ServeConfig(Config):
     def _policy_known(cls, v: str) -> str:
         if v not in POLICIES:
             raise ValueError(f"unknown policy {v!r}; known: {', '.join(POLICIES.names())}")
+        return v
+
+    @field_validator("policy_params")
+    @classmethod
+    def _policy_params_valid(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "policy" in info.data:  # errors nest: policy_params.inner_params.base_quantum
+            validate_params(info.data["policy"], v)
         return v
 
     @field_validator("priority_stat")

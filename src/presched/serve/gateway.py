@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from presched.predict.tracker import ErrorTracker
 from presched.schedule.lengths import total
+from presched.schedule.params import ParamsError
 from presched.schedule.registry import POLICIES
 from presched.schedule.routers import ROUTERS
 from presched.serve.backend import Backend
@@ -85,6 +86,8 @@ class Gateway:
                 raise ValueError(f"backends[{i}] (or policy_params): {e}") from None
         try:
             self.router = ROUTERS.create(cfg.router, **cfg.router_params)
+        except ParamsError as e:
+            raise ValueError(str(e.under("router_params"))) from None
         except (TypeError, ValueError) as e:
             raise ValueError(f"router_params: {e}") from None
         self.oracle = self.backends[0].policy.oracle or self.router.oracle
@@ -103,6 +106,8 @@ class Gateway:
     def _new_policy(self):
         try:
             return POLICIES.create(self.cfg.policy, **self._params)
+        except ParamsError as e:  # names the dotted path: policy_params.inner_params.x
+            raise ValueError(str(e.under("policy_params"))) from None
         except (TypeError, ValueError) as e:
             raise ValueError(f"policy_params: {e}") from None
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from presched.config import Config
 from presched.schedule import POLICIES
+from presched.schedule.params import ParamsError, validate_params
 from presched.schedule.routers import ROUTERS
 from presched.sim.cluster import Cluster
 from presched.sim.config import DisaggConfig, EngineConfig
@@ -31,7 +32,7 @@ class SimConfig(Config):
     router: str = Field("round-robin", description="Router across instances: " + ", ".join(ROUTERS.names()) + ".")
     router_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the router.")
     policy: str = Field("fcfs", description="Scheduling policy of every instance: " + ", ".join(POLICIES.names()) + ".")
-    policy_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the policy.")
+    policy_params: dict[str, Any] = Field(default_factory=dict, description="Parameters of the policy, checked by its model (`presched config --policy NAME` lists them).")
     fast_forward: bool = Field(True, description="Advance runs of decode-only steps at once (exact; turn off only to check it).")
     disaggregated: DisaggConfig | None = Field(
         None, description="Prefill/decode disaggregation: separate prefill and decode instances with a KV transfer between them (fields: num_prefill, num_decode, prefill_router, decode_router, their _params, kv_transfer_gbps, transfer_latency_ms, prefill_engine). Unset: colocated instances (num_instances, router). Every instance runs `policy`; decode instances use `engine`."
@@ -47,6 +48,13 @@ class SimConfig(Config):
     @classmethod
     def _policy_known(cls, v: str) -> str:
         POLICIES.get(v)
+        return v
+
+    @field_validator("policy_params")
+    @classmethod
+    def _policy_params_valid(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "policy" in info.data:  # errors nest: sim.policy_params.base_quantum
+            validate_params(info.data["policy"], v)
         return v
 
     @model_validator(mode="after")
@@ -79,16 +87,16 @@ class SimConfig(Config):
         factory = POLICIES.get(self.policy)
         try:
             factory(**params)  # fail early, with the parameter named, before a long run
-        except TypeError as e:
-            raise ValueError(f"policy_params for {self.policy!r}: {e}") from None
+        except ParamsError as e:
+            raise e.under("policy_params") from None
         return lambda: factory(**params)
 
 
 def _router(name: str, params: dict, field: str):
     try:
         return ROUTERS.create(name, **params)
-    except TypeError as e:
-        raise ValueError(f"{field} for {name!r}: {e}") from None
+    except ParamsError as e:
+        raise e.under(field) from None
 
 
 def build_cluster(cfg: SimConfig) -> Cluster | DisaggCluster:

@@ -118,11 +118,11 @@ def test_count_routers_do_not_need_progress():
 ])  # fmt: skip
 def test_bad_router_config_names_the_field(name, params, field):
     cfg = SimConfig(num_instances=2, router=name, router_params=params)
-    with pytest.raises(ValueError, match=f"field '{field}'"):
+    with pytest.raises(ValueError, match=rf"^router_params\.{field}: "):
         build_cluster(cfg)
 
 
 def test_unknown_router_parameter_is_a_value_error():
     cfg = SimConfig(num_instances=2, router="p2c-work", router_params={"k": 3})
-    with pytest.raises(ValueError, match="router_params for 'p2c-work'.*'k'"):
+    with pytest.raises(ValueError, match=r"^router_params\.k: Extra inputs are not permitted$"):
         build_cluster(cfg)

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Protocol, Sequence
 
 from presched.registry import Registry
 from presched.schedule.interface import SeqView
+from presched.schedule.params import NoParams, PolicyParams, parse
 
 
 class InstanceView(Protocol):
@@ -28,12 +29,19 @@ class InstanceView(Protocol):
 
 
 class Router(ABC):
+    """Base class of routers. Options, as for policies, are a frozen pydantic model `Params`
+    (`schedule/params.py`), validated by `__init__` into `self.params`."""
+
     name: ClassVar[str] = "base"
+    Params: ClassVar[type[PolicyParams]] = NoParams
     oracle: ClassVar[bool] = False
     needs_progress: ClassVar[bool] = True
     """False if `route` reads only counts (`num_waiting`, `num_running`, `num_outstanding`),
     not per-request progress (`generated`) or KV use. The simulator can then leave a decode run
     pending across arrivals routed elsewhere (faster, same result)."""
+
+    def __init__(self, **params: Any) -> None:
+        self.params: PolicyParams = parse(type(self).Params, params)
 
     @abstractmethod
     def route(self, seq: SeqView, instances: Sequence[InstanceView], now: float) -> int:

@@ -37,8 +37,19 @@ from __future__ import annotations
 from collections import defaultdict
 from itertools import islice
 
-from presched.schedule.lengths import check_stat, remaining
+from typing import Any
+
+from pydantic import Field
+
+from presched.schedule.lengths import remaining
+from presched.schedule.params import LengthStat, PolicyParams
 from presched.schedule.routers.interface import ROUTERS, Router
+
+
+class LeastWorkParams(PolicyParams):
+    stat: LengthStat = Field("mean", description="Statistic of each request's predicted remaining length (a length, so not rank).")
+    prompt_weight: float = Field(0.1, ge=0, allow_inf_nan=False, description="Decode-token equivalents of one prompt token still to prefill.")
+    prior_output_tokens: float = Field(256.0, ge=1, allow_inf_nan=False, description="Mean output length assumed before any request finished (for requests without a prediction).")
 
 
 @ROUTERS.register("least-requests")
@@ -53,23 +64,16 @@ class LeastRequests(Router):
 @ROUTERS.register("least-work")
 class LeastWork(Router):
     name = "least-work"
+    Params = LeastWorkParams
+    params: LeastWorkParams
 
-    def __init__(
-        self, stat: str = "mean", prompt_weight: float = 0.1, prior_output_tokens: float = 256.0
-    ) -> None:
-        if check_stat(stat) == "rank":
-            raise ValueError("field 'stat': 'rank' is a score, not a length; use mean, point, "
-                             "median or a quantile qNN")  # fmt: skip
-        if prompt_weight < 0:
-            raise ValueError(f"field 'prompt_weight': must be >= 0, got {prompt_weight}")
-        if not prior_output_tokens >= 1:
-            raise ValueError(
-                f"field 'prior_output_tokens': must be >= 1, got {prior_output_tokens}"
-            )
-        self.stat = stat
-        self.prompt_weight = prompt_weight
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        p = self.params
+        self.stat = stat = p.stat
+        self.prompt_weight = p.prompt_weight
         self._predicted = remaining(stat)
-        self._sum = prior_output_tokens
+        self._sum = p.prior_output_tokens
         self._n = 1
         # per routed, unfinished request: (work at arrival without the mean, has no prediction)
         self._at_arrival: dict = {}

@@ -18,23 +18,30 @@ Example: `presched simulate -i 8 --router p2c-work --set sim.router_params.d=3`
 from __future__ import annotations
 
 import random
+from typing import Any
+
+from pydantic import Field
 
 from presched.schedule.routers.interface import ROUTERS
-from presched.schedule.routers.least_work import LeastWork
+from presched.schedule.routers.least_work import LeastWork, LeastWorkParams
+
+
+class P2CParams(LeastWorkParams):
+    d: int = Field(2, ge=1, le=1_000_000, description="Instances sampled per request (all of them when there are at most d).")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed of the sampling.")
 
 
 @ROUTERS.register("p2c-work")
 class PowerOfChoicesWork(LeastWork):
     name = "p2c-work"
 
-    def __init__(self, d: int = 2, seed: int = 0, **least_work) -> None:
-        if not isinstance(d, int) or isinstance(d, bool) or d < 1:
-            raise ValueError(f"field 'd': must be an integer >= 1, got {d!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ValueError(f"field 'seed': must be an integer, got {seed!r}")  # noqa: TRY004
-        super().__init__(**least_work)
-        self.d = d
-        self._rng = random.Random(seed)
+    Params = P2CParams
+    params: P2CParams
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.d = self.params.d
+        self._rng = random.Random(self.params.seed)
 
     def route(self, seq, instances, now) -> int:
         n = len(instances)

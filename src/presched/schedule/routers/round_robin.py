@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from presched.schedule.routers.interface import ROUTERS, Router
 
 
@@ -10,7 +12,8 @@ class RoundRobin(Router):
     name = "round-robin"
     needs_progress = False
 
-    def __init__(self) -> None:
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)  # none: any key is refused
         self._next = 0
 
     def route(self, seq, instances, now) -> int:

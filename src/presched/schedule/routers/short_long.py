@@ -34,33 +34,35 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import defaultdict, deque
+from typing import Any
+
+from pydantic import Field
 
 from presched.schedule.lengths import total
 from presched.schedule.routers.interface import ROUTERS
-from presched.schedule.routers.least_work import LeastWork
+from presched.schedule.routers.least_work import LeastWork, LeastWorkParams
+
+
+class ShortLongParams(LeastWorkParams):
+    threshold_tokens: float | None = Field(None, gt=0, allow_inf_nan=False, description="Predicted length (tokens) above which a request is long; None: the (1 - long_fraction) quantile of the last `window` predictions.")
+    long_fraction: float = Field(0.1, gt=0, lt=1, description="Adaptive threshold: share of recent predictions counted long (0.1 and 0.2 measured: equal within noise).")
+    window: int = Field(1000, ge=1, le=10_000_000, description="Recent predictions the adaptive threshold is taken from.")
 
 
 @ROUTERS.register("short-long")
 class ShortLong(LeastWork):
     name = "short-long"
 
-    def __init__(
-        self, threshold_tokens: float | None = None, long_fraction: float = 0.1,
-        window: int = 1000, stat: str = "mean", **least_work,
-    ) -> None:  # fmt: skip
-        if threshold_tokens is not None and not threshold_tokens > 0:
-            raise ValueError(
-                f"field 'threshold_tokens': must be > 0 or None, got {threshold_tokens}"
-            )
-        if not 0 < long_fraction < 1:
-            raise ValueError(f"field 'long_fraction': must be in (0, 1), got {long_fraction}")
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise ValueError(f"field 'window': must be an integer >= 1, got {window!r}")
-        super().__init__(stat=stat, **least_work)
-        self.threshold_tokens = threshold_tokens
-        self.long_fraction = long_fraction
-        self.window = window
-        self._length = total(stat)
+    Params = ShortLongParams
+    params: ShortLongParams
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        p = self.params
+        self.threshold_tokens = p.threshold_tokens
+        self.long_fraction = p.long_fraction
+        self.window = p.window
+        self._length = total(p.stat)
         self._recent: deque[float] = deque()  # the last `window` predictions, arrival order
         self._sorted: list[float] = []  # the same, sorted
         self._long: set = set()  # routed, unfinished long requests
