@@ -78,6 +78,19 @@ def test_a_response_cut_mid_body_raises_and_the_connection_is_not_reused():
     assert seen[0].startswith(b"POST /v1/completions HTTP/1.1\r\n") and seen[0].endswith(b"\r\n\r\n{}")
 
 
+def test_the_path_of_a_base_url_prefixes_every_request():
+    url, t, seen = _one_shot_server([b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"])
+
+    async def main():
+        up = Upstream()
+        r = await up.post(url + "/serving/llm", "/v1/completions", b"{}")
+        return await r.aread()
+
+    assert asyncio.run(main()) == b"ok"
+    t.join(5)
+    assert seen[0].startswith(b"POST /serving/llm/v1/completions HTTP/1.1\r\n")
+
+
 def test_a_refused_backend_raises_upstream_error():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
