@@ -90,6 +90,7 @@ class UpstreamResponse:
         self.headers = headers  # lower-case names
         self._up, self._key, self._conn = up, key, conn
         self._done = False
+        self._timer: asyncio.TimerHandle | None = None
         te = headers.get("transfer-encoding")
         self._chunked = te is not None
         if te is not None and te.lower() != "chunked":
@@ -102,24 +103,67 @@ class UpstreamResponse:
         self._left = int(cl) if cl is not None and not self._chunked else None
         self._keep = headers.get("connection", "").lower() != "close" and (self._chunked or cl is not None)
 
-    async def _wait(self, aw, first: bool):
-        t = self._up.first_byte_timeout_s if first else self._up.idle_timeout_s
-        try:
-            async with asyncio.timeout(t):
-                return await aw
-        except TimeoutError:
-            what = "first_byte_timeout_s" if first else "idle_timeout_s"
-            raise UpstreamTimeout(f"the backend sent nothing for {t:g} s ({what})") from None
+    # --- the stall watchdog: one timer per response, re-armed only when it fires ---------------
+    def _arm(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._last, self._first, self._reading, self._stalled = self._loop.time(), True, True, None
+        self._timer = None
+        if self._up.first_byte_timeout_s is not None:
+            self._timer = self._loop.call_later(self._up.first_byte_timeout_s, self._watch)
+
+    def _got_first(self) -> None:
+        self._first = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._up.idle_timeout_s is not None:
+            self._timer = self._loop.call_later(self._up.idle_timeout_s, self._watch)
+
+    def _watch(self) -> None:
+        """Timer: abort the connection if the backend sent nothing for the limit while the body
+        was being read (time spent by the reader's consumer elsewhere does not count)."""
+        if self._conn is None:  # closed meanwhile
+            self._timer = None
+            return
+        limit = self._up.first_byte_timeout_s if self._first else self._up.idle_timeout_s
+        now = self._loop.time()
+        due = (self._last if self._reading else now) + limit
+        if now < due:
+            self._timer = self._loop.call_at(due, self._watch)
+            return
+        self._timer = None
+        self._stalled = f"the backend sent nothing for {limit:g} s ({'first_byte' if self._first else 'idle'}_timeout_s)"
+        if self._conn is not None:
+            self._conn.writer.transport.abort()  # the pending read ends at once
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def aiter_raw(self):
         """The body's bytes (transfer framing removed) as they arrive."""
-        r, wait = self._conn.reader, self._wait
-        first = True
+        self._arm()
+        try:
+            async for data in self._body():
+                if self._first:
+                    self._got_first()
+                self._reading = False
+                yield data
+                self._reading, self._last = True, self._loop.time()
+        except UpstreamError as e:
+            if self._stalled is not None:
+                raise UpstreamTimeout(self._stalled) from None
+            raise e from None
+        finally:
+            self._disarm()
+
+    async def _body(self):
+        r = self._conn.reader
         try:
             if self._chunked:
                 while True:
-                    line = await wait(r.readline(), first)
-                    first = False
+                    line = await r.readline()
                     if not line.endswith(b"\n"):
                         raise _closed()
                     size_s = line.split(b";", 1)[0].strip()
@@ -130,30 +174,34 @@ class UpstreamResponse:
                         raise UpstreamError(f"a chunk of {size} bytes exceeds {self._up.max_chunk_bytes}")
                     if size == 0:
                         for _ in range(_MAX_TRAILERS + 1):
-                            if (await wait(r.readline(), False)) in (b"\r\n", b"\n", b""):
+                            if (await r.readline()) in (b"\r\n", b"\n", b""):
                                 break
                         else:
                             raise UpstreamError(f"more than {_MAX_TRAILERS} trailer lines")
                         break
+                    if size <= 65536:  # the usual case: one read
+                        data = await r.readexactly(size + 2)
+                        if data[-2:] != b"\r\n":
+                            raise UpstreamError("malformed chunk: no CRLF after its data")
+                        yield data[:-2]
+                        continue
                     while size > 0:
-                        data = await wait(r.read(min(size, 65536)), False)
+                        data = await r.read(min(size, 65536))
                         if not data:
                             raise _closed()
                         size -= len(data)
                         yield data
-                    if await wait(r.readexactly(2), False) != b"\r\n":
+                    if await r.readexactly(2) != b"\r\n":
                         raise UpstreamError("malformed chunk: no CRLF after its data")
             elif self._left is not None:
                 while self._left > 0:
-                    data = await wait(r.read(min(self._left, 65536)), first)
-                    first = False
+                    data = await r.read(min(self._left, 65536))
                     if not data:
                         raise _closed()
                     self._left -= len(data)
                     yield data
             else:  # no framing: the body ends when the backend closes
-                while data := await wait(r.read(65536), first):
-                    first = False
+                while data := await r.read(65536):
                     yield data
         except asyncio.IncompleteReadError:
             raise _closed() from None
@@ -173,6 +221,7 @@ class UpstreamResponse:
 
     async def aclose(self) -> None:
         """Give the connection back (body read to its end) or close it."""
+        self._disarm()
         conn, self._conn = self._conn, None
         if conn is None:
             return
