@@ -198,3 +198,48 @@ def test_shutdown_drains_for_drain_timeout_s_then_ends_what_is_left(stub_server,
     df = settled(g, rows=2).set_index("id")
     assert df.loc[stalled.id, "status"] == 503 and "drain_timeout_s" in df.loc[stalled.id, "error"]
     assert df.loc[short.id, "status"] == 200
+
+
+# --- answers of the wrong shape ---------------------------------------------------------------------
+def odd_shapes_app():
+    """An upstream (test double) whose answers are valid JSON of the wrong shape: usage a list,
+    choices not a list, events that are a number, a string, choices of numbers."""
+    from starlette.requests import Request as HTTPRequest
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    odd_events = [b"data: 5", b'data: "text"', b'data: {"choices": 3}', b'data: {"choices": [1, null]}',
+                  b'data: {"usage": [1], "choices": [{"text": "a", "finish_reason": {"x": 1}}]}',
+                  b'data: {"usage": {"completion_tokens": "7"}, "choices": []}', b"data: [DONE]"]  # fmt: skip
+
+    async def generate(request: HTTPRequest) -> Response:
+        body = await request.json()
+        if body.get("stream"):
+            async def gen():
+                for ev in odd_events:
+                    yield ev + b"\n\n"
+
+            return StreamingResponse(gen(), media_type="text/event-stream")
+        return JSONResponse({"usage": [1, 2], "choices": {"0": {"finish_reason": "stop"}}})
+
+    return Starlette(routes=[Route("/health", lambda r: Response(status_code=200)),
+                             Route("/v1/completions", generate, methods=["POST"])]), odd_events  # fmt: skip
+
+
+def test_answers_of_the_wrong_shape_are_relayed_as_sent_and_logged(asgi_server, tmp_path):
+    app, odd_events = odd_shapes_app()
+    g = start_gateway(asgi_server, tmp_path, [("odd", asgi_server(app))])
+
+    async def main():
+        async with client() as c:
+            whole = await c.post(f"{g.url}/v1/completions", json=body(3, False))
+            stream = await c.post(f"{g.url}/v1/completions", json=body(3, True))
+            return whole, stream
+
+    whole, stream = drive(g, main)
+    assert whole.status_code == 200 and whole.json() == {"usage": [1, 2], "choices": {"0": {"finish_reason": "stop"}}}
+    assert stream.status_code == 200
+    # the usage-only event (the gateway asked for usage, the client did not) is hidden
+    assert stream.content == b"".join(ev + b"\n\n" for ev in odd_events if b"completion_tokens" not in ev)
+    df = settled(g, rows=2)
+    assert (df["status"] == 200).all() and df["output_tokens"].isna().all() and df["finish_reason"].isna().all()

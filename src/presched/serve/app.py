@@ -381,13 +381,15 @@ class GatewayApp:
         if resp.status_code == 200:
             try:
                 parsed = json.loads(data)
-                usage = parsed.get("usage") or {}
-                out.finish_reason = (parsed.get("choices") or [{}])[0].get("finish_reason")
-            except (json.JSONDecodeError, AttributeError, IndexError):
-                usage = {}
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                parsed = None
+            if isinstance(parsed, dict):
+                usage, choices = parsed.get("usage"), parsed.get("choices")
+                if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+                    out.finish_reason = _text_or_none(choices[0].get("finish_reason"))
             seq.first_token = seq.last_token = now
         out.status = resp.status_code
-        out.tokens = (usage or {}).get("completion_tokens")
+        out.tokens = _usage_tokens(usage)
         if resp.status_code != 200:
             out.error = data[:500].decode("utf-8", "replace")
         headers = self._headers(seq, resp.headers.get("content-type", "application/json"))
@@ -527,8 +529,7 @@ def _inspect(ev: bytes, seq: GatewaySeq, out: _Outcome, clock) -> bool:
     choices = choices if isinstance(choices, list) else None
     usage = obj.get("usage")
     if isinstance(usage, dict) and usage:
-        tokens = usage.get("completion_tokens")
-        out.tokens = tokens if type(tokens) is int and tokens >= 0 else None
+        out.tokens = _usage_tokens(usage)
         if not choices:
             return False
     for c in choices or ():
@@ -539,8 +540,18 @@ def _inspect(ev: bytes, seq: GatewaySeq, out: _Outcome, clock) -> bool:
         if piece:
             seq.on_token(clock())
         if c.get("finish_reason"):
-            out.finish_reason = c["finish_reason"]
+            out.finish_reason = _text_or_none(c["finish_reason"])
     return True
+
+
+def _usage_tokens(usage: Any) -> int | None:
+    """`completion_tokens` of a backend's usage object, if it is a count."""
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if type(tokens) is int and tokens >= 0 else None
+
+
+def _text_or_none(v: Any) -> str | None:
+    return v[:100] if isinstance(v, str) else None
 
 
 def _check_fields(body: dict, chat: bool, models: list[str]) -> tuple[str, str, int] | None:
