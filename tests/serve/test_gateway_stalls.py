@@ -1,6 +1,7 @@
 """The gateway's relay under backends that misbehave after their headers, over real HTTP: a
 backend that stalls, one that never ends an event, one with CRLF framing, one behind a path
-prefix, and a shutdown with requests still in flight.
+prefix, answers of the wrong shape, and a shutdown (in-process and SIGTERM to `presched serve`)
+with requests still in flight.
 
 The gateway and its SQLite log are the real ones (uvicorn on loopback, helpers from
 test_gateway_faults); the upstreams are `StubEngine`, a TEST DOUBLE of an engine, in its fault
@@ -11,8 +12,15 @@ waiting, one log row per accepted request.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
+import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.routing import Mount
@@ -21,7 +29,7 @@ from presched.serve.app import build_app
 from presched.serve.backend import MAX_HOLD_S, Backend
 from presched.serve.cli import gateway_server
 from presched.serve.config import BackendConfig, ServeConfig
-from presched.serve.log import RequestLog
+from presched.serve.log import RequestLog, read_log
 from presched.serve.stub import StubEngine
 from serve.test_gateway_faults import (ERROR_KEYS, MODEL, Gw, assert_served, await_until, body, call,
                                        client, drive, parse_sse, settled, start_gateway, wait_until)  # fmt: skip
@@ -243,3 +251,47 @@ def test_answers_of_the_wrong_shape_are_relayed_as_sent_and_logged(asgi_server, 
     assert stream.content == b"".join(ev + b"\n\n" for ev in odd_events if b"completion_tokens" not in ev)
     df = settled(g, rows=2)
     assert (df["status"] == 200).all() and df["output_tokens"].isna().all() and df["finish_reason"].isna().all()
+
+
+def test_sigterm_to_presched_serve_ends_a_stalled_stream_and_the_process(stub_server, tmp_path):
+    """The command as users run it (a real process), a stream stalled on its backend, SIGTERM:
+    the stream ends with the 503 error event after drain_timeout_s, its row is in the log, and
+    the process exits (it used to wait for the stream forever)."""
+    url, _ = stub_server(stall_after=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path / "log.sqlite"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_SRC), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "presched.cli", "serve", "--backend", url, "--port", str(port),
+                             "--log", str(log_path), "--set", "drain_timeout_s=1", "--set", "idle_timeout_s=600"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        gw = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _up(gw), 60, "presched serve to answer /health")
+        with httpx.Client(timeout=20) as c, c.stream("POST", f"{gw}/v1/completions", json=body(10, True)) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")  # the one token before the stall
+            proc.send_signal(signal.SIGTERM)
+            rest = "\n".join(lines)
+        rc = proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    out = proc.stdout.read().decode()
+    assert rc in (0, -signal.SIGTERM), out  # uvicorn re-raises the signal once it has shut down
+    assert '"code": 503' in rest and "drain_timeout_s" in rest, rest
+    assert "ending 1 request(s) still in flight" in out, out
+    df = read_log(log_path)
+    assert len(df) == 1 and df.iloc[0]["status"] == 503
+
+
+_SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

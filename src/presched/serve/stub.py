@@ -151,8 +151,9 @@ def main() -> None:
     ap.add_argument("--token-s", type=float, default=0.0, help="seconds per output token")
     ap.add_argument("--ttft-s", type=float, default=0.0, help="seconds before the first token")
     ap.add_argument("--max-concurrency", type=int, default=1_000_000)
+    ap.add_argument("--stall-after", type=int, default=None, help="send this many tokens, then nothing (a fault)")
     a = ap.parse_args()
-    eng = StubEngine(a.model, a.token_s, a.max_concurrency, a.ttft_s)
+    eng = StubEngine(a.model, a.token_s, a.max_concurrency, a.ttft_s, stall_after=a.stall_after)
     uvicorn.run(eng.app(), host=a.host, port=a.port, log_level="warning")
 
 
