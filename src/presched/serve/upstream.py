@@ -133,9 +133,9 @@ class UpstreamResponse:
             self._timer = self._loop.call_at(due, self._watch)
             return
         self._timer = None
-        self._stalled = f"the backend sent nothing for {limit:g} s ({'first_byte' if self._first else 'idle'}_timeout_s)"
-        if self._conn is not None:
-            self._conn.writer.transport.abort()  # the pending read ends at once
+        which = "first_byte_timeout_s" if self._first else "idle_timeout_s"
+        self._stalled = f"the backend sent nothing for {limit:g} s ({which})"
+        self._conn.writer.transport.abort()  # the pending read ends at once
 
     def _disarm(self) -> None:
         if self._timer is not None:
