@@ -3,6 +3,7 @@
     python benchmarks/gateway_overhead.py            # full run (8-10 min on 2 cores)
     python benchmarks/gateway_overhead.py --quick    # 1 s per measurement, 1 repeat (~25 s)
     python benchmarks/gateway_overhead.py --server-pythonpath /tmp/patched   # a patched copy
+    python benchmarks/gateway_overhead.py --clients  # only the upstream client vs aiohttp, httpx
 
 The upstream is `presched.serve.stub` with token_s 0: a minimal local upstream that answers
 instantly (a test double, not an engine), so every millisecond measured is HTTP + the servers'
@@ -788,7 +789,18 @@ def main() -> None:
         "or extra libraries)",
     )
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--clients",
+        action="store_true",
+        help="measure only the gateway's upstream HTTP client side by side with aiohttp's and "
+        "httpx's (client CPU per request; benchmarks/upstream_clients.py, its other flags there)",
+    )
     args = ap.parse_args()
+    if args.clients:
+        from upstream_clients import main as clients_main  # this folder is on sys.path
+
+        clients_main(["--out", str(args.out)])
+        return
     args.disturbed_retries = (
         args.disturbed_retries if args.disturbed_retries is not None else (0 if args.quick else 2)
     )

@@ -15,7 +15,14 @@ abort it, and its slot goes to the next request).
 Failures: a backend that refuses, times out before its response headers, or answers 502/503 is
 marked down and the request is placed on another backend (up to `retries`); a non-streaming
 request whose backend dies mid-way is retried the same way (the client has seen nothing yet). A
-stream that breaks after bytes were sent ends with an OpenAI-style error event.
+stream that breaks after bytes were sent ends with an OpenAI-style error event
+(`data: {"error": {...}}`, no `[DONE]` after it): 502 when the backend broke it or sent an event
+over `max_event_bytes`, 504 when it sent nothing for `idle_timeout_s`. Every failure counts
+against its backend (`Backend.note_failure`: held down, longer each time it fails again).
+
+Shutdown: `begin_drain` (called by the server on SIGTERM) gives requests in flight
+`drain_timeout_s`; those still running then end with 503 (an error event in a stream), each
+with its log row.
 
 Streaming: the gateway asks the backend for `stream_options.include_usage` (the true output
 token count); when the client did not ask for it, the usage-only event is not relayed, so the
@@ -27,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import uuid
 from typing import Any
@@ -44,10 +52,13 @@ from presched.serve.gateway import Gateway, GatewayError
 from presched.serve.metrics import GatewayMetrics
 from presched.serve.predictions import PredictBatcher, Worker
 from presched.serve.seq import GatewaySeq
+from presched.serve.sse import split_events
 from presched.serve.tenants import Tenants
 from presched.serve.tokens import counter, prompt_text
-from presched.serve.upstream import Upstream, UpstreamError, UpstreamResponse
+from presched.serve.upstream import Upstream, UpstreamError, UpstreamResponse, UpstreamTimeout
 from presched.workload.request import Request
+
+logger = logging.getLogger("presched.serve")
 
 _RETRY_STATUS = (502, 503)  # the backend is unavailable: try another one
 
@@ -82,6 +93,9 @@ class GatewayApp:
         self.client: httpx.AsyncClient | None = None  # health checks and model discovery
         self.upstream: Upstream | None = None  # generation requests
         self._health_task: asyncio.Task | None = None
+        self.draining = False  # set when drain_timeout_s ran out at shutdown
+        self._in_flight: set[asyncio.Task] = set()  # tasks running `_serve`
+        self._drain_timer: asyncio.TimerHandle | None = None
         self.models = sorted({b.model for b in self.gw.backends if b.model})
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -90,11 +104,37 @@ class GatewayApp:
         limits = httpx.Limits(max_connections=max(100, 2 * total), max_keepalive_connections=max(100, 2 * total))
         timeout = httpx.Timeout(None, connect=self.cfg.connect_timeout_s)
         self.client = httpx.AsyncClient(limits=limits, timeout=timeout)
-        self.upstream = Upstream(self.cfg.connect_timeout_s, max_idle=max(100, 2 * total))
+        c = self.cfg
+        self.upstream = Upstream(c.connect_timeout_s, max_idle=max(100, 2 * total),
+                                 first_byte_timeout_s=c.first_byte_timeout_s, idle_timeout_s=c.idle_timeout_s,
+                                 max_chunk_bytes=c.max_chunk_bytes, max_body_bytes=c.max_response_bytes)  # fmt: skip
         await self._discover_models()
         self._health_task = asyncio.create_task(self._health_loop())
 
+    def begin_drain(self) -> None:
+        """Shutdown began (the server stopped accepting): requests in flight get
+        `drain_timeout_s` to finish; then `_end_in_flight` ends the rest."""
+        if self._drain_timer is None:
+            loop = asyncio.get_running_loop()
+            self._drain_timer = loop.call_later(self.cfg.drain_timeout_s, self._end_in_flight)
+
+    def _end_in_flight(self) -> None:
+        self.draining = True
+        if self._in_flight:
+            logger.warning("shutdown: ending %d request(s) still in flight after drain_timeout_s=%g s",
+                           len(self._in_flight), self.cfg.drain_timeout_s)  # fmt: skip
+        for t in list(self._in_flight):
+            t.cancel()  # `_serve` answers 503 (or an error event) and `_end` logs it
+
     async def shutdown(self) -> None:
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+        if self._in_flight:  # the server stopped waiting for them: end them before the log closes
+            self._end_in_flight()
+            for _ in range(200):
+                if self.gw.ended >= self.gw.accepted:
+                    break
+                await asyncio.sleep(0.01)
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -132,6 +172,8 @@ class GatewayApp:
         if ok and b.model is None:
             await self._discover_models()
             ok = b.model is not None
+        if ok and b.held(self.gw.now()):
+            ok = False  # it failed requests lately: stays down until its hold ends
         self.gw.set_health(b, ok)
 
     # --- small endpoints ----------------------------------------------------------------------
@@ -260,7 +302,27 @@ class GatewayApp:
         return up, injected
 
     async def _serve(self, seq: GatewaySeq, body: dict, chat: bool, out: "_Outcome", send) -> None:
-        """Wait for a slot, send upstream (retrying elsewhere on early failure), relay."""
+        """Wait for a slot, send upstream (retrying elsewhere on early failure), relay; at
+        shutdown, past drain_timeout_s, end the request with 503."""
+        task = asyncio.current_task()
+        self._in_flight.add(task)
+        try:
+            await self._place_and_relay(seq, body, chat, out, send)
+        except asyncio.CancelledError:
+            if not self.draining:
+                raise  # the client went away
+            out.status, out.kind = 503, "server_error"
+            out.error = f"the gateway shut down: still running after drain_timeout_s={self.cfg.drain_timeout_s:g} s"
+            with contextlib.suppress(Exception):
+                if not out.started:
+                    await self._send_error(out, send)
+                else:
+                    tail = _error_event(503, out.error) if body.get("stream") else b""
+                    await send({"type": "http.response.body", "body": tail, "more_body": False})
+        finally:
+            self._in_flight.discard(task)
+
+    async def _place_and_relay(self, seq: GatewaySeq, body: dict, chat: bool, out: "_Outcome", send) -> None:
         path = "/v1/chat/completions" if chat else "/v1/completions"
         up, injected = self._upstream_body(seq, body)
         payload = json.dumps(up).encode()
@@ -285,17 +347,21 @@ class GatewayApp:
                 if body.get("stream") and resp.status_code == 200:
                     await self._relay_stream(seq, resp, injected, out, send)
                 else:
-                    if not await self._relay_whole(seq, resp, out, send):
-                        if not self._retry(seq, out, f"backend {b.name} failed mid-response"):
+                    why = await self._relay_whole(seq, resp, out, send)
+                    if why is not None:
+                        if not self._retry(seq, out, f"backend {b.name} failed mid-response: {why}"):
                             break
                         continue
             finally:
                 await resp.aclose()
+            if out.status == 200:
+                b.note_success()
             return
         await self._send_error(out, send)
 
     def _retry(self, seq: GatewaySeq, out: "_Outcome", why: str) -> bool:
         out.retries += 1
+        out.backend.note_failure(self.gw.now(), self.cfg.health_interval_s)
         try:
             self.gw.failed(seq)
             return True
@@ -313,30 +379,34 @@ class GatewayApp:
         except UpstreamError as e:
             raise _Unavailable(str(e)) from None
 
-    async def _relay_whole(self, seq: GatewaySeq, resp: UpstreamResponse, out: "_Outcome", send) -> bool:
+    async def _relay_whole(self, seq: GatewaySeq, resp: UpstreamResponse, out: "_Outcome", send) -> str | None:
+        """Read the whole response and send it on; what went wrong if it could not be read
+        (nothing was sent then: the request may be retried)."""
         try:
             data = await resp.aread()
-        except UpstreamError:
-            return False
+        except UpstreamError as e:
+            return str(e)
         now = self.gw.now()
         usage = None
         if resp.status_code == 200:
             try:
                 parsed = json.loads(data)
-                usage = parsed.get("usage") or {}
-                out.finish_reason = (parsed.get("choices") or [{}])[0].get("finish_reason")
-            except (json.JSONDecodeError, AttributeError, IndexError):
-                usage = {}
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                parsed = None
+            if isinstance(parsed, dict):
+                usage, choices = parsed.get("usage"), parsed.get("choices")
+                if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+                    out.finish_reason = _text_or_none(choices[0].get("finish_reason"))
             seq.first_token = seq.last_token = now
         out.status = resp.status_code
-        out.tokens = (usage or {}).get("completion_tokens")
+        out.tokens = _usage_tokens(usage)
         if resp.status_code != 200:
             out.error = data[:500].decode("utf-8", "replace")
         headers = self._headers(seq, resp.headers.get("content-type", "application/json"))
         await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
         out.started = True
         await send({"type": "http.response.body", "body": data})
-        return True
+        return None
 
     async def _relay_stream(self, seq: GatewaySeq, resp: UpstreamResponse, injected: bool,
                             out: "_Outcome", send) -> None:  # fmt: skip
@@ -345,28 +415,33 @@ class GatewayApp:
         out.started = True
         out.status = 200
         buf = b""
-        clock = self.gw.now
+        clock, limit = self.gw.now, self.cfg.max_event_bytes
         try:
             async for chunk in resp.aiter_raw():
+                start = max(len(buf) - 3, 0)  # a blank line may begin in the bytes held back
                 buf += chunk
-                if b"\n\n" not in buf:
+                events, buf = split_events(buf, start)
+                if len(buf) > limit:
+                    raise _EventTooLarge(f"sent an event over max_event_bytes ({limit} bytes)")
+                if not events:
                     continue
-                *events, buf = buf.split(b"\n\n")
                 relay = []
                 before = seq.generated
                 for ev in events:
-                    keep = _inspect(ev, seq, out, clock)
-                    if keep or not injected:
-                        relay.append(ev + b"\n\n")
+                    if _inspect(ev, seq, out, clock) or not injected:
+                        relay.append(ev)
                 if seq.generated > before:
                     self.gw.tokens(seq, seq.generated - before)
                 if relay:
                     await send({"type": "http.response.body", "body": b"".join(relay), "more_body": True})
-        except UpstreamError as e:
-            out.status, out.error = 502, f"backend {out.backend.name} broke the stream: {e}"
-            err = {"error": {"message": out.error, "type": "server_error", "param": None, "code": 502}}
-            buf = b"data: " + json.dumps(err).encode() + b"\n\n"
-            self.gw.set_health(out.backend, False)
+        except (UpstreamError, _EventTooLarge) as e:
+            b = out.backend
+            status = 504 if isinstance(e, UpstreamTimeout) else 502
+            what = "stalled: " if status == 504 else "broke the stream: " if isinstance(e, UpstreamError) else ""
+            out.status, out.error = status, f"backend {b.name} {what}{e}"
+            buf = _error_event(status, out.error)
+            b.note_failure(self.gw.now(), self.cfg.health_interval_s)
+            self.gw.set_health(b, False)
         await send({"type": "http.response.body", "body": buf, "more_body": False})
 
     def _headers(self, seq: GatewaySeq, content_type: str) -> list[tuple[bytes, bytes]]:
@@ -419,6 +494,16 @@ class _Unavailable(Exception):
     pass
 
 
+class _EventTooLarge(Exception):
+    pass
+
+
+def _error_event(status: int, message: str) -> bytes:
+    """An OpenAI-format error as the SSE event that ends a broken stream."""
+    err = {"error": {"message": message, "type": "server_error", "param": None, "code": status}}
+    return b"data: " + json.dumps(err).encode() + b"\n\n"
+
+
 class _Outcome:
     """What happened to one accepted request (filled while serving, read by `_end`)."""
 
@@ -438,6 +523,7 @@ class _Outcome:
 def _inspect(ev: bytes, seq: GatewaySeq, out: _Outcome, clock) -> bool:
     """Account one SSE event of the backend's stream; False for the usage-only event (which the
     gateway asked for itself and may hide)."""
+    ev = ev.lstrip(b"\r\n")  # a leading empty line (a CRLF split between two reads)
     if not ev.startswith(b"data:"):
         return True
     data = ev[5:].strip()
@@ -445,23 +531,37 @@ def _inspect(ev: bytes, seq: GatewaySeq, out: _Outcome, clock) -> bool:
         return True
     try:
         obj = json.loads(data)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return True
+    if not isinstance(obj, dict):
         return True
     choices = obj.get("choices")
+    choices = choices if isinstance(choices, list) else None
     usage = obj.get("usage")
-    if usage and not choices:
-        out.tokens = usage.get("completion_tokens")
-        return False
-    if usage:
-        out.tokens = usage.get("completion_tokens")
+    if isinstance(usage, dict) and usage:
+        out.tokens = _usage_tokens(usage)
+        if not choices:
+            return False
     for c in choices or ():
+        if not isinstance(c, dict):
+            continue
         delta = c.get("delta")
         piece = delta.get("content") if isinstance(delta, dict) else c.get("text")
         if piece:
             seq.on_token(clock())
         if c.get("finish_reason"):
-            out.finish_reason = c["finish_reason"]
+            out.finish_reason = _text_or_none(c["finish_reason"])
     return True
+
+
+def _usage_tokens(usage: Any) -> int | None:
+    """`completion_tokens` of a backend's usage object, if it is a count."""
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if type(tokens) is int and tokens >= 0 else None
+
+
+def _text_or_none(v: Any) -> str | None:
+    return v[:100] if isinstance(v, str) else None
 
 
 def _check_fields(body: dict, chat: bool, models: list[str]) -> tuple[str, str, int] | None:

@@ -83,7 +83,6 @@ def load_parts(cfg: ServeConfig):
 
 
 def run_server(cfg: ServeConfig) -> None:
-    import uvicorn
     from rich.console import Console
 
     from presched.serve.app import build_app
@@ -97,4 +96,23 @@ def run_server(cfg: ServeConfig) -> None:
         f"log={cfg.log.path or 'off'}; backends: " + ", ".join(b.url for b in cfg.backends),
         highlight=False,
     )
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False)
+    gateway_server(app, cfg).run()
+
+
+def gateway_server(app, cfg: ServeConfig):
+    """The uvicorn server of `build_app(cfg)`'s app. On shutdown (SIGTERM, Ctrl-C, or
+    `should_exit`) it stops accepting, tells the gateway to drain (`GatewayApp.begin_drain`:
+    requests in flight get `drain_timeout_s`, then end with 503 and their log row) and exits once
+    they have ended; uvicorn's own limit, 5 s later, is the backstop."""
+    import uvicorn
+
+    g = app.state.gateway
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            g.begin_drain()
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=cfg.drain_timeout_s + 5)  # fmt: skip
+    return _Server(config)

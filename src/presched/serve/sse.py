@@ -3,11 +3,16 @@
 httpx's `aiter_lines` splits like `str.splitlines`, also at U+2028, U+2029, U+0085 and \\x1c-\\x1e,
 which JSON strings may carry raw: an engine that generates one of them (a random-weight model
 does, now and then) would see its event cut in two and "malformed". Who calls it: the load
-generator (`replay.py`) and the engine calibration (`engine/calibrate.py`); the gateway itself
-relays bytes and splits events on b"\\n\\n" (`app.py`).
+generator (`replay.py`) and the engine calibration (`engine/calibrate.py`).
+
+`split_events` cuts a byte buffer into whole events (each up to and including the blank line
+that ends it, in any of the three line ends), for the gateway's relay (`app.py`), which passes
+the bytes on unchanged.
 """
 
 from __future__ import annotations
+
+import re
 
 from collections.abc import AsyncIterable, AsyncIterator
 
@@ -31,3 +36,22 @@ async def sse_lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[str]:
             lines.pop()
         for line in lines:
             yield line.decode("utf-8", "replace")
+
+
+# a line end followed by a line end (an empty line) ends an event
+_BLANK = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")  # CR LF is one end, not two
+
+
+def split_events(buf: bytes, start: int = 0) -> tuple[list[bytes], bytes]:
+    """(whole events, the rest) of `buf`; each event keeps its terminating blank line, so the
+    events and the rest join back to `buf`. `start`: where to look for the first end (bytes
+    before it are known to hold none; pass a few bytes before the newly added data).
+
+    A CR ending `buf` may be the first half of a CRLF whose LF comes next: the event is then cut
+    after the CR and the LF starts the next piece (as a leading empty line, which the SSE spec
+    ignores); the bytes are unchanged either way."""
+    events, at = [], 0
+    for m in _BLANK.finditer(buf, start):
+        events.append(buf[at:m.end()])
+        at = m.end()
+    return events, buf[at:]

@@ -7,6 +7,11 @@ most `max_concurrency` requests generating at a time (the rest wait FIFO, or by 
 format follows vLLM's OpenAI server: SSE `data: {...}` events, a final usage event when
 `stream_options.include_usage` is set, then `data: [DONE]`. The real-engine tests use vLLM itself.
 
+Faults, for the gateway's tests: `stall_after=k` sends the headers and `k` token events (a
+non-streaming answer: the headers and the first bytes of its body) and then nothing, until the
+client goes away; `event_end` is what ends each event (`"\n"` never sends a blank line,
+`"\r\n\r\n"` is the CRLF framing some servers use).
+
     python -m presched.serve.stub --port 9001 --token-s 0.01 --max-concurrency 8
 """
 
@@ -27,8 +32,9 @@ from starlette.routing import Route
 
 class StubEngine:
     def __init__(self, model: str = "stub", token_s: float = 0.0, max_concurrency: int = 1_000_000,
-                 ttft_s: float = 0.0) -> None:  # fmt: skip
+                 ttft_s: float = 0.0, stall_after: int | None = None, event_end: str = "\n\n") -> None:  # fmt: skip
         self.model, self.token_s, self.ttft_s = model, token_s, ttft_s
+        self.stall_after, self.event_end = stall_after, event_end
         self.max_concurrency = max_concurrency
         self.running = 0
         self._waiting: list[tuple[int, int, asyncio.Future]] = []
@@ -85,6 +91,15 @@ class StubEngine:
         kind = "chat.completion" if chat else "text_completion"
         usage = {"prompt_tokens": max(len(str(prompt)) // 4, 1), "completion_tokens": n}
         usage["total_tokens"] = usage["prompt_tokens"] + n
+        if not body.get("stream") and self.stall_after is not None:
+            async def stalled():
+                try:
+                    yield b'{"id": "' + rid.encode() + b'", '
+                    await asyncio.Event().wait()  # until the client goes away
+                finally:
+                    self._release()
+
+            return StreamingResponse(stalled(), media_type="application/json")
         if not body.get("stream"):
             try:
                 await asyncio.sleep(self.ttft_s + self.token_s * n)
@@ -97,11 +112,15 @@ class StubEngine:
             return JSONResponse({"id": rid, "object": kind, "created": int(time.time()),
                                  "model": self.model, "choices": [choice], "usage": usage})  # fmt: skip
 
+        end = self.event_end
+
         async def events():
             try:
                 if self.ttft_s:
                     await asyncio.sleep(self.ttft_s)
                 for i in range(n):
+                    if i == self.stall_after:
+                        await asyncio.Event().wait()  # until the client goes away
                     if self.token_s and i:
                         await asyncio.sleep(self.token_s)
                     last = i == n - 1
@@ -110,12 +129,12 @@ class StubEngine:
                               {"index": 0, "text": " tok", "finish_reason": "length" if last else None})  # fmt: skip
                     chunk = {"id": rid, "object": kind + ("" if not chat else ".chunk"),
                              "created": 0, "model": self.model, "choices": [choice]}  # fmt: skip
-                    yield f"data: {json.dumps(chunk)}\n\n"
+                    yield f"data: {json.dumps(chunk)}{end}"
                 if usage_wanted:
                     chunk = {"id": rid, "object": kind, "created": 0, "model": self.model,
                              "choices": [], "usage": usage}  # fmt: skip
-                    yield f"data: {json.dumps(chunk)}\n\n"
-                yield "data: [DONE]\n\n"
+                    yield f"data: {json.dumps(chunk)}{end}"
+                yield f"data: [DONE]{end}"
             finally:
                 self._release()
 
@@ -132,8 +151,9 @@ def main() -> None:
     ap.add_argument("--token-s", type=float, default=0.0, help="seconds per output token")
     ap.add_argument("--ttft-s", type=float, default=0.0, help="seconds before the first token")
     ap.add_argument("--max-concurrency", type=int, default=1_000_000)
+    ap.add_argument("--stall-after", type=int, default=None, help="send this many tokens, then nothing (a fault)")
     a = ap.parse_args()
-    eng = StubEngine(a.model, a.token_s, a.max_concurrency, a.ttft_s)
+    eng = StubEngine(a.model, a.token_s, a.max_concurrency, a.ttft_s, stall_after=a.stall_after)
     uvicorn.run(eng.app(), host=a.host, port=a.port, log_level="warning")
 
 
