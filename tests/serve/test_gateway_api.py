@@ -22,7 +22,8 @@ from presched.predict.base import PREDICTORS
 from presched.predict.estimate import LEVELS
 from presched.serve.app import build_app
 from presched.serve.config import ServeConfig
-from presched.serve.log import RequestLog, read_log
+from presched.serve.log import RequestLog
+from presched.serve.log_read import read_log
 from presched.workload.request import Request
 
 # What a vLLM server streams for a 3-token chat reply with include_usage (shape and spacing

@@ -1,5 +1,5 @@
-"""The gateway's SQLite request log (`presched.serve.log`) and training from it
-(`presched.serve.train_log`). Everything here runs on real SQLite files and real CASTILLO
+"""The gateway's SQLite request log (`presched.serve.log`, read back by `presched.serve.log_read`)
+and training from it (`presched.serve.train_log`). Everything here runs on real SQLite files and real CASTILLO
 prompts; nothing is mocked."""
 
 from __future__ import annotations
@@ -18,15 +18,8 @@ from scipy.stats import kendalltau
 
 from presched.predict import LEVELS, load_predictor
 from presched.predict.data import castillo_requests
-from presched.serve.log import (
-    NAMES,
-    LogFileError,
-    LogWriteError,
-    RequestLog,
-    load_log_requests,
-    read_log,
-    requests_from_log,
-)
+from presched.serve.log import NAMES, LogFileError, LogWriteError, RequestLog
+from presched.serve.log_read import load_log_requests, read_log, requests_from_log
 from presched.serve.train_log import LogTrainingError, train_from_log
 
 FAST_TEXT_GBM = {"folds": 3, "svd": 16, "max_rounds": 300, "scale_folds": 2}
@@ -308,7 +301,7 @@ def test_requests_from_log_keeps_complete_successful_rows(tmp_path, caplog):
     assert [r.id for r in load_log_requests(path, model="other").requests] == ["r10"]
     with pytest.raises(ValueError, match="no row .* has model 'nope'; its models: 'm', 'other'"):
         load_log_requests(path, model="nope")
-    with caplog.at_level(logging.INFO, logger="presched.serve.log"):
+    with caplog.at_level(logging.INFO, logger="presched.serve.log_read"):
         assert len(requests_from_log(path)) == 3
     assert (
         "3 of 10 log rows usable "

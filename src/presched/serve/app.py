@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import uuid
 from typing import Any
 
@@ -43,28 +42,15 @@ from presched.serve.config import ServeConfig
 from presched.serve.gateway import Gateway, GatewayError
 from presched.serve.metrics import GatewayMetrics
 from presched.serve.predictions import PredictBatcher
+from presched.serve.request_body import Done as _Done
+from presched.serve.request_body import error_response, parse_body, read_body
 from presched.serve.seq import GatewaySeq
 from presched.serve.tenants import Tenants
-from presched.serve.tokens import counter, prompt_text
+from presched.serve.tokens import counter
 from presched.serve.upstream import Upstream, UpstreamError, UpstreamResponse
 from presched.workload.request import Request
 
 _RETRY_STATUS = (502, 503)  # the backend is unavailable: try another one
-
-
-def error_response(status: int, message: str, kind: str = "invalid_request_error",
-                   param: str | None = None, retry_after: float | None = None) -> JSONResponse:  # fmt: skip
-    """An OpenAI-format error body: {"error": {"message", "type", "param", "code"}}."""
-    headers = {"retry-after": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-class _Done(Exception):
-    """Ends a request early with a prepared response (bad input, auth, limits)."""
-
-    def __init__(self, response: Response) -> None:
-        self.response = response
 
 
 class GatewayApp:
@@ -176,30 +162,9 @@ class GatewayApp:
         if tenant is None:
             raise _Done(error_response(401, "invalid or missing API key (Authorization: Bearer KEY)",
                                        "authentication_error"))  # fmt: skip
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > self.cfg.max_body_bytes:
-            raise _Done(error_response(413, f"request body of {size} bytes exceeds {self.cfg.max_body_bytes}"))
-        raw = await request.body()
-        if len(raw) > self.cfg.max_body_bytes:
-            raise _Done(error_response(413, f"request body of {len(raw)} bytes exceeds {self.cfg.max_body_bytes}"))
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise _Done(error_response(400, f"body: not valid JSON ({e})", param="body")) from None
-        if not isinstance(body, dict):
-            raise _Done(error_response(400, "body: expected a JSON object", param="body"))
-        problem = _check_fields(body, chat, self.models)
-        if problem is not None:
-            raise _Done(error_response(problem[2], problem[1], param=problem[0],
-                                       kind="invalid_request_error" if problem[2] == 400 else "not_found_error"))  # fmt: skip
-        try:
-            text, _, ids = prompt_text(body, chat)
-        except ValueError as e:
-            field = str(e).split(":", 1)[0]
-            raise _Done(error_response(400, str(e), param=field)) from None
-        if "model" not in body and len(self.models) == 1:
-            body["model"] = self.models[0]
-        return tenant, body, text if ids is None else ids
+        raw = await read_body(request, self.cfg.max_body_bytes)
+        body, prompt = parse_body(raw, chat, self.models)
+        return tenant, body, prompt
 
     async def _accept(self, tenant: str, body: dict, text, chat: bool) -> GatewaySeq:
         if isinstance(text, list):  # token ids
@@ -452,37 +417,6 @@ def _inspect(ev: bytes, seq: GatewaySeq, out: _Outcome, clock) -> bool:
         if c.get("finish_reason"):
             out.finish_reason = c["finish_reason"]
     return True
-
-
-def _check_fields(body: dict, chat: bool, models: list[str]) -> tuple[str, str, int] | None:
-    """(field, message, status) of the first bad field, or None."""
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        return "model", "model: expected a string", 400
-    if model is None and len(models) != 1:
-        return "model", "model: required (this gateway serves " + ", ".join(models or ["no model yet"]) + ")", 400
-    if model is not None and models and model not in models:
-        return "model", f"model: {model!r} is not served here (served: {', '.join(models)})", 404
-    for name in ("max_tokens", "max_completion_tokens"):
-        v = body.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            return name, f"{name}: expected an integer >= 1, got {v!r}", 400
-    for name in ("stream", "ignore_eos"):
-        v = body.get(name)
-        if v is not None and not isinstance(v, bool):
-            return name, f"{name}: expected true or false, got {v!r}", 400
-    so = body.get("stream_options")
-    if so is not None and not isinstance(so, dict):
-        return "stream_options", "stream_options: expected an object", 400
-    n = body.get("n")
-    if n is not None and n != 1:
-        return "n", f"n: only 1 is supported, got {n!r}", 400
-    xargs = body.get("vllm_xargs")
-    if xargs is not None and not isinstance(xargs, dict):
-        return "vllm_xargs", "vllm_xargs: expected an object", 400
-    if chat and "prompt" in body:
-        return "prompt", "prompt: not a field of chat completions (use messages)", 400
-    return None
 
 
 async def _until_disconnect(work, receive) -> bool:
