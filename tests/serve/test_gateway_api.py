@@ -7,6 +7,7 @@ bytes the gateway must relay are known exactly; tests/engine checks the same aga
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -138,6 +139,30 @@ def test_stream_usage_and_timings_logged(asgi_server, stub_server, tmp_path):
         (b'{"model": "other", "prompt": "x"}', 404, "model"),
         (b'{"model": "m", "prompt": ["a", "b"]}', 400, "prompt"),
         (b'{"model": "m", "prompt": "' + b"word " * 400 + b'"}', 413, "prompt"),
+        # integers are bounded (2**63 overflowed SQLite) and bools or floats are not integers
+        (b'{"model": "m", "prompt": "x", "max_tokens": 9223372036854775808}', 400, "max_tokens"),
+        (b'{"model": "m", "prompt": "x", "max_tokens": 2147483648}', 400, "max_tokens"),
+        (b'{"model": "m", "prompt": "x", "max_tokens": true}', 400, "max_tokens"),
+        (b'{"model": "m", "prompt": "x", "n": true}', 400, "n"),
+        (b'{"model": "m", "prompt": "x", "n": 1.0}', 400, "n"),
+        (b'{"model": "m", "prompt": "x", "seed": 18446744073709551616}', 400, "seed"),
+        (b'{"model": "m", "prompt": "x", "seed": false}', 400, "seed"),
+        (b'{"model": "m", "prompt": "x", "top_k": -2}', 400, "top_k"),
+        (b'{"model": "m", "prompt": "x", "top_k": 5.0}', 400, "top_k"),
+        (b'{"model": "m", "prompt": "x", "logprobs": 4294967296}', 400, "logprobs"),
+        (b'{"model": "m", "prompt": "x", "priority": -9223372036854775809}', 400, "priority"),
+        (b'{"model": "m", "prompt": "x", "min_tokens": -1}', 400, "min_tokens"),
+        (b'{"model": "m", "prompt": [1, 9223372036854775808]}', 400, "prompt"),
+        (b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400, "body"),
+        (b'{"model": "m", "prompt": "x", "temperature": NaN}', 400, "body"),
+        (b'{"model": "m", "prompt": "x", "top_p": Infinity}', 400, "body"),
+        # JSON nested 1,000 deep raised RecursionError (a plain-text 500, connection dropped)
+        (b'{"model": "m", "prompt": "x", "vllm_xargs": ' + b"[" * 1000 + b"]" * 1000 + b"}", 400, "body"),
+        (b'{"model": "m", "prompt": "x", "stop": ' + b"[" * 100 + b"]" * 100 + b"}", 400, "body"),
+        # a lone surrogate raised UnicodeEncodeError while counting tokens
+        (b'{"model": "m", "prompt": "hi \\ud800"}', 400, "prompt"),
+        (b'{"model": "m", "prompt": ["\\udfff"]}', 400, "prompt"),
+        (b'{"model": "\\ud800", "prompt": "x"}', 404, "model"),
     ],
 )
 def test_bad_input_gets_openai_error_naming_the_field(asgi_server, stub_server, body, status, param):
@@ -154,11 +179,21 @@ def test_bad_input_gets_openai_error_naming_the_field(asgi_server, stub_server, 
 def test_chat_field_errors(asgi_server, stub_server):
     up, _ = stub_server(model="m")
     url, _ = gateway(asgi_server, up)
+    user = {"role": "user", "content": "x"}
     for body, param in (({"model": "m"}, "messages"),
                         ({"model": "m", "messages": [{"content": "x"}]}, "messages[0]"),
-                        ({"model": "m", "messages": [{"role": "user", "content": 3}]}, "messages[0].content")):  # fmt: skip
-        r = httpx.post(url + "/v1/chat/completions", json=body)
-        assert r.status_code == 400 and r.json()["error"]["param"] == param
+                        ({"model": "m", "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+                        ({"model": "m", "messages": [user, {"role": "user", "content": "a\ud800"}]}, "messages[1].content"),
+                        ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+                         "messages[0].content[0].text"),
+                        ({"model": "m", "messages": [user], "logprobs": 3}, "logprobs"),
+                        ({"model": "m", "messages": [user], "top_logprobs": True}, "top_logprobs"),
+                        ({"model": "m", "messages": [user], "max_completion_tokens": 2**63}, "max_completion_tokens")):  # fmt: skip
+        r = httpx.post(url + "/v1/chat/completions", content=json.dumps(body),  # ASCII: \ud800 escaped
+                       headers={"content-type": "application/json"})  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    ok = {"model": "m", "messages": [user], "logprobs": True, "top_logprobs": 2, "seed": -(2**63), "max_tokens": 2}
+    assert httpx.post(url + "/v1/chat/completions", json=ok).status_code == 200
 
 
 def test_body_over_the_size_limit_is_413(asgi_server, stub_server):

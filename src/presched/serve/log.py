@@ -11,9 +11,12 @@ after `batch_s` seconds or `batch_rows` rows, whichever comes first). The file i
 `synchronous=NORMAL`, so a commit costs no fsync and readers (`read_log`, `presched train
 --from-log`) can read while the gateway writes.
 
-Nothing accepted is dropped silently. A transient SQLite error (locked, I/O, disk full) keeps the
-batch and retries it; a row SQLite refuses for good (a duplicate id, a value of a type SQLite
-cannot store) is set aside. `flush()` and `close()` raise `LogWriteError` while rows are unwritten;
+Nothing accepted is dropped silently, and no value keeps a row out: every value is made one
+SQLite can store (`_cell`): an integer beyond 64 bits is clamped to the int64 range (a float in
+REAL columns), text that is not valid Unicode has its lone surrogates replaced by U+FFFD, and any
+other object (a dict, a list of non-numbers) is stored as its JSON or `repr` text. A transient
+SQLite error (locked, I/O, disk full) keeps the batch and retries it; a row SQLite refuses for
+good (a duplicate id) is set aside. `flush()` and `close()` raise `LogWriteError` while rows are unwritten;
 `close()` first saves them as JSON lines next to the log (`<log>.unwritten-<unix time>.jsonl`).
 
 The file carries SQLite's `application_id` (`APPLICATION_ID`), so another SQLite file is refused
@@ -28,6 +31,7 @@ import contextlib
 import json
 import logging
 import queue
+import re
 import sqlite3
 import threading
 import time
@@ -67,7 +71,7 @@ _NAMESET = frozenset(NAMES)
 TABLE = "requests"
 APPLICATION_ID = 0x70736C67  # "pslg": marks a file as a presched request log
 _INSERT = f"INSERT INTO {TABLE} ({', '.join(NAMES)}) VALUES ({', '.join('?' * len(NAMES))})"
-_PLAIN = (str, int, float, type(None), bytes)
+_JSONABLE = (str, int, float, type(None))
 _PROMPT = NAMES.index("prompt")
 _TRANSIENT_RETRY_S = (0.05, 0.2, 1.0)
 """Delays between the retries of a batch after a transient error, when a flush or close waits."""
@@ -144,17 +148,36 @@ class _Flush:
 _STOP = object()
 
 
-def _cell(v: Any) -> Any:
-    """A value SQLite can store: numpy scalars to Python, lists/tuples/arrays to JSON text."""
-    if isinstance(v, _PLAIN):
+_I64 = (-(2**63), 2**63 - 1)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _cell(v: Any, kind: str = "TEXT") -> Any:
+    """A value SQLite can store in a column of type `kind` (never raises): numpy scalars to
+    Python, integers beyond 64 bits clamped (REAL: a float), invalid Unicode repaired, lists of
+    numbers and arrays to JSON text, anything else to JSON or repr text."""
+    if v is None or isinstance(v, (float, bytes)):
         return v
-    if hasattr(v, "tolist"):  # numpy scalar or array
-        v = v.tolist()
-        if isinstance(v, _PLAIN):
+    if isinstance(v, int):  # bool too
+        return float(v) if kind == "REAL" else min(max(int(v), _I64[0]), _I64[1])
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
             return v
+        except UnicodeEncodeError:
+            return _SURROGATE.sub("\ufffd", v)
+    if hasattr(v, "tolist"):  # numpy scalar or array
+        with contextlib.suppress(Exception):
+            v = v.tolist()
+            if v is None or isinstance(v, (int, float, str, bytes)):
+                return _cell(v, kind)
     if isinstance(v, (list, tuple)):
-        return json.dumps([float(x) for x in v])
-    return v  # sqlite3 refuses it; the row is set aside and reported
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            return json.dumps([float(x) for x in v])
+    try:
+        return _cell(json.dumps(v, default=repr) if isinstance(v, (dict, list, tuple)) else repr(v))
+    except Exception:  # noqa: BLE001 - e.g. nested too deeply for json
+        return f"<unstorable {type(v).__name__}>"
 
 
 class RequestLog:
@@ -321,7 +344,7 @@ class RequestLog:
         self._commit(retries=_TRANSIENT_RETRY_S)
 
     def _tuple(self, row: dict[str, Any]) -> tuple:
-        vals = [_cell(row.get(n)) for n in NAMES]
+        vals = [_cell(row.get(n), t.split()[0]) for n, t in COLUMNS.items()]
         if not self.store_prompts:
             vals[_PROMPT] = None
         return tuple(vals)
@@ -394,7 +417,7 @@ class RequestLog:
                 with open(dump, "a") as f:
                     for r, why in rows:
                         rec = {
-                            n: (v if isinstance(v, _PLAIN) else repr(v)) for n, v in zip(NAMES, r)
+                            n: (v if isinstance(v, _JSONABLE) else repr(v)) for n, v in zip(NAMES, r)
                         }
                         f.write(json.dumps({**rec, "_error": why}) + "\n")
                 problem += f"; saved them to {dump}"

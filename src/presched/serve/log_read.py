@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 
 def read_log(path: str | Path):
     """The whole log as a pandas DataFrame, one row per request in arrival order: integer
-    columns as nullable `Int64`, real ones as float64 (NULL = NaN), `pred_quantiles` parsed to
-    lists of floats (None when NULL)."""
+    columns as nullable `Int64`, real ones as float64 (NULL = NaN; text the writer stored in a
+    numeric column, an object it could not make a number, reads as NaN too), `pred_quantiles`
+    parsed to lists of floats (None when NULL)."""
     import pandas as pd
 
     conn, path = _connect_ro(path)
@@ -35,6 +36,8 @@ def read_log(path: str | Path):
     finally:
         conn.close()
     for n, t in COLUMNS.items():
+        if t in ("INTEGER", "REAL") and not pd.api.types.is_numeric_dtype(df[n]):  # text the writer
+            df[n] = pd.to_numeric(df[n], errors="coerce")  # could not make a number (see _cell)
         if t == "INTEGER":
             df[n] = df[n].astype("Int64")
         elif t == "REAL":
