@@ -311,3 +311,68 @@ def test_prediction_logged_with_quantiles(asgi_server, stub_server, tmp_path):
     est = pred.predict([Request(id="x", prompt_tokens=int(row["prompt_tokens"]), model="m")])[0]
     assert q == pytest.approx([est.quantile(p) for p in LEVELS], abs=0.01)
     assert row["pred_mean"] == pytest.approx(est.mean) == pytest.approx(row["priority"])  # sjf key
+
+
+def metric_values(text: str) -> dict[str, float]:
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, v = line.rsplit(" ", 1)
+            values[name] = float(v)
+    return values
+
+
+def test_unknown_paths_and_methods_get_openai_errors_and_are_counted(asgi_server, stub_server):
+    up, _ = stub_server(model="m")
+    url, _ = gateway(asgi_server, up)
+    for method, path, status in (("GET", "/nope", 404), ("GET", "/v1/completions", 405),
+                                 ("DELETE", "/v1/chat/completions", 405), ("POST", "/health", 405)):  # fmt: skip
+        r = httpx.request(method, url + path)
+        assert r.status_code == status and r.headers["content-type"] == "application/json", r.text
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
+    assert set(r.headers["allow"].split(", ")) == {"GET", "HEAD"}  # 405 says what is allowed
+    httpx.post(url + "/v1/completions", content=b"{", headers={"content-type": "application/json"})
+    values = metric_values(httpx.get(url + "/metrics").text)
+    assert values['presched_http_responses_total{endpoint="other",status="404"}'] == 1
+    assert values['presched_http_responses_total{endpoint="/v1/completions",status="405"}'] == 1
+    assert values['presched_http_responses_total{endpoint="/v1/completions",status="400"}'] == 1
+    assert values['presched_http_responses_total{endpoint="/health",status="405"}'] == 1
+    assert values["presched_unhandled_errors_total"] == 0
+
+
+def test_an_unexpected_exception_is_answered_counted_and_logged(asgi_server, stub_server, tmp_path, caplog):
+    """A bug anywhere in the request path must give an OpenAI 500, a log row, a server log line
+    and a metric, and leave the connection usable. TEST DOUBLE: the token counter is replaced
+    by one that raises, standing in for any bug (the real inputs that used to crash, deep JSON
+    and lone surrogates, are 400s now: test_bad_input_gets_openai_error_naming_the_field)."""
+    up, engine = stub_server(model="m")
+    log = RequestLog(tmp_path / "log.sqlite")
+    app = build_app(ServeConfig(backends=[{"url": up, "model": "m"}], log={"path": None}), None, log)
+    url, gw, g = asgi_server(app), app.state.gateway.gw, app.state.gateway
+    real_count = g.count
+
+    def broken(text: str) -> int:
+        if text == "boom":
+            raise RuntimeError("a bug")
+        return real_count(text)
+
+    g.count = broken
+    with httpx.Client() as client, caplog.at_level("ERROR", logger="presched.serve.guard"):
+        r = client.post(url + "/v1/completions", json={"model": "m", "prompt": "boom", "max_tokens": 2})
+        assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+        assert r.json()["error"] == {"message": "gateway error: RuntimeError (logged)",
+                                     "type": "server_error", "param": None, "code": 500}  # fmt: skip
+        ok = client.post(url + "/v1/completions", json={"model": "m", "prompt": "fine", "max_tokens": 2})
+        assert ok.status_code == 200  # same client, the gateway still serves
+    assert "unhandled error on POST /v1/completions" in caplog.text and "RuntimeError: a bug" in caplog.text
+    settle(gw, 1, log)
+    rows = read_log(tmp_path / "log.sqlite")
+    assert sorted(rows["status"].tolist()) == [200, 500]
+    bad = rows[rows["status"] == 500].iloc[0]
+    assert bad["error"] == "gateway error: RuntimeError: a bug" and bad["endpoint"] == "completions"
+    values = metric_values(httpx.get(url + "/metrics").text)
+    assert values["presched_unhandled_errors_total"] == 1
+    assert values['presched_http_responses_total{endpoint="/v1/completions",status="500"}'] == 1
+    assert values['presched_http_responses_total{endpoint="/v1/completions",status="200"}'] == 1
+    assert engine.received == 1 and gw.num_waiting == 0

@@ -17,6 +17,9 @@ marked down and the request is placed on another backend (up to `retries`); a no
 request whose backend dies mid-way is retried the same way (the client has seen nothing yet). A
 stream that breaks after bytes were sent ends with an OpenAI-style error event.
 
+Every answer is OpenAI-format JSON, counted, and an exception no endpoint handles is logged and
+answered 500 (`serve.guard`, wrapped around the app by `build_app`).
+
 Streaming: the gateway asks the backend for `stream_options.include_usage` (the true output
 token count); when the client did not ask for it, the usage-only event is not relayed, so the
 client receives exactly the bytes the backend would have sent it.
@@ -27,11 +30,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import time
 import uuid
 from typing import Any
 
 import httpx
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -40,6 +47,7 @@ from presched.predict.estimate import LEVELS
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
 from presched.serve.gateway import Gateway, GatewayError
+from presched.serve.guard import Guard, http_error
 from presched.serve.metrics import GatewayMetrics
 from presched.serve.predictions import PredictBatcher
 from presched.serve.request_body import Done as _Done
@@ -50,6 +58,7 @@ from presched.serve.tokens import counter
 from presched.serve.upstream import Upstream, UpstreamError, UpstreamResponse
 from presched.workload.request import Request
 
+logger = logging.getLogger(__name__)
 _RETRY_STATUS = (502, 503)  # the backend is unavailable: try another one
 
 
@@ -145,17 +154,32 @@ class GatewayApp:
         except _Done as d:
             await d.response(scope, receive, send)
             return
+        except Exception as e:  # a bug before admission: its row here, its 500 from the Guard
+            self._log_crash(request, chat, e)
+            raise
         out = _Outcome()
         try:
             if await _until_disconnect(self._serve(seq, body, chat, out, send), receive):
                 out.status, out.error = 499, "the client disconnected"
         except Exception as e:  # noqa: BLE001 - a bug must still end the request and its row
+            logger.exception("request %s: unhandled error while serving", seq.id)
+            self.metrics.unhandled.inc()
             out.status, out.error, out.kind = 500, f"gateway error: {type(e).__name__}: {e}", "server_error"
             if not out.started:
                 with contextlib.suppress(Exception):
                     await self._send_error(out, send)
         finally:
             self._end(seq, body, chat, out, text)
+
+    def _log_crash(self, request: HTTPRequest, chat: bool, e: Exception) -> None:
+        """The log row of a request that an unexpected exception ended before admission."""
+        if self.log is None:
+            return
+        with contextlib.suppress(Exception):  # the Guard still logs and answers
+            self.log.write({"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}",
+                            "ts": time.time(), "tenant": self.tenants.identify(request.headers),
+                            "endpoint": "chat" if chat else "completions", "status": 500,
+                            "error": f"gateway error: {type(e).__name__}: {e}", "retries": 0})  # fmt: skip
 
     async def _parse(self, request: HTTPRequest, chat: bool) -> tuple[str, dict, str]:
         tenant = self.tenants.identify(request.headers)
@@ -477,6 +501,7 @@ def build_app(cfg: ServeConfig, predictor: Any = None, log: Any = None) -> Starl
         Route("/health", g.health),
         Route("/metrics", g.prometheus),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error},
+                    middleware=[Middleware(Guard, metrics=g.metrics)])  # fmt: skip
     app.state.gateway = g
     return app

@@ -173,7 +173,7 @@ def load_log_requests(
 def requests_from_log(
     path: str | Path, model: str | None = None, keep_censored: bool = False
 ) -> list[Request]:
-    """`load_log_requests(...).requests`, logging (logger `presched.serve.log`, INFO) how many
+    """`load_log_requests(...).requests`, logging (logger `presched.serve.log_read`, INFO) how many
     rows were left out and why."""
     res = load_log_requests(path, model=model, keep_censored=keep_censored)
     log.info("%s: %s", path, res.summary())
