@@ -376,3 +376,33 @@ def test_an_unexpected_exception_is_answered_counted_and_logged(asgi_server, stu
     assert values['presched_http_responses_total{endpoint="/v1/completions",status="500"}'] == 1
     assert values['presched_http_responses_total{endpoint="/v1/completions",status="200"}'] == 1
     assert engine.received == 1 and gw.num_waiting == 0
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_it_is_sent(asgi_server, stub_server):
+    """Regression: a chunked body was buffered whole before max_body_bytes was checked (four
+    200 MB uploads took the gateway from 177 MB to 1.33 GB). 64 MiB offered, 1 MiB allowed: the
+    gateway answers 413 and closes, so the client stops long before it has sent it all."""
+    up, engine = stub_server(model="m")
+    url, gw = gateway(asgi_server, up, max_body_bytes=2**20)
+    chunk, total = b"x" * 2**16, 2**26
+    sent = 0
+
+    def body():
+        nonlocal sent
+        yield b'{"model": "m", "prompt": "'
+        while sent < total:
+            sent += len(chunk)
+            yield chunk
+
+    r = None
+    try:  # no Content-Length: httpx sends a generator chunked
+        r = httpx.post(url + "/v1/completions", content=body(), headers={"content-type": "application/json"})
+    except (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError):
+        pass  # the server closed while we were still writing: refused all the same
+    assert sent < total // 4, f"the client could send {sent} of {total} bytes"
+    if r is not None:
+        assert r.status_code == 413 and r.json()["error"]["code"] == 413
+        assert r.headers["connection"] == "close"
+    assert engine.received == 0 and gw.accepted == 0
+    ok = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1})
+    assert ok.status_code == 200

@@ -19,6 +19,7 @@ import json
 import math
 from typing import Any
 
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
@@ -67,14 +68,28 @@ class Done(Exception):
 
 
 async def read_body(request: HTTPRequest, limit: int) -> bytes:
-    """The request body; `Done` (413) when it is larger than `limit` bytes."""
+    """The request body; `Done` (413) as soon as more than `limit` bytes arrived (or the
+    Content-Length says so), without reading further: a chunked upload is never buffered beyond
+    the limit. The 413 closes the connection, so the client stops sending."""
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > limit:
-        raise Done(error_response(413, f"request body of {size} bytes exceeds {limit}"))
-    raw = await request.body()
-    if len(raw) > limit:
-        raise Done(error_response(413, f"request body of {len(raw)} bytes exceeds {limit}"))
-    return raw
+        raise Done(_too_large(f"request body of {_short(size)} bytes exceeds {limit}"))
+    chunks, n = [], 0
+    try:
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > limit:
+                raise Done(_too_large(f"request body exceeds {limit} bytes (refused after {n})"))
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise Done(error_response(400, "body: the client disconnected while sending it", param="body")) from None
+    return b"".join(chunks)
+
+
+def _too_large(message: str) -> Response:
+    resp = error_response(413, message)
+    resp.headers["connection"] = "close"  # the rest of the body is not read
+    return resp
 
 
 def _no_constant(name: str) -> Any:
