@@ -224,7 +224,8 @@ def test_fuzzed_bodies_never_crash_the_gateway(asgi_server, stub_server, body, c
         test_fuzzed_bodies_never_crash_the_gateway.url = gateway(asgi_server, up)  # type: ignore[attr-defined]
     url, gw = test_fuzzed_bodies_never_crash_the_gateway.url  # type: ignore[attr-defined]
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    r = httpx.post(url + path, json=body, timeout=10)
+    r = httpx.post(url + path, content=json.dumps(body), headers={"content-type": "application/json"},
+                   timeout=10)  # fmt: skip
     assert r.status_code in (200, 400, 404), r.text
     if r.status_code != 200:
         err = r.json()["error"]
@@ -406,3 +407,62 @@ def test_a_chunked_body_over_the_limit_is_refused_while_it_is_sent(asgi_server, 
     assert engine.received == 0 and gw.accepted == 0
     ok = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1})
     assert ok.status_code == 200
+
+
+def test_status_endpoints_need_a_key_when_tenants_are_configured(asgi_server, stub_server):
+    """Regression: /metrics and /health told anyone the tenant names and backend URLs."""
+    up, _ = stub_server(model="m")
+    gold, free = {"authorization": "Bearer sk-gold"}, {"api-key": "sk-free"}
+    url, _ = gateway(asgi_server, up, tenants=TENANTS)
+    httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1}, headers=gold)
+    r = httpx.get(url + "/metrics")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(url + "/metrics", headers={"authorization": "Bearer sk-nope"}).status_code == 401
+    live = httpx.get(url + "/health")
+    assert live.status_code == 200 and live.json() == {"status": "ok"}  # liveness, nothing else
+    assert 'tenant="gold"' in httpx.get(url + "/metrics", headers=free).text
+    assert httpx.get(url + "/health", headers=gold).json()["backends"][0]["url"] == up
+
+    admin = {"authorization": "Bearer sk-admin"}
+    url, _ = gateway(asgi_server, up, tenants=TENANTS, admin_api_key="sk-admin")
+    assert httpx.get(url + "/metrics", headers=gold).status_code == 401  # only the admin key
+    assert httpx.get(url + "/health", headers=gold).json() == {"status": "ok"}
+    assert httpx.get(url + "/metrics", headers=admin).status_code == 200
+    assert "backends" in httpx.get(url + "/health", headers=admin).json()
+
+    url, _ = gateway(asgi_server, up, admin_api_key="sk-admin")  # no tenants, still closed
+    assert httpx.get(url + "/metrics").status_code == 401
+    url, _ = gateway(asgi_server, up, tenants=TENANTS, public_status=True)
+    assert httpx.get(url + "/metrics").status_code == 200 and "backends" in httpx.get(url + "/health").json()
+    with pytest.raises(ValueError, match="admin_api_key: must differ"):
+        ServeConfig(backends=[{"url": up}], tenants=TENANTS, admin_api_key="sk-free")
+
+
+def test_bodies_that_are_not_json_by_content_type_get_415(asgi_server, stub_server):
+    up, engine = stub_server(model="m")
+    url, _ = gateway(asgi_server, up)
+    raw = b'{"model": "m", "prompt": "x", "max_tokens": 1}'
+    for ct in ("text/plain", "application/x-www-form-urlencoded", None, "application/jsonx"):
+        r = httpx.post(url + "/v1/completions", content=raw, headers={"content-type": ct} if ct else {})
+        assert r.status_code == 415 and r.json()["error"]["param"] == "content-type", ct
+    assert engine.received == 0
+    ok = httpx.post(url + "/v1/chat/completions", headers={"content-type": "Application/JSON; charset=utf-8"},
+                    content=b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}')  # fmt: skip
+    assert ok.status_code == 200
+    url, _ = gateway(asgi_server, up, check_content_type=False)
+    assert httpx.post(url + "/v1/completions", content=raw, headers={"content-type": "text/plain"}).status_code == 200
+
+
+def test_hosts_outside_the_allow_list_are_refused(asgi_server, stub_server):
+    up, engine = stub_server(model="m")
+    url, _ = gateway(asgi_server, up, allowed_hosts=["gw.example", "*.internal"], public_status=True)
+    body = {"model": "m", "prompt": "x", "max_tokens": 1}
+    for host in ("evil.example", "127.0.0.1", "internal", "gw.example.evil"):
+        r = httpx.post(url + "/v1/completions", json=body, headers={"host": host})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "host", host
+        assert httpx.get(url + "/health", headers={"host": host}).status_code == 400
+    assert engine.received == 0
+    for host in ("gw.example", "GW.example:8080", "a.b.internal:1"):
+        assert httpx.post(url + "/v1/completions", json=body, headers={"host": host}).status_code == 200
+    values = metric_values(httpx.get(url + "/metrics", headers={"host": "gw.example"}).text)
+    assert values['presched_http_responses_total{endpoint="/v1/completions",status="400"}'] == 4

@@ -33,6 +33,7 @@ import json
 import logging
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 import httpx
@@ -40,10 +41,10 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from presched.predict.estimate import LEVELS
+from presched.serve.asgi import RawASGI, until_disconnect
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
 from presched.serve.gateway import Gateway, GatewayError
@@ -51,8 +52,9 @@ from presched.serve.guard import Guard, http_error
 from presched.serve.metrics import GatewayMetrics
 from presched.serve.predictions import PredictBatcher
 from presched.serve.request_body import Done as _Done
-from presched.serve.request_body import error_response, parse_body, read_body
+from presched.serve.request_body import check_content_type, error_response, parse_body, read_body
 from presched.serve.seq import GatewaySeq
+from presched.serve.status import health, list_models, prometheus
 from presched.serve.tenants import Tenants
 from presched.serve.tokens import counter
 from presched.serve.upstream import Upstream, UpstreamError, UpstreamResponse
@@ -127,22 +129,6 @@ class GatewayApp:
             ok = b.model is not None
         self.gw.set_health(b, ok)
 
-    # --- small endpoints ----------------------------------------------------------------------
-    async def list_models(self, request: HTTPRequest) -> Response:
-        if self.tenants.identify(request.headers) is None:
-            return error_response(401, "invalid or missing API key", "authentication_error")
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "presched"} for m in self.models]
-        return JSONResponse({"object": "list", "data": data})
-
-    async def health(self, request: HTTPRequest) -> Response:
-        snap = self.gw.snapshot()
-        up = any(b["healthy"] for b in snap["backends"])
-        return JSONResponse({"status": "ok" if up else "no healthy backend", **snap},
-                            status_code=200 if up else 503)  # fmt: skip
-
-    async def prometheus(self, request: HTTPRequest) -> Response:
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
-
     # --- generation ---------------------------------------------------------------------------
     async def generate(self, scope, receive, send) -> None:
         """ASGI endpoint of /v1/completions and /v1/chat/completions."""
@@ -159,7 +145,7 @@ class GatewayApp:
             raise
         out = _Outcome()
         try:
-            if await _until_disconnect(self._serve(seq, body, chat, out, send), receive):
+            if await until_disconnect(self._serve(seq, body, chat, out, send), receive):
                 out.status, out.error = 499, "the client disconnected"
         except Exception as e:  # noqa: BLE001 - a bug must still end the request and its row
             logger.exception("request %s: unhandled error while serving", seq.id)
@@ -186,6 +172,8 @@ class GatewayApp:
         if tenant is None:
             raise _Done(error_response(401, "invalid or missing API key (Authorization: Bearer KEY)",
                                        "authentication_error"))  # fmt: skip
+        if self.cfg.check_content_type:
+            check_content_type(request.headers)
         raw = await read_body(request, self.cfg.max_body_bytes)
         body, prompt = parse_body(raw, chat, self.models)
         return tenant, body, prompt
@@ -443,44 +431,6 @@ def _inspect(ev: bytes, seq: GatewaySeq, out: _Outcome, clock) -> bool:
     return True
 
 
-async def _until_disconnect(work, receive) -> bool:
-    """Run `work`; if the client disconnects first, cancel it (closing the upstream request)
-    and return True."""
-    task = asyncio.ensure_future(work)
-
-    async def watch() -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, watcher):
-            if not t.done():
-                t.cancel()
-        for t in (task, watcher):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-    if task.cancelled():
-        return True
-    if task.exception() is not None:
-        raise task.exception()  # type: ignore[misc]
-    return False
-
-
-class _ASGI:
-    """Marks a coroutine as a raw ASGI endpoint for Starlette's Route."""
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    async def __call__(self, scope, receive, send) -> None:
-        await self.fn(scope, receive, send)
-
-
 def build_app(cfg: ServeConfig, predictor: Any = None, log: Any = None) -> Starlette:
     """The Starlette app of `presched serve` (run it with uvicorn). `app.state.gateway` is the
     `GatewayApp` (tests and benchmarks read its `gw`)."""
@@ -495,13 +445,13 @@ def build_app(cfg: ServeConfig, predictor: Any = None, log: Any = None) -> Starl
             await g.shutdown()
 
     routes = [
-        Route("/v1/completions", _ASGI(g.generate), methods=["POST"]),
-        Route("/v1/chat/completions", _ASGI(g.generate), methods=["POST"]),
-        Route("/v1/models", g.list_models),
-        Route("/health", g.health),
-        Route("/metrics", g.prometheus),
+        Route("/v1/completions", RawASGI(g.generate), methods=["POST"]),
+        Route("/v1/chat/completions", RawASGI(g.generate), methods=["POST"]),
+        Route("/v1/models", partial(list_models, g)),
+        Route("/health", partial(health, g)),
+        Route("/metrics", partial(prometheus, g)),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error},
-                    middleware=[Middleware(Guard, metrics=g.metrics)])  # fmt: skip
+                    middleware=[Middleware(Guard, metrics=g.metrics, allowed_hosts=cfg.allowed_hosts)])  # fmt: skip
     app.state.gateway = g
     return app

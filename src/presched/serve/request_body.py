@@ -86,6 +86,16 @@ async def read_body(request: HTTPRequest, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def check_content_type(headers) -> None:
+    """`Done` (415) unless the Content-Type is application/json (parameters such as charset
+    allowed)."""
+    ct = headers.get("content-type", "")
+    if ct.split(";", 1)[0].strip().lower() != "application/json":
+        got = repr(_short(ct, 60)) if ct else "none"
+        raise Done(error_response(415, f"content-type: expected application/json, got {got}",
+                                  param="content-type"))  # fmt: skip
+
+
 def _too_large(message: str) -> Response:
     resp = error_response(413, message)
     resp.headers["connection"] = "close"  # the rest of the body is not read
