@@ -466,3 +466,28 @@ def test_hosts_outside_the_allow_list_are_refused(asgi_server, stub_server):
         assert httpx.post(url + "/v1/completions", json=body, headers={"host": host}).status_code == 200
     values = metric_values(httpx.get(url + "/metrics", headers={"host": "gw.example"}).text)
     assert values['presched_http_responses_total{endpoint="/v1/completions",status="400"}'] == 4
+
+
+def test_an_exception_after_admission_ends_the_request_with_a_row(asgi_server, stub_server, tmp_path, caplog):
+    """The same for a bug once the request is accepted (it holds a queue place and a slot).
+    TEST DOUBLE: building the upstream body raises, standing in for any bug while serving."""
+    up, engine = stub_server(model="m")
+    log = RequestLog(tmp_path / "log.sqlite")
+    app = build_app(ServeConfig(backends=[{"url": up, "model": "m"}], log={"path": None}), None, log)
+    url, gw, g = asgi_server(app), app.state.gateway.gw, app.state.gateway
+
+    def broken(seq, body):
+        raise KeyError("a bug")
+
+    g._upstream_body = broken
+    with caplog.at_level("ERROR", logger="presched.serve.app"):
+        r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert "unhandled error while serving" in caplog.text and "KeyError: 'a bug'" in caplog.text
+    settle(gw, 1, log)
+    row = read_log(tmp_path / "log.sqlite").iloc[0]
+    assert row["status"] == 500 and "KeyError" in row["error"]
+    values = metric_values(httpx.get(url + "/metrics").text)
+    assert values["presched_unhandled_errors_total"] == 1
+    assert values['presched_requests_total{status="500",tenant="default"}'] == 1
+    assert gw.num_waiting == 0 and sum(b.num_running for b in gw.backends) == 0 and engine.received == 0
