@@ -24,6 +24,7 @@ from presched.predict.estimate import LEVELS
 from presched.serve.app import build_app
 from presched.serve.config import ServeConfig
 from presched.serve.log import RequestLog
+from presched.serve.request_body import INT_FIELDS, MAX_DEPTH, Done, check_fields, parse_body
 from presched.serve.log_read import read_log
 from presched.workload.request import Request
 
@@ -491,3 +492,34 @@ def test_an_exception_after_admission_ends_the_request_with_a_row(asgi_server, s
     assert values["presched_unhandled_errors_total"] == 1
     assert values['presched_requests_total{status="500",tenant="default"}'] == 1
     assert gw.num_waiting == 0 and sum(b.num_running for b in gw.backends) == 0 and engine.received == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(sorted(INT_FIELDS)), v=JSON | st.integers(-(2**70), 2**70), chat=st.booleans())
+def test_integer_fields_accept_exactly_their_range(name, v, chat):
+    body = {"model": "m", "prompt": "x", name: v}
+    if chat:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], name: v}
+    problem = check_fields(body, chat, ["m"])
+    lo, hi = INT_FIELDS[name]
+    if chat and name == "logprobs":  # chat's logprobs is a bool
+        ok = v is None or isinstance(v, bool)
+    else:
+        ok = v is None or (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi)
+    assert (problem is None) == ok, (name, v, problem)
+    if problem is not None:
+        assert problem[0] == name and problem[1].startswith(f"{name}: ") and problem[2] == 400
+
+
+@settings(max_examples=60, deadline=None)
+@given(depth=st.integers(1, 3 * MAX_DEPTH), wrap=st.sampled_from(["[", "{"]))
+def test_json_deeper_than_the_bound_is_refused(depth, wrap):
+    inner = ("[" * depth + "]" * depth) if wrap == "[" else ('{"a": ' * depth + "1" + "}" * depth)
+    raw = ('{"model": "m", "prompt": "x", "vllm_xargs": {"k": ' + inner + "}}").encode()
+    total = depth + 2  # the body and vllm_xargs around it
+    try:
+        parse_body(raw, False, ["m"])
+        refused = False
+    except Done as d:
+        refused = json.loads(d.response.body)["error"]["param"] == "body"
+    assert refused == (total > MAX_DEPTH)
