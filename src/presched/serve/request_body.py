@@ -10,7 +10,7 @@ OpenAI-format error response (`error_response`) whose `param` names the field at
 Bounds: JSON nested at most `MAX_DEPTH` deep; no NaN / Infinity (not JSON, though Python reads
 them); every integer field the gateway knows (`INT_FIELDS`) an integer (not a bool, not 1.0)
 within its range, so nothing forwarded or logged can overflow a 64-bit integer; the prompt valid
-Unicode (no lone surrogates) and token ids within `INT_FIELDS`'s int32 range.
+Unicode (no lone surrogates) and token ids in [0, `tokens.MAX_TOKEN_ID`].
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ async def read_body(request: HTTPRequest, limit: int) -> bytes:
     Content-Length says so), without reading further: a chunked upload is never buffered beyond
     the limit. The 413 closes the connection, so the client stops sending."""
     size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > limit:
+    if size is not None and size.isdigit() and (len(size) > 18 or int(size) > limit):
         raise Done(_too_large(f"request body of {_short(size)} bytes exceeds {limit}"))
     chunks, n = [], 0
     try:
