@@ -7,6 +7,7 @@ bytes the gateway must relay are known exactly; tests/engine checks the same aga
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -22,7 +23,9 @@ from presched.predict.base import PREDICTORS
 from presched.predict.estimate import LEVELS
 from presched.serve.app import build_app
 from presched.serve.config import ServeConfig
-from presched.serve.log import RequestLog, read_log
+from presched.serve.log import RequestLog
+from presched.serve.request_body import INT_FIELDS, MAX_DEPTH, Done, check_fields, parse_body
+from presched.serve.log_read import read_log
 from presched.workload.request import Request
 
 # What a vLLM server streams for a 3-token chat reply with include_usage (shape and spacing
@@ -137,6 +140,30 @@ def test_stream_usage_and_timings_logged(asgi_server, stub_server, tmp_path):
         (b'{"model": "other", "prompt": "x"}', 404, "model"),
         (b'{"model": "m", "prompt": ["a", "b"]}', 400, "prompt"),
         (b'{"model": "m", "prompt": "' + b"word " * 400 + b'"}', 413, "prompt"),
+        # integers are bounded (2**63 overflowed SQLite) and bools or floats are not integers
+        (b'{"model": "m", "prompt": "x", "max_tokens": 9223372036854775808}', 400, "max_tokens"),
+        (b'{"model": "m", "prompt": "x", "max_tokens": 2147483648}', 400, "max_tokens"),
+        (b'{"model": "m", "prompt": "x", "max_tokens": true}', 400, "max_tokens"),
+        (b'{"model": "m", "prompt": "x", "n": true}', 400, "n"),
+        (b'{"model": "m", "prompt": "x", "n": 1.0}', 400, "n"),
+        (b'{"model": "m", "prompt": "x", "seed": 18446744073709551616}', 400, "seed"),
+        (b'{"model": "m", "prompt": "x", "seed": false}', 400, "seed"),
+        (b'{"model": "m", "prompt": "x", "top_k": -2}', 400, "top_k"),
+        (b'{"model": "m", "prompt": "x", "top_k": 5.0}', 400, "top_k"),
+        (b'{"model": "m", "prompt": "x", "logprobs": 4294967296}', 400, "logprobs"),
+        (b'{"model": "m", "prompt": "x", "priority": -9223372036854775809}', 400, "priority"),
+        (b'{"model": "m", "prompt": "x", "min_tokens": -1}', 400, "min_tokens"),
+        (b'{"model": "m", "prompt": [1, 9223372036854775808]}', 400, "prompt"),
+        (b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400, "body"),
+        (b'{"model": "m", "prompt": "x", "temperature": NaN}', 400, "body"),
+        (b'{"model": "m", "prompt": "x", "top_p": Infinity}', 400, "body"),
+        # JSON nested 1,000 deep raised RecursionError (a plain-text 500, connection dropped)
+        (b'{"model": "m", "prompt": "x", "vllm_xargs": ' + b"[" * 1000 + b"]" * 1000 + b"}", 400, "body"),
+        (b'{"model": "m", "prompt": "x", "stop": ' + b"[" * 100 + b"]" * 100 + b"}", 400, "body"),
+        # a lone surrogate raised UnicodeEncodeError while counting tokens
+        (b'{"model": "m", "prompt": "hi \\ud800"}', 400, "prompt"),
+        (b'{"model": "m", "prompt": ["\\udfff"]}', 400, "prompt"),
+        (b'{"model": "\\ud800", "prompt": "x"}', 404, "model"),
     ],
 )
 def test_bad_input_gets_openai_error_naming_the_field(asgi_server, stub_server, body, status, param):
@@ -153,11 +180,21 @@ def test_bad_input_gets_openai_error_naming_the_field(asgi_server, stub_server, 
 def test_chat_field_errors(asgi_server, stub_server):
     up, _ = stub_server(model="m")
     url, _ = gateway(asgi_server, up)
+    user = {"role": "user", "content": "x"}
     for body, param in (({"model": "m"}, "messages"),
                         ({"model": "m", "messages": [{"content": "x"}]}, "messages[0]"),
-                        ({"model": "m", "messages": [{"role": "user", "content": 3}]}, "messages[0].content")):  # fmt: skip
-        r = httpx.post(url + "/v1/chat/completions", json=body)
-        assert r.status_code == 400 and r.json()["error"]["param"] == param
+                        ({"model": "m", "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+                        ({"model": "m", "messages": [user, {"role": "user", "content": "a\ud800"}]}, "messages[1].content"),
+                        ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+                         "messages[0].content[0].text"),
+                        ({"model": "m", "messages": [user], "logprobs": 3}, "logprobs"),
+                        ({"model": "m", "messages": [user], "top_logprobs": True}, "top_logprobs"),
+                        ({"model": "m", "messages": [user], "max_completion_tokens": 2**63}, "max_completion_tokens")):  # fmt: skip
+        r = httpx.post(url + "/v1/chat/completions", content=json.dumps(body),  # ASCII: \ud800 escaped
+                       headers={"content-type": "application/json"})  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    ok = {"model": "m", "messages": [user], "logprobs": True, "top_logprobs": 2, "seed": -(2**63), "max_tokens": 2}
+    assert httpx.post(url + "/v1/chat/completions", json=ok).status_code == 200
 
 
 def test_body_over_the_size_limit_is_413(asgi_server, stub_server):
@@ -188,7 +225,8 @@ def test_fuzzed_bodies_never_crash_the_gateway(asgi_server, stub_server, body, c
         test_fuzzed_bodies_never_crash_the_gateway.url = gateway(asgi_server, up)  # type: ignore[attr-defined]
     url, gw = test_fuzzed_bodies_never_crash_the_gateway.url  # type: ignore[attr-defined]
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    r = httpx.post(url + path, json=body, timeout=10)
+    r = httpx.post(url + path, content=json.dumps(body), headers={"content-type": "application/json"},
+                   timeout=10)  # fmt: skip
     assert r.status_code in (200, 400, 404), r.text
     if r.status_code != 200:
         err = r.json()["error"]
@@ -275,3 +313,213 @@ def test_prediction_logged_with_quantiles(asgi_server, stub_server, tmp_path):
     est = pred.predict([Request(id="x", prompt_tokens=int(row["prompt_tokens"]), model="m")])[0]
     assert q == pytest.approx([est.quantile(p) for p in LEVELS], abs=0.01)
     assert row["pred_mean"] == pytest.approx(est.mean) == pytest.approx(row["priority"])  # sjf key
+
+
+def metric_values(text: str) -> dict[str, float]:
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, v = line.rsplit(" ", 1)
+            values[name] = float(v)
+    return values
+
+
+def test_unknown_paths_and_methods_get_openai_errors_and_are_counted(asgi_server, stub_server):
+    up, _ = stub_server(model="m")
+    url, _ = gateway(asgi_server, up)
+    for method, path, status in (("GET", "/nope", 404), ("GET", "/v1/completions", 405),
+                                 ("DELETE", "/v1/chat/completions", 405), ("POST", "/health", 405)):  # fmt: skip
+        r = httpx.request(method, url + path)
+        assert r.status_code == status and r.headers["content-type"] == "application/json", r.text
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
+    assert set(r.headers["allow"].split(", ")) == {"GET", "HEAD"}  # 405 says what is allowed
+    httpx.post(url + "/v1/completions", content=b"{", headers={"content-type": "application/json"})
+    values = metric_values(httpx.get(url + "/metrics").text)
+    assert values['presched_http_responses_total{endpoint="other",status="404"}'] == 1
+    assert values['presched_http_responses_total{endpoint="/v1/completions",status="405"}'] == 1
+    assert values['presched_http_responses_total{endpoint="/v1/completions",status="400"}'] == 1
+    assert values['presched_http_responses_total{endpoint="/health",status="405"}'] == 1
+    assert values["presched_unhandled_errors_total"] == 0
+
+
+def test_an_unexpected_exception_is_answered_counted_and_logged(asgi_server, stub_server, tmp_path, caplog):
+    """A bug anywhere in the request path must give an OpenAI 500, a log row, a server log line
+    and a metric, and leave the connection usable. TEST DOUBLE: the token counter is replaced
+    by one that raises, standing in for any bug (the real inputs that used to crash, deep JSON
+    and lone surrogates, are 400s now: test_bad_input_gets_openai_error_naming_the_field)."""
+    up, engine = stub_server(model="m")
+    log = RequestLog(tmp_path / "log.sqlite")
+    app = build_app(ServeConfig(backends=[{"url": up, "model": "m"}], log={"path": None}), None, log)
+    url, gw, g = asgi_server(app), app.state.gateway.gw, app.state.gateway
+    real_count = g.count
+
+    def broken(text: str) -> int:
+        if text == "boom":
+            raise RuntimeError("a bug")
+        return real_count(text)
+
+    g.count = broken
+    with httpx.Client() as client, caplog.at_level("ERROR", logger="presched.serve.guard"):
+        r = client.post(url + "/v1/completions", json={"model": "m", "prompt": "boom", "max_tokens": 2})
+        assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+        assert r.json()["error"] == {"message": "gateway error: RuntimeError (logged)",
+                                     "type": "server_error", "param": None, "code": 500}  # fmt: skip
+        ok = client.post(url + "/v1/completions", json={"model": "m", "prompt": "fine", "max_tokens": 2})
+        assert ok.status_code == 200  # same client, the gateway still serves
+    assert "unhandled error on POST /v1/completions" in caplog.text and "RuntimeError: a bug" in caplog.text
+    settle(gw, 1, log)
+    rows = read_log(tmp_path / "log.sqlite")
+    assert sorted(rows["status"].tolist()) == [200, 500]
+    bad = rows[rows["status"] == 500].iloc[0]
+    assert bad["error"] == "gateway error: RuntimeError: a bug" and bad["endpoint"] == "completions"
+    values = metric_values(httpx.get(url + "/metrics").text)
+    assert values["presched_unhandled_errors_total"] == 1
+    assert values['presched_http_responses_total{endpoint="/v1/completions",status="500"}'] == 1
+    assert values['presched_http_responses_total{endpoint="/v1/completions",status="200"}'] == 1
+    assert engine.received == 1 and gw.num_waiting == 0
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_it_is_sent(asgi_server, stub_server):
+    """Regression: a chunked body was buffered whole before max_body_bytes was checked (four
+    200 MB uploads took the gateway from 177 MB to 1.33 GB). 64 MiB offered, 1 MiB allowed: the
+    gateway answers 413 and closes, so the client stops long before it has sent it all."""
+    up, engine = stub_server(model="m")
+    url, gw = gateway(asgi_server, up, max_body_bytes=2**20)
+    chunk, total = b"x" * 2**16, 2**26
+    sent = 0
+
+    def body():
+        nonlocal sent
+        yield b'{"model": "m", "prompt": "'
+        while sent < total:
+            sent += len(chunk)
+            yield chunk
+
+    r = None
+    try:  # no Content-Length: httpx sends a generator chunked
+        r = httpx.post(url + "/v1/completions", content=body(), headers={"content-type": "application/json"})
+    except (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError):
+        pass  # the server closed while we were still writing: refused all the same
+    assert sent < total // 4, f"the client could send {sent} of {total} bytes"
+    if r is not None:
+        assert r.status_code == 413 and r.json()["error"]["code"] == 413
+        assert r.headers["connection"] == "close"
+    assert engine.received == 0 and gw.accepted == 0
+    ok = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1})
+    assert ok.status_code == 200
+
+
+def test_status_endpoints_need_a_key_when_tenants_are_configured(asgi_server, stub_server):
+    """Regression: /metrics and /health told anyone the tenant names and backend URLs."""
+    up, _ = stub_server(model="m")
+    gold, free = {"authorization": "Bearer sk-gold"}, {"api-key": "sk-free"}
+    url, _ = gateway(asgi_server, up, tenants=TENANTS)
+    httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1}, headers=gold)
+    r = httpx.get(url + "/metrics")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(url + "/metrics", headers={"authorization": "Bearer sk-nope"}).status_code == 401
+    live = httpx.get(url + "/health")
+    assert live.status_code == 200 and live.json() == {"status": "ok"}  # liveness, nothing else
+    assert 'tenant="gold"' in httpx.get(url + "/metrics", headers=free).text
+    assert httpx.get(url + "/health", headers=gold).json()["backends"][0]["url"] == up
+
+    admin = {"authorization": "Bearer sk-admin"}
+    url, _ = gateway(asgi_server, up, tenants=TENANTS, admin_api_key="sk-admin")
+    assert httpx.get(url + "/metrics", headers=gold).status_code == 401  # only the admin key
+    assert httpx.get(url + "/health", headers=gold).json() == {"status": "ok"}
+    assert httpx.get(url + "/metrics", headers=admin).status_code == 200
+    assert "backends" in httpx.get(url + "/health", headers=admin).json()
+
+    url, _ = gateway(asgi_server, up, admin_api_key="sk-admin")  # no tenants, still closed
+    assert httpx.get(url + "/metrics").status_code == 401
+    url, _ = gateway(asgi_server, up, tenants=TENANTS, public_status=True)
+    assert httpx.get(url + "/metrics").status_code == 200 and "backends" in httpx.get(url + "/health").json()
+    with pytest.raises(ValueError, match="admin_api_key: must differ"):
+        ServeConfig(backends=[{"url": up}], tenants=TENANTS, admin_api_key="sk-free")
+
+
+def test_bodies_that_are_not_json_by_content_type_get_415(asgi_server, stub_server):
+    up, engine = stub_server(model="m")
+    url, _ = gateway(asgi_server, up)
+    raw = b'{"model": "m", "prompt": "x", "max_tokens": 1}'
+    for ct in ("text/plain", "application/x-www-form-urlencoded", None, "application/jsonx"):
+        r = httpx.post(url + "/v1/completions", content=raw, headers={"content-type": ct} if ct else {})
+        assert r.status_code == 415 and r.json()["error"]["param"] == "content-type", ct
+    assert engine.received == 0
+    ok = httpx.post(url + "/v1/chat/completions", headers={"content-type": "Application/JSON; charset=utf-8"},
+                    content=b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}')  # fmt: skip
+    assert ok.status_code == 200
+    url, _ = gateway(asgi_server, up, check_content_type=False)
+    assert httpx.post(url + "/v1/completions", content=raw, headers={"content-type": "text/plain"}).status_code == 200
+
+
+def test_hosts_outside_the_allow_list_are_refused(asgi_server, stub_server):
+    up, engine = stub_server(model="m")
+    url, _ = gateway(asgi_server, up, allowed_hosts=["gw.example", "*.internal"], public_status=True)
+    body = {"model": "m", "prompt": "x", "max_tokens": 1}
+    for host in ("evil.example", "127.0.0.1", "internal", "gw.example.evil"):
+        r = httpx.post(url + "/v1/completions", json=body, headers={"host": host})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "host", host
+        assert httpx.get(url + "/health", headers={"host": host}).status_code == 400
+    assert engine.received == 0
+    for host in ("gw.example", "GW.example:8080", "a.b.internal:1"):
+        assert httpx.post(url + "/v1/completions", json=body, headers={"host": host}).status_code == 200
+    values = metric_values(httpx.get(url + "/metrics", headers={"host": "gw.example"}).text)
+    assert values['presched_http_responses_total{endpoint="/v1/completions",status="400"}'] == 4
+
+
+def test_an_exception_after_admission_ends_the_request_with_a_row(asgi_server, stub_server, tmp_path, caplog):
+    """The same for a bug once the request is accepted (it holds a queue place and a slot).
+    TEST DOUBLE: building the upstream body raises, standing in for any bug while serving."""
+    up, engine = stub_server(model="m")
+    log = RequestLog(tmp_path / "log.sqlite")
+    app = build_app(ServeConfig(backends=[{"url": up, "model": "m"}], log={"path": None}), None, log)
+    url, gw, g = asgi_server(app), app.state.gateway.gw, app.state.gateway
+
+    def broken(seq, body):
+        raise KeyError("a bug")
+
+    g._upstream_body = broken
+    with caplog.at_level("ERROR", logger="presched.serve.app"):
+        r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert "unhandled error while serving" in caplog.text and "KeyError: 'a bug'" in caplog.text
+    settle(gw, 1, log)
+    row = read_log(tmp_path / "log.sqlite").iloc[0]
+    assert row["status"] == 500 and "KeyError" in row["error"]
+    values = metric_values(httpx.get(url + "/metrics").text)
+    assert values["presched_unhandled_errors_total"] == 1
+    assert values['presched_requests_total{status="500",tenant="default"}'] == 1
+    assert gw.num_waiting == 0 and sum(b.num_running for b in gw.backends) == 0 and engine.received == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(sorted(INT_FIELDS)), v=JSON | st.integers(-(2**70), 2**70), chat=st.booleans())
+def test_integer_fields_accept_exactly_their_range(name, v, chat):
+    body = {"model": "m", "prompt": "x", name: v}
+    if chat:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], name: v}
+    problem = check_fields(body, chat, ["m"])
+    lo, hi = INT_FIELDS[name]
+    if chat and name == "logprobs":  # chat's logprobs is a bool
+        ok = v is None or isinstance(v, bool)
+    else:
+        ok = v is None or (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi)
+    assert (problem is None) == ok, (name, v, problem)
+    if problem is not None:
+        assert problem[0] == name and problem[1].startswith(f"{name}: ") and problem[2] == 400
+
+
+@settings(max_examples=60, deadline=None)
+@given(depth=st.integers(1, 3 * MAX_DEPTH), wrap=st.sampled_from(["[", "{"]))
+def test_json_deeper_than_the_bound_is_refused(depth, wrap):
+    inner = ("[" * depth + "]" * depth) if wrap == "[" else ('{"a": ' * depth + "1" + "}" * depth)
+    raw = ('{"model": "m", "prompt": "x", "vllm_xargs": {"k": ' + inner + "}}").encode()
+    total = depth + 2  # the body and vllm_xargs around it
+    try:
+        parse_body(raw, False, ["m"])
+        refused = False
+    except Done as d:
+        refused = json.loads(d.response.body)["error"]["param"] == "body"
+    assert refused == (total > MAX_DEPTH)

@@ -1,5 +1,5 @@
-"""The gateway's SQLite request log (`presched.serve.log`) and training from it
-(`presched.serve.train_log`). Everything here runs on real SQLite files and real CASTILLO
+"""The gateway's SQLite request log (`presched.serve.log`, read back by `presched.serve.log_read`)
+and training from it (`presched.serve.train_log`). Everything here runs on real SQLite files and real CASTILLO
 prompts; nothing is mocked."""
 
 from __future__ import annotations
@@ -17,15 +17,8 @@ from scipy.stats import kendalltau
 
 from presched.predict import LEVELS, load_predictor
 from presched.predict.data import castillo_requests
-from presched.serve.log import (
-    NAMES,
-    LogFileError,
-    LogWriteError,
-    RequestLog,
-    load_log_requests,
-    read_log,
-    requests_from_log,
-)
+from presched.serve.log import NAMES, LogFileError, LogWriteError, RequestLog
+from presched.serve.log_read import load_log_requests, read_log, requests_from_log
 from presched.serve.train_log import LogTrainingError, train_from_log
 
 FAST_TEXT_GBM = {"folds": 3, "svd": 16, "max_rounds": 300, "scale_folds": 2}
@@ -180,9 +173,8 @@ def test_refused_rows_are_reported_and_saved_never_dropped(tmp_path):
     log = RequestLog(path)
     log.write(row(1))
     log.write(row(2))
-    log.write(row(1, tenant="dup"))  # duplicate primary key
-    log.write(row(3, error={"not": "storable"}))  # a dict: SQLite cannot store it
-    with pytest.raises(LogWriteError, match=r"2 row\(s\) refused.*'r1'.*UNIQUE"):
+    log.write(row(1, tenant="dup", prompt=b"\xff"))  # duplicate primary key
+    with pytest.raises(LogWriteError, match=r"1 row\(s\) refused.*'r1'.*UNIQUE"):
         log.flush()
     with pytest.raises(LogWriteError, match=r"saved them to .*unwritten-\d+\.jsonl"):
         log.close()
@@ -190,8 +182,38 @@ def test_refused_rows_are_reported_and_saved_never_dropped(tmp_path):
         assert sorted(r[0] for r in conn.execute("SELECT id FROM requests")) == ["r1", "r2"]
     dump = next(tmp_path.glob("log.db.unwritten-*.jsonl"))
     saved = [json.loads(line) for line in dump.read_text().splitlines()]
-    assert [(s["id"], s["tenant"]) for s in saved] == [("r1", "dup"), ("r3", "t")]
+    assert [(s["id"], s["tenant"]) for s in saved] == [("r1", "dup")]
     assert all(s["_error"] for s in saved)
+
+
+def test_values_sqlite_cannot_store_are_stored_clamped_or_as_text(tmp_path):
+    """Regression: max_tokens >= 2**63 (OverflowError), a dict or a lone surrogate (encode
+    error) kept the whole row out of the file."""
+    path = tmp_path / "log.db"
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    with RequestLog(path, store_prompts=True) as log:
+        log.write(row(1, max_tokens=2**70, output_tokens=-(2**80), priority=2**64, retries=True))
+        log.write(row(2, error={"not": "storable"}, pred_quantiles=["a", None], tenant=object()))
+        log.write(row(3, prompt="caf\u00e9 \ud800 x", error="\udfff", model=np.str_("m")))
+        log.write(row(4, error=deep, pred_mean=np.float64(np.nan), queue_wait_s=np.array([1.5])))
+        log.flush()
+        assert log.count() == 4 and log.unwritten == 0
+    df = read_log(path).set_index("id")
+    assert df.loc["r1", "max_tokens"] == 2**63 - 1 and df.loc["r1", "output_tokens"] == -(2**63)
+    assert df.loc["r1", "priority"] == 2.0**64 and df.loc["r1", "retries"] == 1
+    assert json.loads(df.loc["r2", "error"]) == {"not": "storable"}
+    with sqlite3.connect(path) as conn:
+        q = conn.execute("SELECT pred_quantiles FROM requests WHERE id = 'r2'").fetchone()[0]
+    assert json.loads(q) == ["a", None]
+    assert df.loc["r2", "tenant"].startswith("<object object")
+    assert df.loc["r3", "prompt"] == "caf\u00e9 \ufffd x" and df.loc["r3", "error"] == "\ufffd"
+    assert df.loc["r3", "model"] == "m"
+    assert df.loc["r4", "error"] == "<unstorable list>" and np.isnan(df.loc["r4", "pred_mean"])
+    assert np.isnan(df.loc["r4", "queue_wait_s"])  # text in a REAL column reads as NaN
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT queue_wait_s FROM requests WHERE id = 'r4'").fetchone() == ("[1.5]",)
 
 
 def test_a_locked_database_delays_rows_but_loses_none(tmp_path):
@@ -313,7 +335,7 @@ def test_requests_from_log_keeps_complete_successful_rows(tmp_path, caplog):
     assert [r.id for r in load_log_requests(path, model="other").requests] == ["r10"]
     with pytest.raises(ValueError, match="no row .* has model 'nope'; its models: 'm', 'other'"):
         load_log_requests(path, model="nope")
-    with caplog.at_level(logging.INFO, logger="presched.serve.log"):
+    with caplog.at_level(logging.INFO, logger="presched.serve.log_read"):
         assert len(requests_from_log(path)) == 3
     assert (
         "3 of 10 log rows usable "

@@ -24,6 +24,9 @@ Shutdown: `begin_drain` (called by the server on SIGTERM) gives requests in flig
 `drain_timeout_s`; those still running then end with 503 (an error event in a stream), each
 with its log row.
 
+Every answer is OpenAI-format JSON, counted, and an exception no endpoint handles is logged and
+answered 500 (`serve.guard`, wrapped around the app by `build_app`).
+
 Streaming: the gateway asks the backend for `stream_options.include_usage` (the true output
 token count); when the client did not ask for it, the usage-only event is not relayed, so the
 client receives exactly the bytes the backend would have sent it.
@@ -35,47 +38,38 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
+import time
 import uuid
+from functools import partial
 from typing import Any
 
 import httpx
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from presched.predict.estimate import LEVELS
+from presched.serve.asgi import RawASGI, until_disconnect
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
 from presched.serve.gateway import Gateway, GatewayError
+from presched.serve.guard import Guard, http_error
 from presched.serve.metrics import GatewayMetrics
 from presched.serve.predictions import PredictBatcher, Worker
+from presched.serve.request_body import Done as _Done
+from presched.serve.request_body import check_content_type, error_response, parse_body, read_body
 from presched.serve.seq import GatewaySeq
 from presched.serve.sse import split_events
+from presched.serve.status import health, list_models, prometheus
 from presched.serve.tenants import Tenants
-from presched.serve.tokens import counter, prompt_text
+from presched.serve.tokens import counter
 from presched.serve.upstream import Upstream, UpstreamError, UpstreamResponse, UpstreamTimeout
 from presched.workload.request import Request
 
-logger = logging.getLogger("presched.serve")
-
+logger = logging.getLogger(__name__)
 _RETRY_STATUS = (502, 503)  # the backend is unavailable: try another one
-
-
-def error_response(status: int, message: str, kind: str = "invalid_request_error",
-                   param: str | None = None, retry_after: float | None = None) -> JSONResponse:  # fmt: skip
-    """An OpenAI-format error body: {"error": {"message", "type", "param", "code"}}."""
-    headers = {"retry-after": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-class _Done(Exception):
-    """Ends a request early with a prepared response (bad input, auth, limits)."""
-
-    def __init__(self, response: Response) -> None:
-        self.response = response
 
 
 class GatewayApp:
@@ -176,22 +170,6 @@ class GatewayApp:
             ok = False  # it failed requests lately: stays down until its hold ends
         self.gw.set_health(b, ok)
 
-    # --- small endpoints ----------------------------------------------------------------------
-    async def list_models(self, request: HTTPRequest) -> Response:
-        if self.tenants.identify(request.headers) is None:
-            return error_response(401, "invalid or missing API key", "authentication_error")
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "presched"} for m in self.models]
-        return JSONResponse({"object": "list", "data": data})
-
-    async def health(self, request: HTTPRequest) -> Response:
-        snap = self.gw.snapshot()
-        up = any(b["healthy"] for b in snap["backends"])
-        return JSONResponse({"status": "ok" if up else "no healthy backend", **snap},
-                            status_code=200 if up else 503)  # fmt: skip
-
-    async def prometheus(self, request: HTTPRequest) -> Response:
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
-
     # --- generation ---------------------------------------------------------------------------
     async def generate(self, scope, receive, send) -> None:
         """ASGI endpoint of /v1/completions and /v1/chat/completions."""
@@ -203,9 +181,12 @@ class GatewayApp:
         except _Done as d:
             await d.response(scope, receive, send)
             return
+        except Exception as e:  # a bug before admission: its row here, its 500 from the Guard
+            self._log_crash(request, chat, e)
+            raise
         out = _Outcome()
         try:
-            if await _until_disconnect(self._serve(seq, body, chat, out, send), receive):
+            if await until_disconnect(self._serve(seq, body, chat, out, send), receive):
                 out.status, out.error = 499, "the client disconnected"
         except GatewayError as e:  # e.g. its policy failed (PolicyError): answered, logged
             out.status, out.error, out.kind = e.status, str(e), e.kind
@@ -213,6 +194,8 @@ class GatewayApp:
                 with contextlib.suppress(Exception):
                     await self._send_error(out, send)
         except Exception as e:  # noqa: BLE001 - a bug must still end the request and its row
+            logger.exception("request %s: unhandled error while serving", seq.id)
+            self.metrics.unhandled.inc()
             out.status, out.error, out.kind = 500, f"gateway error: {type(e).__name__}: {e}", "server_error"
             if not out.started:
                 with contextlib.suppress(Exception):
@@ -220,35 +203,26 @@ class GatewayApp:
         finally:
             self._end(seq, body, chat, out, text)
 
+    def _log_crash(self, request: HTTPRequest, chat: bool, e: Exception) -> None:
+        """The log row of a request that an unexpected exception ended before admission."""
+        if self.log is None:
+            return
+        with contextlib.suppress(Exception):  # the Guard still logs and answers
+            self.log.write({"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}",
+                            "ts": time.time(), "tenant": self.tenants.identify(request.headers),
+                            "endpoint": "chat" if chat else "completions", "status": 500,
+                            "error": f"gateway error: {type(e).__name__}: {e}", "retries": 0})  # fmt: skip
+
     async def _parse(self, request: HTTPRequest, chat: bool) -> tuple[str, dict, str]:
         tenant = self.tenants.identify(request.headers)
         if tenant is None:
             raise _Done(error_response(401, "invalid or missing API key (Authorization: Bearer KEY)",
                                        "authentication_error"))  # fmt: skip
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > self.cfg.max_body_bytes:
-            raise _Done(error_response(413, f"request body of {size} bytes exceeds {self.cfg.max_body_bytes}"))
-        raw = await request.body()
-        if len(raw) > self.cfg.max_body_bytes:
-            raise _Done(error_response(413, f"request body of {len(raw)} bytes exceeds {self.cfg.max_body_bytes}"))
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise _Done(error_response(400, f"body: not valid JSON ({e})", param="body")) from None
-        if not isinstance(body, dict):
-            raise _Done(error_response(400, "body: expected a JSON object", param="body"))
-        problem = _check_fields(body, chat, self.models)
-        if problem is not None:
-            raise _Done(error_response(problem[2], problem[1], param=problem[0],
-                                       kind="invalid_request_error" if problem[2] == 400 else "not_found_error"))  # fmt: skip
-        try:
-            text, _, ids = prompt_text(body, chat)
-        except ValueError as e:
-            field = str(e).split(":", 1)[0]
-            raise _Done(error_response(400, str(e), param=field)) from None
-        if "model" not in body and len(self.models) == 1:
-            body["model"] = self.models[0]
-        return tenant, body, text if ids is None else ids
+        if self.cfg.check_content_type:
+            check_content_type(request.headers)
+        raw = await read_body(request, self.cfg.max_body_bytes)
+        body, prompt = parse_body(raw, chat, self.models)
+        return tenant, body, prompt
 
     async def _accept(self, tenant: str, body: dict, text, chat: bool) -> GatewaySeq:
         if isinstance(text, list):  # token ids
@@ -564,75 +538,6 @@ def _text_or_none(v: Any) -> str | None:
     return v[:100] if isinstance(v, str) else None
 
 
-def _check_fields(body: dict, chat: bool, models: list[str]) -> tuple[str, str, int] | None:
-    """(field, message, status) of the first bad field, or None."""
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        return "model", "model: expected a string", 400
-    if model is None and len(models) != 1:
-        return "model", "model: required (this gateway serves " + ", ".join(models or ["no model yet"]) + ")", 400
-    if model is not None and models and model not in models:
-        return "model", f"model: {model!r} is not served here (served: {', '.join(models)})", 404
-    for name in ("max_tokens", "max_completion_tokens"):
-        v = body.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            return name, f"{name}: expected an integer >= 1, got {v!r}", 400
-    for name in ("stream", "ignore_eos"):
-        v = body.get(name)
-        if v is not None and not isinstance(v, bool):
-            return name, f"{name}: expected true or false, got {v!r}", 400
-    so = body.get("stream_options")
-    if so is not None and not isinstance(so, dict):
-        return "stream_options", "stream_options: expected an object", 400
-    n = body.get("n")
-    if n is not None and n != 1:
-        return "n", f"n: only 1 is supported, got {n!r}", 400
-    xargs = body.get("vllm_xargs")
-    if xargs is not None and not isinstance(xargs, dict):
-        return "vllm_xargs", "vllm_xargs: expected an object", 400
-    if chat and "prompt" in body:
-        return "prompt", "prompt: not a field of chat completions (use messages)", 400
-    return None
-
-
-async def _until_disconnect(work, receive) -> bool:
-    """Run `work`; if the client disconnects first, cancel it (closing the upstream request)
-    and return True."""
-    task = asyncio.ensure_future(work)
-
-    async def watch() -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, watcher):
-            if not t.done():
-                t.cancel()
-        for t in (task, watcher):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-    if task.cancelled():
-        return True
-    if task.exception() is not None:
-        raise task.exception()  # type: ignore[misc]
-    return False
-
-
-class _ASGI:
-    """Marks a coroutine as a raw ASGI endpoint for Starlette's Route."""
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    async def __call__(self, scope, receive, send) -> None:
-        await self.fn(scope, receive, send)
-
-
 def build_app(cfg: ServeConfig, predictor: Any = None, log: Any = None) -> Starlette:
     """The Starlette app of `presched serve` (run it with uvicorn). `app.state.gateway` is the
     `GatewayApp` (tests and benchmarks read its `gw`)."""
@@ -647,12 +552,13 @@ def build_app(cfg: ServeConfig, predictor: Any = None, log: Any = None) -> Starl
             await g.shutdown()
 
     routes = [
-        Route("/v1/completions", _ASGI(g.generate), methods=["POST"]),
-        Route("/v1/chat/completions", _ASGI(g.generate), methods=["POST"]),
-        Route("/v1/models", g.list_models),
-        Route("/health", g.health),
-        Route("/metrics", g.prometheus),
+        Route("/v1/completions", RawASGI(g.generate), methods=["POST"]),
+        Route("/v1/chat/completions", RawASGI(g.generate), methods=["POST"]),
+        Route("/v1/models", partial(list_models, g)),
+        Route("/health", partial(health, g)),
+        Route("/metrics", partial(prometheus, g)),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error},
+                    middleware=[Middleware(Guard, metrics=g.metrics, allowed_hosts=cfg.allowed_hosts)])  # fmt: skip
     app.state.gateway = g
     return app

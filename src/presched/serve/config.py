@@ -81,6 +81,10 @@ class ServeConfig(Config):
     max_event_bytes: int = Field(2**20, ge=1024, le=2**30, description="Largest server-sent event relayed from a backend (up to its blank line); a stream with a larger one ends with an error event.")
     max_response_bytes: int = Field(64 * 2**20, ge=1024, le=2**34, description="Largest non-streaming response body read from a backend; a larger one fails the request (502).")
     max_chunk_bytes: int = Field(16 * 2**20, ge=1024, le=2**34, description="Largest HTTP chunk (chunked transfer encoding) accepted from a backend; a larger one counts as a broken response.")
+    admin_api_key: str | None = Field(None, min_length=1, description="API key (Authorization: Bearer KEY) for GET /metrics and the full GET /health. Set: only this key opens them. Unset: with tenants configured any tenant's key does; without tenants they are open. Without the key /metrics is 401 and /health answers only {\"status\"} (200 ok / 503 unavailable), no tenant names or backend URLs.")
+    public_status: bool = Field(False, description="Serve /metrics and the full /health to anyone, even with tenants or admin_api_key set.")
+    check_content_type: bool = Field(True, description="Refuse generation requests whose Content-Type is not application/json with 415 (as vLLM does; also keeps browsers' cross-site form posts out).")
+    allowed_hosts: list[str] = Field(default_factory=list, description="Host names the gateway answers to (the Host header, port ignored; '*.example.com' matches subdomains, '*' any). Empty: any host. Others get 400 (param host), e.g. against DNS rebinding.")
 
     @field_validator("policy")
     @classmethod
@@ -120,4 +124,8 @@ class ServeConfig(Config):
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenants: two tenants share a name")
+        if self.admin_api_key is not None and self.admin_api_key in keys:
+            raise ValueError("admin_api_key: must differ from every tenant's api_key")
+        if any(not h.strip() for h in self.allowed_hosts):
+            raise ValueError("allowed_hosts: an empty host name")
         return self

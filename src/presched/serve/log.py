@@ -1,11 +1,9 @@
-"""The gateway's request log: one SQLite row per accepted request, and reading it back.
+"""The gateway's request log: one SQLite row per accepted request (the writer and the file
+format; reading it back is `presched.serve.log_read`).
 
     log = RequestLog("requests.db", store_prompts=False)   # who: the gateway, at start-up
     log.write({"id": rid, "ts": t, "status": 200, ...})     # on the event loop, per request (~µs)
     log.close()                                             # at shutdown: commits everything
-
-    read_log("requests.db")                  # -> pandas.DataFrame (analysis, plots)
-    load_log_requests("requests.db")         # -> LogRequests: training requests + what was dropped
 
 `write` never touches the database: it checks the keys and appends the row to a queue. One
 writer thread drains the queue and inserts in batches (`executemany`, one commit per batch:
@@ -13,9 +11,12 @@ after `batch_s` seconds or `batch_rows` rows, whichever comes first). The file i
 `synchronous=NORMAL`, so a commit costs no fsync and readers (`read_log`, `presched train
 --from-log`) can read while the gateway writes.
 
-Nothing accepted is dropped silently. A transient SQLite error (locked, I/O, disk full) keeps the
-batch and retries it; a row SQLite refuses for good (a duplicate id, a value of a type SQLite
-cannot store) is set aside. `flush()` and `close()` raise `LogWriteError` while rows are unwritten;
+Nothing accepted is dropped silently, and no value keeps a row out: every value is made one
+SQLite can store (`_cell`): an integer beyond 64 bits is clamped to the int64 range (a float in
+REAL columns), text that is not valid Unicode has its lone surrogates replaced by U+FFFD, and any
+other object (a dict, a list of non-numbers) is stored as its JSON or `repr` text. A transient
+SQLite error (locked, I/O, disk full) keeps the batch and retries it; a row SQLite refuses for
+good (a duplicate id) is set aside. `flush()` and `close()` raise `LogWriteError` while rows are unwritten;
 `close()` first saves them as JSON lines next to the log (`<log>.unwritten-<unix time>.jsonl`).
 
 The file carries SQLite's `application_id` (`APPLICATION_ID`), so another SQLite file is refused
@@ -29,16 +30,14 @@ import atexit
 import contextlib
 import json
 import logging
-import math
 import queue
+import re
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
-
-from presched.workload.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ _NAMESET = frozenset(NAMES)
 TABLE = "requests"
 APPLICATION_ID = 0x70736C67  # "pslg": marks a file as a presched request log
 _INSERT = f"INSERT INTO {TABLE} ({', '.join(NAMES)}) VALUES ({', '.join('?' * len(NAMES))})"
-_PLAIN = (str, int, float, type(None), bytes)
+_JSONABLE = (str, int, float, type(None))
 _PROMPT = NAMES.index("prompt")
 _TRANSIENT_RETRY_S = (0.05, 0.2, 1.0)
 """Delays between the retries of a batch after a transient error, when a flush or close waits."""
@@ -149,17 +148,36 @@ class _Flush:
 _STOP = object()
 
 
-def _cell(v: Any) -> Any:
-    """A value SQLite can store: numpy scalars to Python, lists/tuples/arrays to JSON text."""
-    if isinstance(v, _PLAIN):
+_I64 = (-(2**63), 2**63 - 1)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _cell(v: Any, kind: str = "TEXT") -> Any:
+    """A value SQLite can store in a column of type `kind` (never raises): numpy scalars to
+    Python, integers beyond 64 bits clamped (REAL: a float), invalid Unicode repaired, lists of
+    numbers and arrays to JSON text, anything else to JSON or repr text."""
+    if v is None or isinstance(v, (float, bytes)):
         return v
-    if hasattr(v, "tolist"):  # numpy scalar or array
-        v = v.tolist()
-        if isinstance(v, _PLAIN):
+    if isinstance(v, int):  # bool too
+        return float(v) if kind == "REAL" else min(max(int(v), _I64[0]), _I64[1])
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
             return v
+        except UnicodeEncodeError:
+            return _SURROGATE.sub("\ufffd", v)
+    if hasattr(v, "tolist"):  # numpy scalar or array
+        with contextlib.suppress(Exception):
+            v = v.tolist()
+            if v is None or isinstance(v, (int, float, str, bytes)):
+                return _cell(v, kind)
     if isinstance(v, (list, tuple)):
-        return json.dumps([float(x) for x in v])
-    return v  # sqlite3 refuses it; the row is set aside and reported
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            return json.dumps([float(x) for x in v])
+    try:
+        return _cell(json.dumps(v, default=repr) if isinstance(v, (dict, list, tuple)) else repr(v))
+    except Exception:  # noqa: BLE001 - e.g. nested too deeply for json
+        return f"<unstorable {type(v).__name__}>"
 
 
 class RequestLog:
@@ -326,7 +344,7 @@ class RequestLog:
         self._commit(retries=_TRANSIENT_RETRY_S)
 
     def _tuple(self, row: dict[str, Any]) -> tuple:
-        vals = [_cell(row.get(n)) for n in NAMES]
+        vals = [_cell(row.get(n), t.split()[0]) for n, t in COLUMNS.items()]
         if not self.store_prompts:
             vals[_PROMPT] = None
         return tuple(vals)
@@ -399,7 +417,7 @@ class RequestLog:
                 with open(dump, "a") as f:
                     for r, why in rows:
                         rec = {
-                            n: (v if isinstance(v, _PLAIN) else repr(v)) for n, v in zip(NAMES, r)
+                            n: (v if isinstance(v, _JSONABLE) else repr(v)) for n, v in zip(NAMES, r)
                         }
                         f.write(json.dumps({**rec, "_error": why}) + "\n")
                 problem += f"; saved them to {dump}"
@@ -408,156 +426,13 @@ class RequestLog:
         raise LogWriteError(problem)
 
 
-# --- reading ------------------------------------------------------------------------------------
-def read_log(path: str | Path):
-    """The whole log as a pandas DataFrame, one row per request in arrival order: integer
-    columns as nullable `Int64`, real ones as float64 (NULL = NaN), `pred_quantiles` parsed to
-    lists of floats (None when NULL)."""
-    import pandas as pd
-
-    conn, path = _connect_ro(path)
-    try:
-        df = pd.read_sql_query(f"SELECT {', '.join(NAMES)} FROM {TABLE} ORDER BY ts, rowid", conn)
-    finally:
-        conn.close()
-    for n, t in COLUMNS.items():
-        if t == "INTEGER":
-            df[n] = df[n].astype("Int64")
-        elif t == "REAL":
-            df[n] = df[n].astype("float64")
-    df["pred_quantiles"] = [
-        json.loads(v) if isinstance(v, str) else None for v in df["pred_quantiles"]
-    ]
-    return df
+_READERS = ("read_log", "LogRequests", "is_censored", "load_log_requests", "requests_from_log")
 
 
-@dataclass
-class LogRequests:
-    """What `load_log_requests` made of a log: the training requests and the rows it left out."""
+def __getattr__(name: str) -> Any:
+    """The readers moved to `presched.serve.log_read`; old imports from here keep working."""
+    if name in _READERS:
+        from presched.serve import log_read
 
-    requests: list[Request]
-    rows: int
-    """Rows read (of `model` when one was asked for)."""
-    dropped: dict[str, int]
-    """Rows left out, by reason: `status` (not 200), `no_output_tokens` (NULL or < 1),
-    `no_prompt_tokens` (NULL or < 1), `censored` (cut by a length limit; 0 with keep_censored)."""
-    censored_kept: int = 0
-    """Censored rows kept as if complete (keep_censored=True)."""
-    without_prompt: int = 0
-    """Kept requests without prompt text (prompt logging was off)."""
-
-    @property
-    def censored_share(self) -> float:
-        """Censored rows (dropped or kept) among the successful rows with a known length."""
-        cens = self.dropped["censored"] + self.censored_kept
-        done = len(self.requests) + self.dropped["censored"]
-        return cens / done if done else 0.0
-
-    def summary(self) -> str:
-        why = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in self.dropped.items() if n)
-        s = f"{len(self.requests):,} of {self.rows:,} log rows usable"
-        if why:
-            s += f" (dropped: {why})"
-        if self.censored_kept:
-            s += f"; {self.censored_kept:,} censored rows kept as complete"
-        if self.censored_share > 0.1:
-            s += (f"; {self.censored_share:.0%} of the completed requests were cut by max_tokens: "
-                  f"long requests are under-represented")  # fmt: skip
-        if self.without_prompt:
-            s += f"; {self.without_prompt:,} without prompt text"
-        return s
-
-
-def is_censored(finish_reason: str | None, output_tokens: int, max_tokens: int | None) -> bool:
-    """True when generation was cut by a length limit, so the natural length is unknown (only a
-    lower bound): finish_reason 'length' (max_tokens, or the context window), or an unknown
-    finish_reason with output_tokens reaching max_tokens."""
-    if finish_reason is not None:
-        return finish_reason == "length"
-    return max_tokens is not None and output_tokens >= max_tokens
-
-
-def _int(v: Any) -> int | None:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return None
-    return int(v)
-
-
-def load_log_requests(
-    path: str | Path, model: str | None = None, keep_censored: bool = False
-) -> LogRequests:
-    """Labelled `Request`s for training a length predictor, from a request log.
-
-    Kept: rows with status 200 and a known `output_tokens` (the backend's usage count) and
-    `prompt_tokens`. Each becomes `Request(id, prompt_tokens, output_tokens, model, tenant,
-    prompt (text, or None when prompt logging was off), max_tokens, arrival = seconds after the
-    log's first row)`, metadata {"ts", "finish_reason", "backend", "censored"}.
-
-    Censored lengths: a request whose generation was cut by `max_tokens` (finish_reason 'length'
-    and output_tokens == max_tokens) or by the context window did not end on its own: its true
-    length is only known to be at least output_tokens. Such rows are dropped by default and
-    counted in `dropped["censored"]` (`is_censored` is the rule; a row with unknown
-    finish_reason counts as censored when output_tokens >= max_tokens), so every label is a true
-    length. Neither choice is unbiased: kept as if complete (`keep_censored=True`) they pull
-    predictions down to the cap; dropped, the longest requests are under-represented. When the
-    share is large (`censored_share`), raise max_tokens while collecting, or keep them when the
-    cap is what the gateway will see anyway (e.g. a benchmark with ignore_eos).
-
-    `model`: only rows of this served model (a clear error lists the log's models otherwise).
-    """
-    conn, path = _connect_ro(path)
-    try:
-        where, args = ("WHERE model = ?", (model,)) if model is not None else ("", ())
-        cols = ("id, ts, tenant, model, backend, status, prompt_tokens, max_tokens, output_tokens, "
-                "finish_reason, prompt")  # fmt: skip
-        rows = conn.execute(
-            f"SELECT {cols} FROM {TABLE} {where} ORDER BY ts, rowid", args
-        ).fetchall()
-        if model is not None and not rows:
-            known = [
-                r[0] for r in conn.execute(f"SELECT DISTINCT model FROM {TABLE} ORDER BY model")
-            ]
-            names = ", ".join(map(repr, known)) or "none (the log is empty)"
-            raise ValueError(f"model: no row of {path} has model {model!r}; its models: {names}")
-    finally:
-        conn.close()
-    dropped = {"status": 0, "no_output_tokens": 0, "no_prompt_tokens": 0, "censored": 0}
-    t0 = min((r[1] for r in rows if r[1] is not None), default=0.0)
-    out: list[Request] = []
-    kept_censored = no_text = 0
-    for rid, ts, tenant, mdl, backend, status, p_tok, max_tok, o_tok, finish, prompt in rows:
-        o_tok, p_tok, max_tok = _int(o_tok), _int(p_tok), _int(max_tok)
-        if status != 200:
-            dropped["status"] += 1
-            continue
-        if o_tok is None or o_tok < 1:
-            dropped["no_output_tokens"] += 1
-            continue
-        if p_tok is None or p_tok < 1:
-            dropped["no_prompt_tokens"] += 1
-            continue
-        cens = is_censored(finish, o_tok, max_tok)
-        if cens and not keep_censored:
-            dropped["censored"] += 1
-            continue
-        kept_censored += cens
-        no_text += prompt is None
-        out.append(Request(
-            id=str(rid), prompt_tokens=p_tok, output_tokens=o_tok,
-            max_tokens=max_tok if max_tok and max_tok > 0 else None,
-            model=mdl or "", tenant=tenant or "default", prompt=prompt,
-            arrival=max(0.0, ts - t0) if ts is not None else 0.0,
-            metadata={"ts": ts, "finish_reason": finish, "backend": backend,
-                      "censored": bool(cens)},
-        ))  # fmt: skip
-    return LogRequests(out, len(rows), dropped, kept_censored, no_text)
-
-
-def requests_from_log(
-    path: str | Path, model: str | None = None, keep_censored: bool = False
-) -> list[Request]:
-    """`load_log_requests(...).requests`, logging (logger `presched.serve.log`, INFO) how many
-    rows were left out and why."""
-    res = load_log_requests(path, model=model, keep_censored=keep_censored)
-    log.info("%s: %s", path, res.summary())
-    return res.requests
+        return getattr(log_read, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,9 @@
 
 Per request (updated when it ends): `presched_requests_total{tenant,status}`, histograms of
 `presched_e2e_seconds`, `presched_ttft_seconds`, `presched_queue_wait_seconds` (gateway queue
-only), `presched_output_tokens_total`, `presched_prompt_tokens_total`. Read at scrape time from
+only), `presched_output_tokens_total`, `presched_prompt_tokens_total`. Per HTTP response (refusals
+too; counted by `serve.guard`): `presched_http_responses_total{endpoint,status}`, and
+`presched_unhandled_errors_total`. Read at scrape time from
 the gateway: `presched_waiting{backend}`, `presched_running{backend}`, `presched_backend_up`,
 `presched_policy_errors_total` (policy hooks that raised at run time; see docs/gateway.md),
 and the rolling prediction error of the last completed requests (`ErrorTracker`, the numbers
@@ -37,6 +39,11 @@ class GatewayMetrics:
                               buckets=_BUCKETS, registry=r)  # fmt: skip
         self.out_tokens = Counter("presched_output_tokens", "Output tokens (engine usage).", registry=r)
         self.in_tokens = Counter("presched_prompt_tokens", "Prompt tokens (gateway count).", registry=r)
+        self.responses = Counter("presched_http_responses", "Every HTTP response of the gateway (refusals "
+                                 "too), by endpoint and status; 499: the client left before any.",
+                                 ["endpoint", "status"], registry=r)  # fmt: skip
+        self.unhandled = Counter("presched_unhandled_errors", "Exceptions no endpoint handled "
+                                 "(answered 500 and logged: a gateway bug).", registry=r)  # fmt: skip
         r.register(_Live(gateway))
 
     def observe(self, seq, status: int) -> None:

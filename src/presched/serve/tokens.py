@@ -28,10 +28,26 @@ def counter(tokenizer: Path | None = None) -> tuple[Callable[[str], int], str]:
         return (lambda s: max(1, (len(s) + 3) // 4)), "~4 characters per token"
 
 
+MAX_TOKEN_ID = 2**31 - 1
+"""Largest token id accepted in a prompt sent as ids (vocabularies are far smaller)."""
+
+
+def _text(s: str, field: str) -> str:
+    """`s` if it is valid Unicode; JSON's "\\ud800" escapes can make lone surrogates, which no
+    tokenizer, engine or SQLite can encode."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{field}: not valid Unicode (a lone surrogate {s[e.start]!r} at "
+                         f"character {e.start})") from None  # fmt: skip
+    return s
+
+
 def prompt_text(body: dict[str, Any], chat: bool) -> tuple[str, int, list[int] | None]:
     """(text, number of messages, token ids if the client sent ids instead of text).
 
-    Raises ValueError naming the field when the prompt is missing or malformed."""
+    Raises ValueError naming the field when the prompt is missing or malformed (also: text that
+    is not valid Unicode, token ids outside [0, MAX_TOKEN_ID])."""
     if chat:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
@@ -42,7 +58,7 @@ def prompt_text(body: dict[str, Any], chat: bool) -> tuple[str, int, list[int] |
                 raise ValueError(f"messages[{i}]: expected an object with a string 'role'")
             c = m.get("content")
             if isinstance(c, str):
-                parts.append(c)
+                parts.append(_text(c, f"messages[{i}].content"))
             elif isinstance(c, list):
                 for j, p in enumerate(c):
                     if not isinstance(p, dict):
@@ -50,17 +66,19 @@ def prompt_text(body: dict[str, Any], chat: bool) -> tuple[str, int, list[int] |
                     if p.get("type") == "text":
                         if not isinstance(p.get("text"), str):
                             raise ValueError(f"messages[{i}].content[{j}].text: expected a string")
-                        parts.append(p["text"])
+                        parts.append(_text(p["text"], f"messages[{i}].content[{j}].text"))
             elif c is not None:
                 raise ValueError(f"messages[{i}].content: expected a string, a list of parts or null")
         return "\n".join(parts), len(msgs), None
     p = body.get("prompt")
     if isinstance(p, str):
-        return p, 0, None
+        return _text(p, "prompt"), 0, None
     if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
         if len(p) > 1:
             raise ValueError("prompt: batched prompts (a list of several) are not supported; send one request each")
-        return p[0], 0, None
+        return _text(p[0], "prompt"), 0, None
     if isinstance(p, list) and p and all(isinstance(x, int) and not isinstance(x, bool) for x in p):
+        if not 0 <= min(p) <= max(p) <= MAX_TOKEN_ID:
+            raise ValueError(f"prompt: token ids must be in [0, {MAX_TOKEN_ID}]")
         return "", 0, p
     raise ValueError("prompt: required, a string (or a list of token ids)")

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from presched.serve.log import load_log_requests
+from presched.serve.log_read import load_log_requests
 from presched.workload.request import Request
 
 _NEEDS_TEXT = "reads prompt text"
