@@ -12,13 +12,9 @@ one log row, metrics. From `accept` on, every request ends with a response or an
 log row (status 499 when the client went away; its upstream request is closed, which makes vLLM
 abort it, and its slot goes to the next request).
 
-Failures: a backend that refuses, times out before its response headers, or answers 502/503 is
-marked down and the request is placed on another backend (up to `retries`); a non-streaming
-request whose backend dies mid-way is retried the same way (the client has seen nothing yet). A
-stream that breaks after bytes were sent ends with an OpenAI-style error event
-(`data: {"error": {...}}`, no `[DONE]` after it): 502 when the backend broke it or sent an event
-over `max_event_bytes`, 504 when it sent nothing for `idle_timeout_s`. Every failure counts
-against its backend (`Backend.note_failure`: held down, longer each time it fails again).
+The trip to a backend and back (retries elsewhere, error events in a broken stream, the
+include_usage the gateway adds) is `serve.relay`; what happened to a request and its log row is
+`serve.outcome`. This module is the app: its lifecycle, its endpoints and their wiring.
 
 Shutdown: `begin_drain` (called by the server on SIGTERM) gives requests in flight
 `drain_timeout_s`; those still running then end with 503 (an error event in a stream), each
@@ -26,10 +22,6 @@ with its log row.
 
 Every answer is OpenAI-format JSON, counted, and an exception no endpoint handles is logged and
 answered 500 (`serve.guard`, wrapped around the app by `build_app`).
-
-Streaming: the gateway asks the backend for `stream_options.include_usage` (the true output
-token count); when the client did not ask for it, the usage-only event is not relayed, so the
-client receives exactly the bytes the backend would have sent it.
 """
 
 from __future__ import annotations
@@ -38,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 import uuid
 from functools import partial
 from typing import Any
@@ -50,26 +41,25 @@ from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
 from starlette.routing import Route
 
-from presched.predict.estimate import LEVELS
 from presched.serve.asgi import RawASGI, until_disconnect
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
 from presched.serve.gateway import Gateway, GatewayError
 from presched.serve.guard import Guard, http_error
 from presched.serve.metrics import GatewayMetrics
+from presched.serve.outcome import Outcome, crash_row, log_row
 from presched.serve.predictions import PredictBatcher, Worker
+from presched.serve.relay import Relay, error_event, send_error
 from presched.serve.request_body import Done as _Done
 from presched.serve.request_body import check_content_type, error_response, parse_body, read_body
 from presched.serve.seq import GatewaySeq
-from presched.serve.sse import split_events
 from presched.serve.status import health, list_models, prometheus
 from presched.serve.tenants import Tenants
 from presched.serve.tokens import counter
-from presched.serve.upstream import Upstream, UpstreamError, UpstreamResponse, UpstreamTimeout
+from presched.serve.upstream import Upstream
 from presched.workload.request import Request
 
 logger = logging.getLogger(__name__)
-_RETRY_STATUS = (502, 503)  # the backend is unavailable: try another one
 
 
 class GatewayApp:
@@ -86,6 +76,7 @@ class GatewayApp:
         self.metrics = GatewayMetrics(self.gw)
         self.client: httpx.AsyncClient | None = None  # health checks and model discovery
         self.upstream: Upstream | None = None  # generation requests
+        self.relay: Relay | None = None  # sends them and relays the answers (over `upstream`)
         self._health_task: asyncio.Task | None = None
         self.draining = False  # set when drain_timeout_s ran out at shutdown
         self._in_flight: set[asyncio.Task] = set()  # tasks running `_serve`
@@ -102,6 +93,7 @@ class GatewayApp:
         self.upstream = Upstream(c.connect_timeout_s, max_idle=max(100, 2 * total),
                                  first_byte_timeout_s=c.first_byte_timeout_s, idle_timeout_s=c.idle_timeout_s,
                                  max_chunk_bytes=c.max_chunk_bytes, max_body_bytes=c.max_response_bytes)  # fmt: skip
+        self.relay = Relay(c, self.gw, self.upstream)
         await self._discover_models()
         self._health_task = asyncio.create_task(self._health_loop())
 
@@ -184,7 +176,7 @@ class GatewayApp:
         except Exception as e:  # a bug before admission: its row here, its 500 from the Guard
             self._log_crash(request, chat, e)
             raise
-        out = _Outcome()
+        out = Outcome()
         try:
             if await until_disconnect(self._serve(seq, body, chat, out, send), receive):
                 out.status, out.error = 499, "the client disconnected"
@@ -192,14 +184,14 @@ class GatewayApp:
             out.status, out.error, out.kind = e.status, str(e), e.kind
             if not out.started:
                 with contextlib.suppress(Exception):
-                    await self._send_error(out, send)
+                    await send_error(out, send)
         except Exception as e:  # noqa: BLE001 - a bug must still end the request and its row
             logger.exception("request %s: unhandled error while serving", seq.id)
             self.metrics.unhandled.inc()
             out.status, out.error, out.kind = 500, f"gateway error: {type(e).__name__}: {e}", "server_error"
             if not out.started:
                 with contextlib.suppress(Exception):
-                    await self._send_error(out, send)
+                    await send_error(out, send)
         finally:
             self._end(seq, body, chat, out, text)
 
@@ -208,10 +200,7 @@ class GatewayApp:
         if self.log is None:
             return
         with contextlib.suppress(Exception):  # the Guard still logs and answers
-            self.log.write({"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}",
-                            "ts": time.time(), "tenant": self.tenants.identify(request.headers),
-                            "endpoint": "chat" if chat else "completions", "status": 500,
-                            "error": f"gateway error: {type(e).__name__}: {e}", "retries": 0})  # fmt: skip
+            self.log.write(crash_row(self.tenants.identify(request.headers), chat, e))
 
     async def _parse(self, request: HTTPRequest, chat: bool) -> tuple[str, dict, str]:
         tenant = self.tenants.identify(request.headers)
@@ -275,13 +264,15 @@ class GatewayApp:
             up["vllm_xargs"] = xargs
         return up, injected
 
-    async def _serve(self, seq: GatewaySeq, body: dict, chat: bool, out: "_Outcome", send) -> None:
+    async def _serve(self, seq: GatewaySeq, body: dict, chat: bool, out: Outcome, send) -> None:
         """Wait for a slot, send upstream (retrying elsewhere on early failure), relay; at
         shutdown, past drain_timeout_s, end the request with 503."""
         task = asyncio.current_task()
         self._in_flight.add(task)
         try:
-            await self._place_and_relay(seq, body, chat, out, send)
+            up, injected = self._upstream_body(seq, body)
+            payload, stream = json.dumps(up).encode(), bool(body.get("stream"))
+            await self.relay.run(seq, payload, chat, stream, injected, out, send)
         except asyncio.CancelledError:
             if not self.draining:
                 raise  # the client went away
@@ -289,149 +280,14 @@ class GatewayApp:
             out.error = f"the gateway shut down: still running after drain_timeout_s={self.cfg.drain_timeout_s:g} s"
             with contextlib.suppress(Exception):
                 if not out.started:
-                    await self._send_error(out, send)
+                    await send_error(out, send)
                 else:
-                    tail = _error_event(503, out.error) if body.get("stream") else b""
+                    tail = error_event(503, out.error) if body.get("stream") else b""
                     await send({"type": "http.response.body", "body": tail, "more_body": False})
         finally:
             self._in_flight.discard(task)
 
-    async def _place_and_relay(self, seq: GatewaySeq, body: dict, chat: bool, out: "_Outcome", send) -> None:
-        path = "/v1/chat/completions" if chat else "/v1/completions"
-        up, injected = self._upstream_body(seq, body)
-        payload = json.dumps(up).encode()
-        while True:
-            try:
-                b = await self.gw.wait(seq)
-            except asyncio.CancelledError:
-                raise
-            out.backend = b
-            try:
-                resp = await self._open(b, path, payload)
-            except _Unavailable as e:
-                if not self._retry(seq, out, f"backend {b.name}: {e}"):
-                    break
-                continue
-            if resp.status_code in _RETRY_STATUS:
-                await resp.aclose()
-                if not self._retry(seq, out, f"backend {b.name} answered {resp.status_code}"):
-                    break
-                continue
-            try:
-                if body.get("stream") and resp.status_code == 200:
-                    await self._relay_stream(seq, resp, injected, out, send)
-                else:
-                    why = await self._relay_whole(seq, resp, out, send)
-                    if why is not None:
-                        if not self._retry(seq, out, f"backend {b.name} failed mid-response: {why}"):
-                            break
-                        continue
-            finally:
-                await resp.aclose()
-            if out.status == 200:
-                b.note_success()
-            return
-        await self._send_error(out, send)
-
-    def _retry(self, seq: GatewaySeq, out: "_Outcome", why: str) -> bool:
-        out.retries += 1
-        out.backend.note_failure(self.gw.now(), self.cfg.health_interval_s)
-        try:
-            self.gw.failed(seq)
-            return True
-        except GatewayError as e:
-            out.status, out.error = e.status, f"{why}; {e}"
-            out.kind = e.kind
-            return False
-
-    async def _open(self, b: Backend, path: str, payload: bytes) -> UpstreamResponse:
-        try:
-            async with asyncio.timeout(self.cfg.first_byte_timeout_s):
-                return await self.upstream.post(b.url, path, payload)
-        except TimeoutError:
-            raise _Unavailable(f"no response within {self.cfg.first_byte_timeout_s} s") from None
-        except UpstreamError as e:
-            raise _Unavailable(str(e)) from None
-
-    async def _relay_whole(self, seq: GatewaySeq, resp: UpstreamResponse, out: "_Outcome", send) -> str | None:
-        """Read the whole response and send it on; what went wrong if it could not be read
-        (nothing was sent then: the request may be retried)."""
-        try:
-            data = await resp.aread()
-        except UpstreamError as e:
-            return str(e)
-        now = self.gw.now()
-        usage = None
-        if resp.status_code == 200:
-            try:
-                parsed = json.loads(data)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                parsed = None
-            if isinstance(parsed, dict):
-                usage, choices = parsed.get("usage"), parsed.get("choices")
-                if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-                    out.finish_reason = _text_or_none(choices[0].get("finish_reason"))
-            seq.first_token = seq.last_token = now
-        out.status = resp.status_code
-        out.tokens = _usage_tokens(usage)
-        if resp.status_code != 200:
-            out.error = data[:500].decode("utf-8", "replace")
-        headers = self._headers(seq, resp.headers.get("content-type", "application/json"))
-        await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
-        out.started = True
-        await send({"type": "http.response.body", "body": data})
-        return None
-
-    async def _relay_stream(self, seq: GatewaySeq, resp: UpstreamResponse, injected: bool,
-                            out: "_Outcome", send) -> None:  # fmt: skip
-        headers = self._headers(seq, resp.headers.get("content-type", "text/event-stream"))
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        out.started = True
-        out.status = 200
-        buf = b""
-        clock, limit = self.gw.now, self.cfg.max_event_bytes
-        try:
-            async for chunk in resp.aiter_raw():
-                start = max(len(buf) - 3, 0)  # a blank line may begin in the bytes held back
-                buf += chunk
-                events, buf = split_events(buf, start)
-                if len(buf) > limit:
-                    raise _EventTooLarge(f"sent an event over max_event_bytes ({limit} bytes)")
-                if not events:
-                    continue
-                relay = []
-                before = seq.generated
-                for ev in events:
-                    if _inspect(ev, seq, out, clock) or not injected:
-                        relay.append(ev)
-                if seq.generated > before:
-                    self.gw.tokens(seq, seq.generated - before)
-                if relay:
-                    await send({"type": "http.response.body", "body": b"".join(relay), "more_body": True})
-        except (UpstreamError, _EventTooLarge) as e:
-            b = out.backend
-            status = 504 if isinstance(e, UpstreamTimeout) else 502
-            what = "stalled: " if status == 504 else "broke the stream: " if isinstance(e, UpstreamError) else ""
-            out.status, out.error = status, f"backend {b.name} {what}{e}"
-            buf = _error_event(status, out.error)
-            b.note_failure(self.gw.now(), self.cfg.health_interval_s)
-            self.gw.set_health(b, False)
-        await send({"type": "http.response.body", "body": buf, "more_body": False})
-
-    def _headers(self, seq: GatewaySeq, content_type: str) -> list[tuple[bytes, bytes]]:
-        wait = (seq.first_scheduled or seq.arrival) - seq.arrival
-        return [(b"content-type", content_type.encode()),
-                (b"x-request-id", seq.id.encode()),
-                (b"x-presched-backend", str(seq.instance).encode()),
-                (b"x-presched-queue-wait-ms", f"{wait * 1e3:.3f}".encode())]  # fmt: skip
-
-    async def _send_error(self, out: "_Outcome", send) -> None:
-        resp = error_response(out.status, out.error or "no backend could serve the request", out.kind)
-        await send({"type": "http.response.start", "status": resp.status_code, "headers": resp.raw_headers})
-        out.started = True
-        await send({"type": "http.response.body", "body": resp.body})
-
-    def _end(self, seq: GatewaySeq, body: dict, chat: bool, out: "_Outcome", text) -> None:
+    def _end(self, seq: GatewaySeq, body: dict, chat: bool, out: Outcome, text) -> None:
         """Every accepted request passes here once: slot, tracker, metrics, log row."""
         if out.status == 200:
             self.gw.finish(seq, out.tokens)  # None: no usage came back (the stream count stays)
@@ -442,100 +298,9 @@ class GatewayApp:
             seq.finish = self.gw.now()
         self.metrics.observe(seq, out.status)
         if self.log is not None:
-            self._log_row(seq, body, chat, out, text)
+            self.log.write(log_row(seq, body, chat, out, text))
         self.gw.ended += 1
 
-    def _log_row(self, seq: GatewaySeq, body: dict, chat: bool, out: "_Outcome", text) -> None:
-        est = seq.estimate
-        q = None if est is None else [round(est.quantile(p), 2) for p in LEVELS]
-        fs, ft = seq.first_scheduled, seq.first_token
-        self.log.write({
-            "id": seq.id, "ts": seq.ts, "tenant": seq.tenant, "model": seq.request.model,
-            "backend": out.backend.name if out.backend is not None else None,
-            "endpoint": "chat" if chat else "completions", "stream": int(bool(body.get("stream"))),
-            "status": out.status, "error": out.error, "prompt_tokens": seq.prompt_tokens,
-            "max_tokens": seq.request.max_tokens,
-            "output_tokens": out.tokens if out.status == 200 else None,  # engine usage only
-            "finish_reason": out.finish_reason,
-            "pred_mean": float(est.mean) if est is not None else None, "pred_quantiles": q,
-            "priority": seq.key, "queue_wait_s": None if fs is None else fs - seq.arrival,
-            "ttft_s": None if ft is None else ft - seq.arrival, "e2e_s": seq.finish - seq.arrival,
-            "retries": out.retries, "prompt": text if isinstance(text, str) else None,
-        })  # fmt: skip
-
-
-class _Unavailable(Exception):
-    pass
-
-
-class _EventTooLarge(Exception):
-    pass
-
-
-def _error_event(status: int, message: str) -> bytes:
-    """An OpenAI-format error as the SSE event that ends a broken stream."""
-    err = {"error": {"message": message, "type": "server_error", "param": None, "code": status}}
-    return b"data: " + json.dumps(err).encode() + b"\n\n"
-
-
-class _Outcome:
-    """What happened to one accepted request (filled while serving, read by `_end`)."""
-
-    __slots__ = ("status", "error", "kind", "tokens", "backend", "retries", "started", "finish_reason")
-
-    def __init__(self) -> None:
-        self.status = 0
-        self.error: str | None = None
-        self.kind = "server_error"
-        self.tokens: int | None = None
-        self.backend: Backend | None = None
-        self.retries = 0
-        self.started = False
-        self.finish_reason: str | None = None
-
-
-def _inspect(ev: bytes, seq: GatewaySeq, out: _Outcome, clock) -> bool:
-    """Account one SSE event of the backend's stream; False for the usage-only event (which the
-    gateway asked for itself and may hide)."""
-    ev = ev.lstrip(b"\r\n")  # a leading empty line (a CRLF split between two reads)
-    if not ev.startswith(b"data:"):
-        return True
-    data = ev[5:].strip()
-    if data == b"[DONE]":
-        return True
-    try:
-        obj = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return True
-    if not isinstance(obj, dict):
-        return True
-    choices = obj.get("choices")
-    choices = choices if isinstance(choices, list) else None
-    usage = obj.get("usage")
-    if isinstance(usage, dict) and usage:
-        out.tokens = _usage_tokens(usage)
-        if not choices:
-            return False
-    for c in choices or ():
-        if not isinstance(c, dict):
-            continue
-        delta = c.get("delta")
-        piece = delta.get("content") if isinstance(delta, dict) else c.get("text")
-        if piece:
-            seq.on_token(clock())
-        if c.get("finish_reason"):
-            out.finish_reason = _text_or_none(c["finish_reason"])
-    return True
-
-
-def _usage_tokens(usage: Any) -> int | None:
-    """`completion_tokens` of a backend's usage object, if it is a count."""
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return tokens if type(tokens) is int and tokens >= 0 else None
-
-
-def _text_or_none(v: Any) -> str | None:
-    return v[:100] if isinstance(v, str) else None
 
 
 def build_app(cfg: ServeConfig, predictor: Any = None, log: Any = None) -> Starlette:

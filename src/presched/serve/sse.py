@@ -6,7 +6,7 @@ does, now and then) would see its event cut in two and "malformed". Who calls it
 generator (`replay.py`) and the engine calibration (`engine/calibrate.py`).
 
 `split_events` cuts a byte buffer into whole events (each up to and including the blank line
-that ends it, in any of the three line ends), for the gateway's relay (`app.py`), which passes
+that ends it, in any of the three line ends), for the gateway's relay (`relay.py`), which passes
 the bytes on unchanged.
 """
 

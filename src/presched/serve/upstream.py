@@ -8,7 +8,7 @@ request per connection at a time, nothing else.
     await resp.aclose()                  # keep-alive if the body was read to its end, else closed
     await up.aclose()                    # at shutdown
 
-Who calls it: `GatewayApp` (app.py), for every generation request. Why not httpx or aiohttp:
+Who calls it: `Relay` (relay.py), for every generation request. Why not httpx or aiohttp:
 the gateway's added latency is mostly CPU, and per request (client CPU, 8 in flight, uvloop;
 `benchmarks/gateway_overhead.py --clients`, 3 repeats, medians) this client costs 51 us for a
 whole response and 196 us for a 16-event stream, aiohttp 3.14 140 us and 278 us (3.0x, 1.4x),
