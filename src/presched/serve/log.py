@@ -12,7 +12,7 @@ after `batch_s` seconds or `batch_rows` rows, whichever comes first). The file i
 --from-log`) can read while the gateway writes.
 
 Nothing accepted is dropped silently, and no value keeps a row out: every value is made one
-SQLite can store (`_cell`): an integer beyond 64 bits is clamped to the int64 range (a float in
+SQLite can store (`log_format.cell`): an integer beyond 64 bits is clamped to the int64 range (a float in
 REAL columns), text that is not valid Unicode has its lone surrogates replaced by U+FFFD, and any
 other object (a dict, a list of non-numbers) is stored as its JSON or `repr` text. A transient
 SQLite error (locked, I/O, disk full) keeps the batch and retries it; a row SQLite refuses for
@@ -20,8 +20,8 @@ good (a duplicate id) is set aside. `flush()` and `close()` raise `LogWriteError
 `close()` first saves them as JSON lines next to the log (`<log>.unwritten-<unix time>.jsonl`).
 
 The file carries SQLite's `application_id` (`APPLICATION_ID`), so another SQLite file is refused
-instead of being written into; a `requests` table without the application id is accepted when it
-has every column of `COLUMNS` (extra columns are left alone).
+instead of being written into; the table, the id and the checks are `presched.serve.log_format`
+(its `COLUMNS`, `NAMES`, `TABLE`, `APPLICATION_ID` and `LogFileError` are importable from here).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import contextlib
 import json
 import logging
 import queue
-import re
 import sqlite3
 import threading
 import time
@@ -39,37 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from presched.serve.log_format import (APPLICATION_ID, COLUMNS, NAMES, TABLE, LogFileError, cell,
+                                       check_file, connect_ro)  # fmt: skip
+
+__all__ = ["APPLICATION_ID", "COLUMNS", "NAMES", "TABLE", "LogFileError", "LogWriteError",
+           "RequestLog"]  # fmt: skip
 log = logging.getLogger(__name__)
-
-COLUMNS: dict[str, str] = {
-    "id": "TEXT PRIMARY KEY",
-    "ts": "REAL",               # unix time of arrival at the gateway
-    "tenant": "TEXT",
-    "model": "TEXT",
-    "backend": "TEXT",          # NULL if never sent to a backend
-    "endpoint": "TEXT",         # 'completions' | 'chat'
-    "stream": "INTEGER",        # 0/1
-    "status": "INTEGER",        # HTTP status the client got; 499 = client disconnected
-    "error": "TEXT",
-    "prompt_tokens": "INTEGER",
-    "max_tokens": "INTEGER",
-    "output_tokens": "INTEGER",  # true, from the backend's usage; NULL if unknown
-    "finish_reason": "TEXT",
-    "pred_mean": "REAL",
-    "pred_quantiles": "TEXT",   # JSON list of 11 floats at predict LEVELS; NULL without predictor
-    "priority": "REAL",         # the policy key, or the vLLM priority sent
-    "queue_wait_s": "REAL",
-    "ttft_s": "REAL",
-    "e2e_s": "REAL",
-    "retries": "INTEGER",
-    "prompt": "TEXT",           # NULL unless prompt logging is enabled
-}  # fmt: skip
-"""The `requests` table: column -> SQLite type."""
-
-NAMES: tuple[str, ...] = tuple(COLUMNS)
 _NAMESET = frozenset(NAMES)
-TABLE = "requests"
-APPLICATION_ID = 0x70736C67  # "pslg": marks a file as a presched request log
 _INSERT = f"INSERT INTO {TABLE} ({', '.join(NAMES)}) VALUES ({', '.join('?' * len(NAMES))})"
 _JSONABLE = (str, int, float, type(None))
 _PROMPT = NAMES.index("prompt")
@@ -80,60 +55,8 @@ _REFUSED = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.ProgrammingE
 """Errors that retrying cannot fix: a duplicate id, a value SQLite cannot store."""
 
 
-class LogFileError(ValueError):
-    """A file that is not a presched request log, or one whose table lacks columns."""
-
-
 class LogWriteError(RuntimeError):
     """Accepted rows that could not be committed (`flush` / `close` raise it; none is dropped)."""
-
-
-# --- opening and checking the file ---------------------------------------------------------------
-def _columns(conn: sqlite3.Connection) -> list[str]:
-    return [r[1] for r in conn.execute(f"PRAGMA table_info({TABLE})")]
-
-
-def _check(conn: sqlite3.Connection, path: Path, create: bool) -> None:
-    """Refuse a file that is not a presched log (or not SQLite), or a table lacking columns.
-    With `create`, an empty database gets the table, the index and the application id."""
-    try:
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-    except sqlite3.DatabaseError as e:
-        raise LogFileError(
-            f"{path}: not a presched request log (not an SQLite database: {e})"
-        ) from None
-    if app_id not in (0, APPLICATION_ID):
-        raise LogFileError(f"{path}: not a presched request log (SQLite application_id "
-                           f"{app_id:#x}, a presched log has {APPLICATION_ID:#x})")  # fmt: skip
-    if TABLE not in tables:
-        if app_id == APPLICATION_ID or tables or not create:
-            what = f"its tables: {', '.join(sorted(tables))}" if tables else "it has no tables"
-            raise LogFileError(f"{path}: not a presched request log (no table {TABLE!r}; {what})")
-        cols = ",\n  ".join(f"{n} {t}" for n, t in COLUMNS.items())
-        conn.execute("BEGIN")
-        conn.execute(f"CREATE TABLE {TABLE} (\n  {cols}\n)")
-        conn.execute(f"CREATE INDEX {TABLE}_ts ON {TABLE}(ts)")
-        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-        conn.execute("COMMIT")
-        return
-    missing = [n for n in NAMES if n not in set(_columns(conn))]
-    if missing:
-        raise LogFileError(f"{path}: table {TABLE!r} lacks column(s) {', '.join(missing)} "
-                           f"(a presched request log has: {', '.join(NAMES)})")  # fmt: skip
-
-
-def _connect_ro(path: str | Path) -> tuple[sqlite3.Connection, Path]:
-    path = Path(path)
-    if not path.is_file():
-        raise LogFileError(f"request log not found: {path}")
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        _check(conn, path, create=False)
-    except BaseException:
-        conn.close()
-        raise
-    return conn, path
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -146,38 +69,6 @@ class _Flush:
 
 
 _STOP = object()
-
-
-_I64 = (-(2**63), 2**63 - 1)
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _cell(v: Any, kind: str = "TEXT") -> Any:
-    """A value SQLite can store in a column of type `kind` (never raises): numpy scalars to
-    Python, integers beyond 64 bits clamped (REAL: a float), invalid Unicode repaired, lists of
-    numbers and arrays to JSON text, anything else to JSON or repr text."""
-    if v is None or isinstance(v, (float, bytes)):
-        return v
-    if isinstance(v, int):  # bool too
-        return float(v) if kind == "REAL" else min(max(int(v), _I64[0]), _I64[1])
-    if isinstance(v, str):
-        try:
-            v.encode("utf-8")
-            return v
-        except UnicodeEncodeError:
-            return _SURROGATE.sub("\ufffd", v)
-    if hasattr(v, "tolist"):  # numpy scalar or array
-        with contextlib.suppress(Exception):
-            v = v.tolist()
-            if v is None or isinstance(v, (int, float, str, bytes)):
-                return _cell(v, kind)
-    if isinstance(v, (list, tuple)):
-        with contextlib.suppress(TypeError, ValueError, OverflowError):
-            return json.dumps([float(x) for x in v])
-    try:
-        return _cell(json.dumps(v, default=repr) if isinstance(v, (dict, list, tuple)) else repr(v))
-    except Exception:  # noqa: BLE001 - e.g. nested too deeply for json
-        return f"<unstorable {type(v).__name__}>"
 
 
 class RequestLog:
@@ -202,7 +93,7 @@ class RequestLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
-            _check(conn, self.path, create=True)
+            check_file(conn, self.path, create=True)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=5000")
@@ -256,7 +147,7 @@ class RequestLog:
         """Rows in the log file, including every row written so far (flushes first)."""
         if not self._closed:
             self.flush()
-        conn, _ = _connect_ro(self.path)
+        conn, _ = connect_ro(self.path)
         try:
             return conn.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0]
         finally:
@@ -344,7 +235,7 @@ class RequestLog:
         self._commit(retries=_TRANSIENT_RETRY_S)
 
     def _tuple(self, row: dict[str, Any]) -> tuple:
-        vals = [_cell(row.get(n), t.split()[0]) for n, t in COLUMNS.items()]
+        vals = [cell(row.get(n), t.split()[0]) for n, t in COLUMNS.items()]
         if not self.store_prompts:
             vals[_PROMPT] = None
         return tuple(vals)

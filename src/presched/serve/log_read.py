@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from presched.serve.log import COLUMNS, NAMES, TABLE, _connect_ro
+from presched.serve.log_format import COLUMNS, NAMES, TABLE, connect_ro
 from presched.workload.request import Request
 
 log = logging.getLogger(__name__)
@@ -30,14 +30,14 @@ def read_log(path: str | Path):
     parsed to lists of floats (None when NULL)."""
     import pandas as pd
 
-    conn, path = _connect_ro(path)
+    conn, path = connect_ro(path)
     try:
         df = pd.read_sql_query(f"SELECT {', '.join(NAMES)} FROM {TABLE} ORDER BY ts, rowid", conn)
     finally:
         conn.close()
     for n, t in COLUMNS.items():
         if t in ("INTEGER", "REAL") and not pd.api.types.is_numeric_dtype(df[n]):  # text the writer
-            df[n] = pd.to_numeric(df[n], errors="coerce")  # could not make a number (see _cell)
+            df[n] = pd.to_numeric(df[n], errors="coerce")  # could not make a number (see log_format.cell)
         if t == "INTEGER":
             df[n] = df[n].astype("Int64")
         elif t == "REAL":
@@ -122,7 +122,7 @@ def load_log_requests(
 
     `model`: only rows of this served model (a clear error lists the log's models otherwise).
     """
-    conn, path = _connect_ro(path)
+    conn, path = connect_ro(path)
     try:
         where, args = ("WHERE model = ?", (model,)) if model is not None else ("", ())
         cols = ("id, ts, tenant, model, backend, status, prompt_tokens, max_tokens, output_tokens, "
