@@ -99,8 +99,10 @@ def bench(
 ) -> None:
     """Replay a workload through the simulated deployment under several policies and loads:
     prints a table, writes bench.json, bench.csv and bench.png (latency vs load per policy).
-    With no arguments: the embedded default workload (no files needed), one Llama-3.1-8B on an
-    H100 (64 slots), FCFS vs the oracle SJF/SRPT bounds at loads 0.5-0.95 of capacity."""
+    With no arguments: the embedded default workload (no files needed; bursty Azure-code-like
+    arrivals, CASTILLO's heavy-tailed lengths), one Llama-3.1-8B on an H100 (64 slots), FCFS vs
+    the recommended predictive policy (mlfq-preempt+sjf, on a noisy oracle at text-gbm's measured
+    accuracy) vs the oracle SJF/SRPT bounds at loads 0.5-0.95 of capacity."""
     from presched.bench.report import render_table, write_files
     from presched.bench.runner import run_bench
 
