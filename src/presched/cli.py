@@ -117,7 +117,8 @@ def bench(
     if not quiet:
         render_table(result, console)
     paths = write_files(result, cfg.out_dir)
-    console.print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}  ({result.wall_seconds:.1f} s)")
+    console.print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}  ({result.wall_seconds:.1f} s)",
+                  soft_wrap=True, highlight=False)  # fmt: skip
 
 
 @app.command()

@@ -68,14 +68,21 @@ def notes(cfg) -> list[str]:
     return out
 
 
+def _full_width(result: BenchResult) -> int:
+    """Columns one table needs with every header on one line (3 = padding and border each)."""
+    cells = [[_cell(row, c) for c in COLUMNS] for row in result.rows]
+    return 1 + sum(3 + max([len(c[0])] + [len(r[i]) for r in cells]) for i, c in enumerate(COLUMNS))
+
+
 def _tables(result: BenchResult, width: int) -> list[Table]:
     """The rows as one table, or, when it would not fit in `width` columns, as several, each
     repeating load and policy: a number is never cut (every cell keeps its whole width)."""
     cells = [[_cell(row, c) for c in COLUMNS] for row in result.rows]
     need = [max([len(w) for w in c[0].split()] + [len(r[i]) for r in cells])
             for i, c in enumerate(COLUMNS)]  # fmt: skip
-    if sum(n + 3 for n in need) + 1 <= width:  # it all fits: headers on one line
-        need = [max(n, len(c[0])) for n, c in zip(need, COLUMNS)]
+    full = [max(n, len(c[0])) for n, c in zip(need, COLUMNS)]
+    if sum(n + 3 for n in full) + 1 <= width:  # it all fits with headers on one line
+        need = full
     key, rest = [0, 1], list(range(2, len(COLUMNS)))
     groups, cur = [], []
     for i in rest:  # 3 = padding and border per column, 1 = the closing border
@@ -107,8 +114,8 @@ def render_table(result: BenchResult, console: Console | None = None) -> list[Ta
     cfg = result.config
     st = cfg.sim.step_time
     console = console or Console()
-    if not console.is_terminal and console.width < 150:
-        console.width = 150  # logs and pipes: print whole rows
+    if not console.is_terminal:  # logs and pipes: whole rows, headers on one line
+        console.width = max(console.width, _full_width(result))
     console.print(f"presched bench — {len(cfg.policies)} policies × {len(cfg.loads)} loads; "
                   f"{_layout(cfg)} {st.model_spec().name} on {st.hardware_spec().name}; "
                   f"capacity {result.capacity_tok_s:.0f} output tok/s", highlight=False)  # fmt: skip
