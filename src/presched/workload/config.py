@@ -155,7 +155,8 @@ def _check_options(source: str, path: Path | None, prefix: str, set_: set[str]) 
         if f"{prefix}{opt}" in set_ and opt not in params:
             raise ValueError(f"{prefix}{opt} is not used by source {source!r}")
     if "model" in params and params["model"].default is None and f"{prefix}model" not in set_:
-        raise ValueError(f"{prefix}model is required by source {source!r}; {_known_models(path)}")
+        raise ValueError(f"{prefix}model is required by source {source!r} (give it with "
+                         f"--set workload.{prefix}model=NAME, e.g. llama-3.1-8b); {_known_models(path)}")
     p = params.get("path")
     if p is not None and p.default is inspect.Parameter.empty and path is None:
         raise ValueError(f"{prefix}path is required by source {source!r}")
