@@ -90,3 +90,14 @@ def test_eval_prints_progress_lines_off_a_terminal(tmp_path):
 @pytest.mark.parametrize("cmd", [("bench", "--help"), ("simulate", "--help")])
 def test_help_runs(cmd):
     assert presched(*cmd).returncode == 0
+
+
+def test_a_dumped_config_loads_back_into_bench(tmp_path):
+    """`presched config --dump x.yaml` then `presched bench -c x.yaml` runs (the defaults,
+    noisy-oracle predictions and mlfq parameters included, survive the round trip)."""
+    assert presched("config", "--dump", "x.yaml", cwd=tmp_path).returncode == 0
+    r = presched("bench", "-c", "x.yaml", "-n", "200", "--loads", "0.9", "-o", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert doc["config"]["predictions"]["source"] == "noisy-oracle"
+    assert [row["policy"] for row in doc["rows"]] == ["fcfs", "mlfq", "sjf-oracle", "srpt-oracle"]
