@@ -33,7 +33,14 @@ from presched.workload.default import LengthTable
 from presched.workload.loaders import load_azure_code
 from presched.workload.loaders.castillo import load_castillo
 
-OUT = Path(__file__).resolve().parents[1] / "src" / "presched" / "workload" / "data" / "default_lengths.json"
+OUT = (
+    Path(__file__).resolve().parents[1]
+    / "src"
+    / "presched"
+    / "workload"
+    / "data"
+    / "default_lengths.json"
+)
 LEVELS = [round(p / 100, 2) for p in range(100)] + [0.995, 0.999, 1.0]
 CASTILLO_MODEL = "llama-3.1-8b"
 TEXT_GBM_TAU = 0.434  # text-gbm vs served lengths, CASTILLO test, seed 0 (docs/policy-evidence.md)
@@ -78,9 +85,18 @@ def sigma_for_tau(reqs, target: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dry-run", action="store_true", help="print the figures, do not write the table")
-    ap.add_argument("--n", type=int, default=100_000, help="size of the default sample to compare (default 100000)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--dry-run", action="store_true", help="print the figures, do not write the table"
+    )
+    ap.add_argument(
+        "--n",
+        type=int,
+        default=100_000,
+        help="size of the default sample to compare (default 100000)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the default sample (default 0)")
     args = ap.parse_args()
 
@@ -99,7 +115,9 @@ def main() -> None:
         "span_s": round(float(times[-1] - times[0]), 6),
         "rate": round(mean_rate(times), 6),
         "gap_cv": round(float(gaps.std() / gaps.mean()), 4),
-        "spearman_prompt_output": round(float(np.corrcoef(_ranks(prompt), _ranks(output))[0, 1]), 4),
+        "spearman_prompt_output": round(
+            float(np.corrcoef(_ranks(prompt), _ranks(output))[0, 1]), 4
+        ),
         "pearson_prompt_output": round(float(np.corrcoef(prompt, output)[0, 1]), 4),
         "text_gbm_tau": TEXT_GBM_TAU,
         "text_gbm_sigma": 0.0,  # filled in below, from the fitted lengths
@@ -117,20 +135,28 @@ def main() -> None:
         OUT.write_text("{\n" + body + "\n}\n", encoding="utf-8")
         print(f"wrote {OUT.relative_to(OUT.parents[4])} ({len(LEVELS)} levels)")
     default_workload_table = LengthTable.from_dict(table)
-    print(f"arrivals: {table['arrivals_source']}: {table['arrival_rows']} requests over "
-          f"{table['span_s']:.0f} s, mean rate {table['rate']:.3f} req/s ((n-1)/span), gap CV {table['gap_cv']:.2f}")
-    print(f"lengths: {table['lengths_source']}: {table['length_rows']} requests; prompt/output "
-          f"Spearman {table['spearman_prompt_output']:+.3f}, Pearson {table['pearson_prompt_output']:+.3f} "
-          "(the default draws them independently)")
-    print(f"text_gbm_sigma {table['text_gbm_sigma']:.3f}: noisy-oracle tau-b {TEXT_GBM_TAU} on 20000 default lengths")
+    print(
+        f"arrivals: {table['arrivals_source']}: {table['arrival_rows']} requests over "
+        f"{table['span_s']:.0f} s, mean rate {table['rate']:.3f} req/s ((n-1)/span), gap CV {table['gap_cv']:.2f}"
+    )
+    print(
+        f"lengths: {table['lengths_source']}: {table['length_rows']} requests; prompt/output "
+        f"Spearman {table['spearman_prompt_output']:+.3f}, Pearson {table['pearson_prompt_output']:+.3f} "
+        "(the default draws them independently)"
+    )
+    print(
+        f"text_gbm_sigma {table['text_gbm_sigma']:.3f}: noisy-oracle tau-b {TEXT_GBM_TAU} on 20000 default lengths"
+    )
     samples = {}
     for n in dict.fromkeys((args.n, 2000)):
         rng = np.random.default_rng(args.seed)
         t = default_workload_table.arrival_times(n, default_workload_table.rate, rng)
         p, o = default_workload_table.sample(n, rng)
         samples[n] = (np.diff(t) * default_workload_table.rate, p, o)
-        print(f"default draw n={n}, seed={args.seed}: mean rate {mean_rate(t):.3f} req/s, "
-              f"gap CV {samples[n][0].std() / samples[n][0].mean():.2f}")
+        print(
+            f"default draw n={n}, seed={args.seed}: mean rate {mean_rate(t):.3f} req/s, "
+            f"gap CV {samples[n][0].std() / samples[n][0].mean():.2f}"
+        )
     print()
     print("| quantity | source | mean | median | p90 | p99 | max |")
     print("|---|---|---|---|---|---|---|")
@@ -138,13 +164,20 @@ def main() -> None:
                                            ("output tokens", output, "{:.0f}"))):  # fmt: skip
         print(f"| {name} | data | " + " | ".join(_stats(data, fmt)) + " |")
         for n, drawn in samples.items():
-            print(f"| {name} | default n={n} | " + " | ".join(_stats(drawn[k].astype(float), fmt)) + " |")
+            print(
+                f"| {name} | default n={n} | "
+                + " | ".join(_stats(drawn[k].astype(float), fmt))
+                + " |"
+            )
 
 
 def _as_requests(output: np.ndarray):
     from presched.workload.request import Request
 
-    return [Request(id=str(i), prompt_tokens=1, arrival=0.0, output_tokens=int(o)) for i, o in enumerate(output)]
+    return [
+        Request(id=str(i), prompt_tokens=1, arrival=0.0, output_tokens=int(o))
+        for i, o in enumerate(output)
+    ]
 
 
 if __name__ == "__main__":

@@ -53,18 +53,27 @@ def markdown(rows: list[dict]) -> str:
     for row in rows:
         if row["load"] < 0.9:
             continue
-        cells = [c[2].format(row[c[1]] / 1e3 if c[1].endswith("_ms") else row[c[1]]) for c in MD_COLUMNS]
+        cells = [
+            c[2].format(row[c[1]] / 1e3 if c[1].endswith("_ms") else row[c[1]]) for c in MD_COLUMNS
+        ]
         body.append("| " + " | ".join(cells) + " |")
     return head + "\n" + "\n".join(body)
 
 
 def _replace(text: str, new: str, fence: bool) -> str:
     inner = f"```\n{new}\n```" if fence else new
-    return re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{inner}\n{END}", text, flags=re.S)
+    return re.sub(
+        re.escape(BEGIN) + r".*?" + re.escape(END),
+        lambda _: f"{BEGIN}\n{inner}\n{END}",
+        text,
+        flags=re.S,
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
     args = ap.parse_args()
     readme, bench_md = ROOT / "README.md", ROOT / "docs" / "bench.md"
@@ -72,7 +81,11 @@ def main() -> None:
         out = run_bench(Path(tmp))
         if args.check:
             same = sample_in(readme.read_text()) == out
-            print("README.md's sample is the output of `presched bench`" if same else "README.md's sample differs")
+            print(
+                "README.md's sample is the output of `presched bench`"
+                if same
+                else "README.md's sample differs"
+            )
             sys.exit(0 if same else 1)
         rows = json.loads((Path(tmp) / "bench.json").read_text())["rows"]
         readme.write_text(_replace(readme.read_text(), out, fence=True))

@@ -26,12 +26,15 @@ def test_help_shows_flags_as_flags_and_the_defaults():
     sim = presched("simulate", "--help").stdout
     assert "--json" in sim and "<bool>" not in sim
     bench = presched("bench", "--help").stdout
-    assert "Default: fcfs,mlfq,sjf-oracle,srpt-oracle." in bench and "Default: 0.5,0.7,0.8,0.9,0.95." in bench
+    assert (
+        "Default: fcfs,mlfq,sjf-oracle,srpt-oracle." in bench
+        and "Default: 0.5,0.7,0.8,0.9,0.95." in bench
+    )
     assert "Default: 64." in bench and "<bool>" not in bench
     serve = presched("serve", "--help").stdout
     assert "'none' disables it" in serve and "null disables it" not in serve
     train = presched("train", "--help").stdout
-    seed = train[train.index("--seed"):].split("\n")[0]
+    seed = train[train.index("--seed") :].split("\n")[0]
     assert "latency" not in seed and "--quiet" in train
 
 
@@ -47,7 +50,9 @@ def test_castillo_without_a_model_says_how_to_give_one(tmp_path):
 
 
 def test_validation_errors_lose_pydantics_prefix_and_input_dumps(tmp_path):
-    r = presched("bench", "--set", 'workload={"source": "castillo", "num_requests": 5}', cwd=tmp_path)
+    r = presched(
+        "bench", "--set", 'workload={"source": "castillo", "num_requests": 5}', cwd=tmp_path
+    )
     assert r.returncode == 2 and "model is required" in r.stderr
     assert "Value error" not in r.stderr and "(got {" not in r.stderr
 
@@ -69,7 +74,15 @@ def test_run_far_past_capacity_warns_before_the_numbers(data_dir):
 
 
 def test_train_prints_progress_unless_quiet(tmp_path):
-    args = ("train", "-p", "model-median", "-d", str(EXAMPLES / "requests.jsonl"), "-o", str(tmp_path / "m.npz"))
+    args = (
+        "train",
+        "-p",
+        "model-median",
+        "-d",
+        str(EXAMPLES / "requests.jsonl"),
+        "-o",
+        str(tmp_path / "m.npz"),
+    )
     r = presched(*args)
     assert r.returncode == 0, r.stderr
     assert "loading" in r.stderr and "fitting model-median on 30 requests" in r.stderr

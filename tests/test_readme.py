@@ -14,8 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
@@ -57,7 +55,10 @@ def _argv(cmd: str) -> list[str]:
 def test_readme_commands_parse_into_known_kinds():
     cmds = readme_commands(README.read_text())
     assert len(cmds) >= 15
-    assert any(c.startswith("presched bench -w castillo") and "predictions.path=model.npz" in c for c in cmds)
+    assert any(
+        c.startswith("presched bench -w castillo") and "predictions.path=model.npz" in c
+        for c in cmds
+    )
 
 
 def test_every_readme_command_runs(tmp_path, data_dir):
@@ -73,7 +74,9 @@ def test_every_readme_command_runs(tmp_path, data_dir):
 
 
 def test_readme_sample_is_the_output_of_presched_bench(tmp_path):
-    spec = importlib.util.spec_from_file_location("readme_sample", ROOT / "scripts" / "readme_sample.py")
+    spec = importlib.util.spec_from_file_location(
+        "readme_sample", ROOT / "scripts" / "readme_sample.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = mod.run_bench(tmp_path / "out")  # the default command, no files needed

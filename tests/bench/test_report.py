@@ -13,7 +13,9 @@ from presched.bench.report import COLUMNS, _cell, render_table
 
 
 def test_every_number_and_name_appears_whole_at_80_columns():
-    cfg = BenchConfig(policies=["fcfs", "srpt-oracle", "sjf-oracle"], loads=[0.5, 0.95], capacity_requests=200)
+    cfg = BenchConfig(
+        policies=["fcfs", "srpt-oracle", "sjf-oracle"], loads=[0.5, 0.95], capacity_requests=200
+    )
     result = run_bench(cfg, requests=make_requests(n=300, seed=4))
     for width in (80, 120):
         buf = io.StringIO()

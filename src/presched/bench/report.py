@@ -118,12 +118,12 @@ def render_table(result: BenchResult, console: Console | None = None) -> list[Ta
         console.width = max(console.width, _full_width(result))
     console.print(f"presched bench — {len(cfg.policies)} policies × {len(cfg.loads)} loads; "
                   f"{_layout(cfg)} {st.model_spec().name} on {st.hardware_spec().name}; "
-                  f"capacity {result.capacity_tok_s:.0f} output tok/s", highlight=False)  # fmt: skip
+                  f"capacity {result.capacity_tok_s:.0f} output tok/s", highlight=False, soft_wrap=not console.is_terminal)  # fmt: skip
     tables = _tables(result, console.width)
     for table in tables:
         console.print(table)
     for line in notes(cfg):
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, soft_wrap=not console.is_terminal)
     return tables
 
 
