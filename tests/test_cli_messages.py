@@ -114,3 +114,10 @@ def test_a_dumped_config_loads_back_into_bench(tmp_path):
     doc = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert doc["config"]["predictions"]["source"] == "noisy-oracle"
     assert [row["policy"] for row in doc["rows"]] == ["fcfs", "mlfq", "sjf-oracle", "srpt-oracle"]
+
+
+def test_eval_on_castillo_says_it_is_building_the_views(tmp_path, data_dir):
+    r = presched("eval", "-p", "model-median", "--quick", "300", "--view", "in-dist",
+                 "-o", str(tmp_path / "ev"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "building the CASTILLO views: in-dist" in r.stderr and "[1/1] in-dist / model-median" in r.stderr

@@ -263,6 +263,8 @@ def eval_(
         if any(v not in VIEWS for v in views):
             raise UserError(f"--view: expected one of {', '.join(VIEWS)} or all, got {view!r}")
         if is_castillo:
+            if not quiet and not console.is_terminal:  # the views take a while to build
+                err.print(f"building the CASTILLO views: {', '.join(views)}", highlight=False, soft_wrap=True)
             splits = [castillo_view(v, seed=seed, quick=quick) for v in views]
         else:
             if view not in ("all", "in-dist"):
