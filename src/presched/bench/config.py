@@ -44,8 +44,9 @@ class BenchConfig(Config):
     sim: SimConfig = Field(
         default_factory=lambda: SimConfig(engine=EngineConfig(max_num_seqs=64)),
         description="The simulated deployment. The bench default caps the batch at 64 requests so "
-        "that requests queue near capacity: with vLLM's 256 slots the default workload never queues "
-        "on one H100 and every ordering policy ties.",
+        "that requests queue near capacity: with vLLM's 256 slots one H100 batches most of the "
+        "default workload's bursts (at 95 % load the SRPT oracle gains 8 % mean E2E over FCFS, "
+        "vs 38 % with 64).",
     )
     predictions: PredictionsConfig = Field(
         default_factory=_default_predictions,
