@@ -121,3 +121,11 @@ def test_eval_on_castillo_says_it_is_building_the_views(tmp_path, data_dir):
                  "-o", str(tmp_path / "ev"))  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "building the CASTILLO views: in-dist" in r.stderr and "[1/1] in-dist / model-median" in r.stderr
+
+
+def test_bench_loads_past_capacity_warn(tmp_path):
+    r = presched("bench", "-n", "200", "--loads", "0.9,1.2", "-p", "fcfs", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "warning: loads 1.2 are past capacity" in r.stderr
+    ok = presched("bench", "-n", "200", "--loads", "0.9", "-p", "fcfs", cwd=tmp_path)
+    assert "warning" not in ok.stderr

@@ -123,6 +123,11 @@ def bench(
                   "out_dir": str(out) if out else None})  # fmt: skip
     cfg = build_config(config, flags, set_)
     console = Console()
+    past = [f"{x:g}" for x in cfg.loads if x > 1]
+    if past:
+        err.print(f"[yellow]warning:[/yellow] loads {', '.join(past)} are past capacity: the queue "
+                  "grows for the whole run there, and latencies measure its length", highlight=False,
+                  soft_wrap=True)  # fmt: skip
     total = 1 + len(cfg.policies) * len(cfg.loads)
     with _progress(console, quiet) as prog:
         task = prog.add_task("simulating", total=total)
