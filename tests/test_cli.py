@@ -19,9 +19,13 @@ def test_bench_with_no_arguments_works_offline(tmp_path):
     assert r.returncode == 0, r.stderr
     out = tmp_path / "presched-results"
     doc = json.loads((out / "bench.json").read_text())
-    assert {row["policy"] for row in doc["rows"]} == {"fcfs", "sjf-oracle", "srpt-oracle"}
-    assert len(doc["rows"]) == 15 and (out / "bench.png").exists()
+    assert [row["policy"] for row in doc["rows"][:4]] == ["fcfs", "mlfq", "sjf-oracle", "srpt-oracle"]
+    assert len(doc["rows"]) == 20 and (out / "bench.png").exists()
     assert "srpt-oracle" in r.stdout and "E2EL" in r.stdout
+    assert "noisy oracle, sigma 0.79" in r.stdout and "mlfq-preempt+sjf" in r.stdout
+    at = {row["policy"]: row for row in doc["rows"] if row["load"] == 0.95}
+    # the point of the project: ordering by predicted length pays on the default workload
+    assert at["srpt-oracle"]["mean_e2el_ms"] < at["mlfq"]["mean_e2el_ms"] < 0.85 * at["fcfs"]["mean_e2el_ms"]
 
 
 def test_experiment_file_and_overrides(tmp_path):

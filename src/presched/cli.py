@@ -23,7 +23,7 @@ from rich.table import Table
 
 from presched.bench.config import BenchConfig
 from presched.cliutil import csv_list as _csv
-from presched.cliutil import err
+from presched.cliutil import clean_message, err
 from presched.cliutil import progress_bar as _progress
 from presched.config import UserError, apply_overrides, format_validation_error, load_file
 from presched.schedule import POLICIES
@@ -46,6 +46,18 @@ def _h(model: type[BaseModel], field: str) -> str:
     return model.model_fields[field].description or ""
 
 
+_D = BenchConfig()  # the defaults the options fall back to, shown in --help
+
+
+def _hd(text: str, default: Any) -> str:
+    """Help text with the value used when the option is not given (from BenchConfig's defaults)."""
+    return f"{text} Default: {default}."
+
+
+def _shown(value: Any) -> str:
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) if isinstance(value, list) else str(value)
+
+
 # --- building a config from a file, flags and --set overrides ----------------------------------
 def build_config(config: Optional[Path], flags: dict[str, Any], sets: list[str]) -> BenchConfig:
     data = load_file(config) if config else {}
@@ -58,16 +70,16 @@ def build_config(config: Optional[Path], flags: dict[str, Any], sets: list[str])
 
 # --- shared options ------------------------------------------------------------------------------
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML/JSON experiment file; flags and --set override it. `presched config --dump FILE` writes one with every default.")
-WorkloadOpt = typer.Option(None, "--workload", "-w", help=_h(WorkloadConfig, "source"))
+WorkloadOpt = typer.Option(None, "--workload", "-w", help=_hd(_h(WorkloadConfig, "source"), _D.workload.source))
 PathOpt = typer.Option(None, "--path", help=_h(WorkloadConfig, "path"))
 NumOpt = typer.Option(None, "--num-requests", "-n", help=_h(WorkloadConfig, "num_requests"))
-ArrivalsOpt = typer.Option(None, "--arrivals", help=_h(WorkloadConfig, "arrivals"))
-SeedOpt = typer.Option(None, "--seed", help=_h(WorkloadConfig, "seed"))
-InstOpt = typer.Option(None, "--instances", "-i", help=_h(SimConfig, "num_instances"))
-RouterOpt = typer.Option(None, "--router", help=_h(SimConfig, "router"))
-ModelOpt = typer.Option(None, "--model", help=_h(StepTimeConfig, "model"))
-HwOpt = typer.Option(None, "--hardware", help=_h(StepTimeConfig, "hardware"))
-SeqsOpt = typer.Option(None, "--max-num-seqs", help=_h(EngineConfig, "max_num_seqs"))
+ArrivalsOpt = typer.Option(None, "--arrivals", help=_hd(_h(WorkloadConfig, "arrivals"), _D.workload.arrivals))
+SeedOpt = typer.Option(None, "--seed", help=_hd(_h(WorkloadConfig, "seed"), str(_D.workload.seed)))
+InstOpt = typer.Option(None, "--instances", "-i", help=_hd(_h(SimConfig, "num_instances"), str(_D.sim.num_instances)))
+RouterOpt = typer.Option(None, "--router", help=_hd(_h(SimConfig, "router"), _D.sim.router))
+ModelOpt = typer.Option(None, "--model", help=_hd(_h(StepTimeConfig, "model"), str(_D.sim.step_time.model)))
+HwOpt = typer.Option(None, "--hardware", help=_hd(_h(StepTimeConfig, "hardware"), str(_D.sim.step_time.hardware)))
+SeqsOpt = typer.Option(None, "--max-num-seqs", help=_hd(_h(EngineConfig, "max_num_seqs"), str(_D.sim.engine.max_num_seqs)))
 SetOpt = typer.Option([], "--set", "-s", help="Set any config field by dotted path, e.g. --set sim.engine.block_size=32 --set slo.ttft_ms=500. `presched config` lists them all.")
 
 
@@ -89,28 +101,36 @@ def bench(
     num_requests: Optional[int] = NumOpt,
     arrivals: Optional[str] = ArrivalsOpt,
     seed: Optional[int] = SeedOpt,
-    policies: Optional[str] = typer.Option(None, "--policies", "-p", help="Comma-separated. " + _h(BenchConfig, "policies")),
-    loads: Optional[str] = typer.Option(None, "--loads", "-l", help="Comma-separated. " + _h(BenchConfig, "loads")),
+    policies: Optional[str] = typer.Option(None, "--policies", "-p", help=_hd("Comma-separated. " + _h(BenchConfig, "policies"), _shown(_D.policies))),
+    loads: Optional[str] = typer.Option(None, "--loads", "-l", help=_hd("Comma-separated. " + _h(BenchConfig, "loads"), _shown(_D.loads))),
     instances: Optional[int] = InstOpt,
     router: Optional[str] = RouterOpt,
     model: Optional[str] = ModelOpt,
     hardware: Optional[str] = HwOpt,
     max_num_seqs: Optional[int] = SeqsOpt,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help=_h(BenchConfig, "out_dir")),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help=_hd(_h(BenchConfig, "out_dir"), str(_D.out_dir))),
     set_: list[str] = SetOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no table; still writes the files."),
 ) -> None:
     """Replay a workload through the simulated deployment under several policies and loads:
     prints a table, writes bench.json, bench.csv and bench.png (latency vs load per policy).
-    With no arguments: the embedded default workload (no files needed), one Llama-3.1-8B on an
-    H100 (64 slots), FCFS vs the oracle SJF/SRPT bounds at loads 0.5-0.95 of capacity."""
+    With no arguments: the embedded default workload (no files needed; bursty Azure-code-like
+    arrivals, CASTILLO's heavy-tailed lengths), one Llama-3.1-8B on an H100 (64 slots), FCFS vs
+    the recommended predictive policy (mlfq-preempt+sjf, on a noisy oracle at text-gbm's measured
+    accuracy) vs the oracle SJF/SRPT bounds at loads 0.5-0.95 of capacity."""
     from presched.bench.report import render_table, write_files
     from presched.bench.runner import run_bench
 
     flags = _common(workload, path, num_requests, arrivals, seed, instances, router, model, hardware, max_num_seqs)
-    flags.update({"policies": _csv(policies), "loads": _csv(loads, float), "out_dir": str(out) if out else None})
+    flags.update({"policies": _csv(policies, option="--policies"), "loads": _csv(loads, float, "--loads"),
+                  "out_dir": str(out) if out else None})  # fmt: skip
     cfg = build_config(config, flags, set_)
     console = Console()
+    past = [f"{x:g}" for x in cfg.loads if x > 1]
+    if past:
+        err.print(f"[yellow]warning:[/yellow] loads {', '.join(past)} are past capacity: the queue "
+                  "grows for the whole run there, and latencies measure its length", highlight=False,
+                  soft_wrap=True)  # fmt: skip
     total = 1 + len(cfg.policies) * len(cfg.loads)
     with _progress(console, quiet) as prog:
         task = prog.add_task("simulating", total=total)
@@ -118,7 +138,8 @@ def bench(
     if not quiet:
         render_table(result, console)
     paths = write_files(result, cfg.out_dir)
-    console.print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}  ({result.wall_seconds:.1f} s)")
+    console.print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}  ({result.wall_seconds:.1f} s)",
+                  soft_wrap=True, highlight=False)  # fmt: skip
 
 
 @app.command()
@@ -129,8 +150,8 @@ def simulate(
     num_requests: Optional[int] = NumOpt,
     arrivals: Optional[str] = ArrivalsOpt,
     seed: Optional[int] = SeedOpt,
-    rate: Optional[float] = typer.Option(None, "--rate", help=_h(WorkloadConfig, "rate")),
-    policy: Optional[str] = typer.Option(None, "--policy", help=_h(SimConfig, "policy")),
+    rate: Optional[float] = typer.Option(None, "--rate", help=_hd(_h(WorkloadConfig, "rate"), "the source's own")),
+    policy: Optional[str] = typer.Option(None, "--policy", help=_hd(_h(SimConfig, "policy"), _D.sim.policy)),
     instances: Optional[int] = InstOpt,
     router: Optional[str] = RouterOpt,
     model: Optional[str] = ModelOpt,
@@ -152,6 +173,9 @@ def simulate(
     reqs = build_workload(cfg.workload)
     res = run_sim(reqs, cfg.sim, estimates=predictions_for(reqs, cfg.predictions))
     summary = summarize(res.records, res.itl.values(), cfg.slo)
+    warning = overload_warning(reqs, res.records)
+    if warning:
+        err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     summary.update({"sim_wall_s": res.wall_seconds, "sim_steps": res.num_steps,
                     "realtime_factor": res.realtime_factor})  # fmt: skip
     if records is not None:
@@ -169,6 +193,27 @@ def simulate(
     for k, v in summary.items():
         table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
     Console().print(table)
+
+
+def overload_warning(reqs, records, ratio: float = 1.5) -> str | None:
+    """A line when the workload offered output tokens much faster than the deployment served them
+    (offered rate = output tokens / arrival span; served = output tokens / time to finish them
+    all): the queue then grows for the whole run, and latencies measure its length, not the policy."""
+    import numpy as np
+
+    arrivals = np.asarray(records.arrival, dtype=float)
+    span = float(arrivals.max() - arrivals.min())
+    tokens = float(np.sum(records.output_tokens))
+    busy = float(np.max(records.finish) - arrivals.min())
+    if len(reqs) < 2 or span <= 0 or busy <= 0:
+        return None
+    offered, served = tokens / span, tokens / busy
+    if offered < ratio * served:
+        return None
+    return (f"offered load is {offered / served:.1f}x what this deployment served ({offered:,.0f} vs "
+            f"{served:,.0f} output tok/s): the queue grows for the whole run (mean TTFT "
+            f"{float(np.mean(records.ttft)):,.0f} s). Lower --rate, add --instances, or use "
+            "`presched bench`, which runs at fractions of the measured capacity.")  # fmt: skip
 
 
 @app.command("config")
@@ -257,12 +302,9 @@ app.command("replay")(_replay)
 def main() -> None:
     try:
         app()
-    except UserError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False)
-        sys.exit(2)
-    except (ValueError, FileNotFoundError) as e:
+    except (UserError, ValueError, FileNotFoundError) as e:
         # loader errors name file, line and field; config and registry errors name the field
-        err.print(f"[red]error:[/red] {e}", highlight=False)
+        err.print(f"[red]error:[/red] {clean_message(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 

@@ -33,8 +33,7 @@ def test_capacity_is_above_any_sustained_rate_and_grows_with_slots():
 def test_bench_runs_every_pair_and_writes_files(tmp_path):
     cfg = BenchConfig(policies=["fcfs", "srpt-oracle"], loads=[0.5, 0.95], out_dir=tmp_path,
                       capacity_requests=300)  # fmt: skip
-    cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"num_requests": 600})})
-    result = run_bench(cfg)
+    result = run_bench(cfg, requests=make_requests(n=600, seed=2))
     assert [(r["load"], r["policy"]) for r in result.rows] == [
         (0.5, "fcfs"), (0.5, "srpt-oracle"), (0.95, "fcfs"), (0.95, "srpt-oracle")]
     assert all(r["completed"] == 600 for r in result.rows)

@@ -24,7 +24,17 @@ from presched.schedule.params import validate_each
 from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig
 from presched.workload.config import WorkloadConfig
+from presched.workload.default import default_table
 from presched.workload.loaders import UNTIMED
+
+RECOMMENDED = "mlfq"
+RECOMMENDED_PARAMS = {"within": "mean", "preempt": True, "recompute_weight": 8, "base_quantum": 128}
+"""The recommended predictive policy, `mlfq-preempt+sjf` (docs/policies.md, "Choosing a policy")."""
+
+
+def _default_predictions() -> PredictionsConfig:
+    """The noisy oracle at text-gbm's measured accuracy on the default workload's lengths."""
+    return PredictionsConfig(source="noisy-oracle", sigma=default_table().text_gbm_sigma)
 
 
 class BenchConfig(Config):
@@ -35,19 +45,26 @@ class BenchConfig(Config):
     sim: SimConfig = Field(
         default_factory=lambda: SimConfig(engine=EngineConfig(max_num_seqs=64)),
         description="The simulated deployment. The bench default caps the batch at 64 requests so "
-        "that requests queue near capacity: with vLLM's 256 slots the default workload never queues "
-        "on one H100 and every ordering policy ties.",
+        "that requests queue near capacity: with vLLM's 256 slots one H100 batches most of the "
+        "default workload's bursts (at 95 % load the SRPT oracle gains 8 % mean E2E over FCFS, "
+        "vs 38 % with 64).",
     )
     predictions: PredictionsConfig = Field(
-        default_factory=PredictionsConfig,
-        description="Length predictions given to every run (needed by length-aware policies).",
+        default_factory=_default_predictions,
+        description="Length predictions given to every run (needed by length-aware policies). The "
+        "bench default is the noisy oracle at text-gbm's measured accuracy: the sigma whose Kendall "
+        "tau-b on the default workload's lengths equals text-gbm's on CASTILLO test prompts (0.434); "
+        "the default workload has no prompt text for a real predictor to read.",
     )
     policies: list[str] = Field(
-        default_factory=lambda: ["fcfs", "sjf-oracle", "srpt-oracle"],
+        default_factory=lambda: ["fcfs", RECOMMENDED, "sjf-oracle", "srpt-oracle"],
         min_length=1, description="Scheduling policies to compare: " + ", ".join(POLICIES.names()) + ".",
     )  # fmt: skip
     policy_params: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="Parameters per policy name, e.g. {srpt-oracle: {recompute_weight: 0.5}}, checked by each policy's model (`presched config --policy NAME`)."
+        default_factory=lambda: {RECOMMENDED: dict(RECOMMENDED_PARAMS)},
+        description="Parameters per policy name, e.g. {srpt-oracle: {recompute_weight: 0.5}}, checked by each "
+        "policy's model (`presched config --policy NAME`). The default makes mlfq the recommended predictive "
+        "policy, mlfq-preempt+sjf (docs/policies.md).",
     )
     loads: list[float] = Field(
         default_factory=lambda: [0.5, 0.7, 0.8, 0.9, 0.95],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -44,26 +45,86 @@ def _layout(cfg) -> str:
     return f"{d.num_prefill}P+{d.num_decode}D" if d else f"{cfg.sim.num_instances}×"
 
 
-def render_table(result: BenchResult, console: Console | None = None) -> Table:
+def notes(cfg) -> list[str]:
+    """What the table cannot say in a cell: each policy's parameters, and where the predictions
+    come from (the noisy oracle is labelled as such: it reads the true lengths)."""
+    from presched.bench.config import RECOMMENDED, RECOMMENDED_PARAMS
+
+    out = []
+    for name in cfg.policies:
+        params = cfg.policy_params.get(name)
+        if params:
+            tag = " = mlfq-preempt+sjf, the recommended predictive policy" if (
+                name == RECOMMENDED and params == RECOMMENDED_PARAMS) else ""  # fmt: skip
+            out.append(f"{name}: " + ", ".join(f"{k} {v}" for k, v in params.items()) + tag)
+    p = cfg.predictions
+    if p.source == "noisy-oracle":
+        out.append(f"predictions: noisy oracle, sigma {p.sigma:g} (true lengths × log-normal error; "
+                   "the bench default's sigma is text-gbm's measured accuracy, Kendall tau-b 0.434)")
+    elif p.source == "model":
+        out.append(f"predictions: the model in {p.path}")
+    elif p.source != "none":
+        out.append(f"predictions: {p.source}")
+    return out
+
+
+def _full_width(result: BenchResult) -> int:
+    """Columns one table needs with every header on one line (3 = padding and border each)."""
+    cells = [[_cell(row, c) for c in COLUMNS] for row in result.rows]
+    return 1 + sum(3 + max([len(c[0])] + [len(r[i]) for r in cells]) for i, c in enumerate(COLUMNS))
+
+
+def _tables(result: BenchResult, width: int) -> list[Table]:
+    """The rows as one table, or, when it would not fit in `width` columns, as several, each
+    repeating load and policy: a number is never cut (every cell keeps its whole width)."""
+    cells = [[_cell(row, c) for c in COLUMNS] for row in result.rows]
+    need = [max([len(w) for w in c[0].split()] + [len(r[i]) for r in cells])
+            for i, c in enumerate(COLUMNS)]  # fmt: skip
+    full = [max(n, len(c[0])) for n, c in zip(need, COLUMNS)]
+    if sum(n + 3 for n in full) + 1 <= width:  # it all fits with headers on one line
+        need = full
+    key, rest = [0, 1], list(range(2, len(COLUMNS)))
+    groups, cur = [], []
+    for i in rest:  # 3 = padding and border per column, 1 = the closing border
+        if cur and sum(need[j] + 3 for j in key + cur + [i]) + 1 > width:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    groups.append(cur)
+    tables = []
+    for group in groups:
+        table = Table(show_lines=False)
+        for i in key + group:
+            col = COLUMNS[i]
+            table.add_column("\n".join(textwrap.wrap(col[0], need[i])), width=need[i],
+                             justify="left" if col[1] == "policy" else "right")  # fmt: skip
+        last_load = None
+        for row, rc in zip(result.rows, cells):
+            if last_load is not None and row["load"] != last_load:
+                table.add_section()
+            last_load = row["load"]
+            table.add_row(*[rc[i] for i in key + group])
+        tables.append(table)
+    return tables
+
+
+def render_table(result: BenchResult, console: Console | None = None) -> list[Table]:
+    """Print the title, the table(s) and the notes on `console` (stdout by default). Pipes and
+    logs get 150 columns (whole rows); a narrower terminal gets the columns in several tables."""
     cfg = result.config
     st = cfg.sim.step_time
-    title = (f"presched bench — {len(cfg.policies)} policies × {len(cfg.loads)} loads; "
-             f"{_layout(cfg)} {st.model_spec().name} on {st.hardware_spec().name}; "
-             f"capacity {result.capacity_tok_s:.0f} output tok/s")  # fmt: skip
-    table = Table(title=title, show_lines=False)
-    for col in COLUMNS:
-        table.add_column(col[0], justify="left" if col[1] == "policy" else "right")
-    last_load = None
-    for row in result.rows:
-        if last_load is not None and row["load"] != last_load:
-            table.add_section()
-        last_load = row["load"]
-        table.add_row(*[_cell(row, c) for c in COLUMNS])
     console = console or Console()
-    if not console.is_terminal and console.width < 150:
-        console.width = 150  # logs and pipes: print whole rows
-    console.print(table)
-    return table
+    if not console.is_terminal:  # logs and pipes: whole rows, headers on one line
+        console.width = max(console.width, _full_width(result))
+    console.print(f"presched bench — {len(cfg.policies)} policies × {len(cfg.loads)} loads; "
+                  f"{_layout(cfg)} {st.model_spec().name} on {st.hardware_spec().name}; "
+                  f"capacity {result.capacity_tok_s:.0f} output tok/s", highlight=False, soft_wrap=not console.is_terminal)  # fmt: skip
+    tables = _tables(result, console.width)
+    for table in tables:
+        console.print(table)
+    for line in notes(cfg):
+        console.print(line, highlight=False, soft_wrap=not console.is_terminal)
+    return tables
 
 
 def write_files(result: BenchResult, out_dir: Path) -> dict[str, Path]:
@@ -93,28 +154,30 @@ def plot(result: BenchResult, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FormatStrFormatter, LogLocator
 
     df = pd.DataFrame(result.rows)
     panels = [("mean_e2el_ms", "mean E2E latency (s)"), ("p99_e2el_ms", "P99 E2E latency (s)"),
               ("mean_ttft_ms", "mean TTFT (s)"), ("short_p99_e2el_ms", "short-request P99 E2E (s)")]  # fmt: skip
     fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))
+    styles = ["-", "--", "-.", ":"]  # lines that coincide (two oracles) stay visible
+    markers = ["o", "s", "^", "v", "D", "x", "P", "*"]
     for ax, (key, label) in zip(axes.flat, panels):
-        for policy, g in df.groupby("policy", sort=False):
-            ax.plot(g["load"], g[key] / 1e3, marker="o", label=policy)
+        for k, (policy, g) in enumerate(df.groupby("policy", sort=False)):
+            ax.plot(g["load"], g[key] / 1e3, marker=markers[k % len(markers)], markersize=7 - k % 3,
+                    linestyle=styles[k % len(styles)], linewidth=2.2 - 0.4 * (k % 3), label=policy)  # fmt: skip
         ax.set_xlabel("load (offered output tokens / capacity)")
         ax.set_ylabel(label)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-        ax.yaxis.set_minor_formatter(FormatStrFormatter(""))
-        ax.grid(True, which="both", alpha=0.3)
+        ax.set_ylim(bottom=0)  # linear: every gridline labelled, differences read as distances
+        ax.grid(True, alpha=0.3)
     axes.flat[0].legend(fontsize=9)
+    caption = notes(result.config)
+    if caption:
+        fig.text(0.01, 0.005, "\n".join(caption), fontsize=7.5, va="bottom")
     cfg = result.config
     st = cfg.sim.step_time
     fig.suptitle(f"{cfg.workload.source} workload, {_layout(cfg)} {st.model_spec().name} on "
                  f"{st.hardware_spec().name}, max_num_seqs {cfg.sim.engine.max_num_seqs}; "
                  f"capacity {result.capacity_tok_s:.0f} output tok/s", fontsize=10)  # fmt: skip
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03 * len(caption), 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)

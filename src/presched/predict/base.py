@@ -114,8 +114,9 @@ def load_predictor(path: str | Path) -> Predictor:
         with np.load(path, allow_pickle=False) as z:
             header = json.loads(str(z["__header__"]))
             arrays = {k: z[k] for k in z.files if k != "__header__"}
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelFileError(f"{path}: not a presched model file ({e})") from None
+    except (OSError, ValueError, KeyError):  # numpy's reasons (zip, pickles) say nothing useful here
+        raise ModelFileError(f"{path}: not a presched model file (expected the .npz that "
+                             "`presched train` writes)") from None
     fmt = header.get("format")
     if fmt != FORMAT_VERSION:
         raise ModelFileError(

@@ -29,6 +29,7 @@ from presched.config import UserError
 
 DataOpt = typer.Option("castillo", "--data", "-d", help="Where the labelled requests come from: `castillo` (the shared CASTILLO data: 13 models x 10 sampled lengths per prompt, with its own train/validate/test splits) or a PATH to your own log in the generic schema (JSONL or CSV, optionally .gz: prompt text, model, output_tokens and/or output_samples; see docs/workloads.md).")
 SeedPredOpt = typer.Option(0, "--seed", help="Seed of every random split (which prompts go to validation/calibration/test) and of the latency sample.")
+SeedTrainOpt = typer.Option(0, "--seed", help="Seed of the random validation split (which prompts are held out) and of the predictor's own randomness.")
 
 
 def _params(items: list[str], scoped: bool) -> dict:
@@ -110,10 +111,11 @@ def train(
     data: str = DataOpt,
     split: Optional[str] = typer.Option(None, "--split", help="Comma-separated splits to train on. CASTILLO: train, validate, test (default train,validate, i.e. everything but the test split). Your own file: values of its `split` column (default: every row)."),
     validation_fraction: float = typer.Option(0.25, "--validation-fraction", help="Share of the prompts held out of training and passed to the predictor as validation data (early stopping, conformal calibration), grouped by prompt. For CASTILLO it is taken from the validate split when that is used. 0 = none."),
-    seed: int = SeedPredOpt,
-    param: list[str] = typer.Option([], "--param", help="Predictor constructor argument KEY=VALUE (value read as YAML); repeatable."),
+    seed: int = SeedTrainOpt,
+    param: list[str] = typer.Option([], "--param", help="Predictor constructor argument KEY=VALUE (value read as YAML); repeatable, e.g. --param max_rounds=200."),
     from_log: Optional[Path] = typer.Option(None, "--from-log", help="Train on the gateway's request log (the SQLite file `presched serve` writes, log.path) instead of --data: requests that succeeded (status 200) with a known output length. Requests cut by max_tokens are left out (their true length is unknown). Predictors that read prompt text (text-gbm, lexical-gbm, encoders) need prompt logging (log.store_prompts) to have been on; model-median and linear-prompt train on any log."),
     keep_censored: bool = typer.Option(False, "--keep-censored", help="--from-log: also train on requests cut by max_tokens (forced lengths, e.g. replayed with ignore_eos), taking the cut length as the truth. Off by default: a cut length is only a lower bound of the true one."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines; only the final summary line."),
 ) -> None:
     """Train one output-length predictor on labelled requests (CASTILLO, your own file, or the
     gateway's request log) and save it as a .npz model file."""
@@ -143,6 +145,8 @@ def train(
                         f"({rep['validation_requests']:,} for validation) in {rep['fit_s']:.1f} s; "
                         f"{rep['summary']}; wrote {path} ({rep['bytes'] / 1024:,.0f} KB)")  # fmt: skip
         return
+    say = (lambda msg: None) if quiet else (lambda msg: err.print(msg, highlight=False, soft_wrap=True))
+    say(f"loading {data}" + (f" ({split})" if split else ""))
     reqs, is_castillo = _load_data(data, split)
     check_labelled(reqs, "training data")
     if is_castillo and any(r.metadata.get("split") == "validate" for r in reqs):
@@ -155,12 +159,13 @@ def train(
         pred = PREDICTORS.create(predictor, **kwargs)
     except TypeError as e:
         raise UserError(f"--param: {predictor} does not take these arguments ({e})") from None
+    say(f"fitting {predictor} on {len(fit_on):,} requests ({len(validation):,} for validation)")
     t0 = time.perf_counter()
     pred.fit(fit_on, validation=validation or None)
     took = time.perf_counter() - t0
     path = pred.save(out)
     Console().print(f"trained {predictor} on {len(fit_on):,} requests ({len(validation):,} for validation) "
-                    f"in {took:.1f} s; wrote {path} ({path.stat().st_size / 1024:,.0f} KB)")  # fmt: skip
+                    f"in {took:.1f} s; wrote {path} ({path.stat().st_size / 1024:,.0f} KB)", soft_wrap=True)  # fmt: skip
 
 
 def predict(
@@ -174,7 +179,7 @@ def predict(
     from presched.predict import LEVELS
     from presched.workload.loaders.generic import load_generic
 
-    xs = _csv(thresholds, float) or []
+    xs = _csv(thresholds, float, "--thresholds") or []
     if any(x < 0 for x in xs):
         raise UserError(f"--thresholds: token counts must be >= 0, got {thresholds!r}")
     pred = _load_model(model_file)
@@ -258,6 +263,8 @@ def eval_(
         if any(v not in VIEWS for v in views):
             raise UserError(f"--view: expected one of {', '.join(VIEWS)} or all, got {view!r}")
         if is_castillo:
+            if not quiet and not console.is_terminal:  # the views take a while to build
+                err.print(f"building the CASTILLO views: {', '.join(views)}", highlight=False, soft_wrap=True)
             splits = [castillo_view(v, seed=seed, quick=quick) for v in views]
         else:
             if view not in ("all", "in-dist"):
@@ -268,7 +275,7 @@ def eval_(
                 splits = [generic_split(reqs, test_fraction, validation_fraction, seed)]
             except ValueError as e:
                 raise UserError(str(e)) from None
-        with _progress(console, quiet) as prog:
+        with _progress(console, quiet, lines=True) as prog:
             task = prog.add_task("evaluating", total=len(splits) * len(names))
             result = evaluate(names, splits, params=_params(param, scoped=True), single_calls=single_calls,
                               seed=seed, on_step=lambda label: prog.update(task, advance=1, description=label))  # fmt: skip

@@ -28,7 +28,7 @@ def serve(
     predictor: Optional[Path] = typer.Option(None, "--predictor", "-m", help=_F["predictor"].description),
     host: Optional[str] = typer.Option(None, "--host", help=_F["host"].description),
     port: Optional[int] = typer.Option(None, "--port", help=_F["port"].description),
-    log: Optional[str] = typer.Option(None, "--log", help=(LogConfig.model_fields["path"].description or "") + " 'none' disables it."),
+    log: Optional[str] = typer.Option(None, "--log", help=(LogConfig.model_fields["path"].description or "").replace("null disables it", "'none' disables it")),
     store_prompts: bool = typer.Option(False, "--store-prompts", help=LogConfig.model_fields["store_prompts"].description),
     set_: list[str] = typer.Option([], "--set", "-s", help="Set any ServeConfig field by dotted path, e.g. --set max_queue=500 --set policy_params.starvation_s=30."),
 ) -> None:

@@ -41,7 +41,7 @@ class WorkloadConfig(Config):
 
     source: str = Field(
         DEFAULT,
-        description="Request source: 'default' (embedded Azure-conv-like workload, no files) or a "
+        description="Request source: 'default' (embedded workload, no files: Azure-code-like bursty arrivals, CASTILLO Llama-3.1-8B lengths) or a "
         "loader name: azure, azure-conv, azure-code, mooncake, mooncake-conv, castillo, sharegpt, generic.",
     )
     path: Path | None = Field(
@@ -155,7 +155,8 @@ def _check_options(source: str, path: Path | None, prefix: str, set_: set[str]) 
         if f"{prefix}{opt}" in set_ and opt not in params:
             raise ValueError(f"{prefix}{opt} is not used by source {source!r}")
     if "model" in params and params["model"].default is None and f"{prefix}model" not in set_:
-        raise ValueError(f"{prefix}model is required by source {source!r}; {_known_models(path)}")
+        raise ValueError(f"{prefix}model is required by source {source!r} (give it with "
+                         f"--set workload.{prefix}model=NAME, e.g. llama-3.1-8b); {_known_models(path)}")
     p = params.get("path")
     if p is not None and p.default is inspect.Parameter.empty and path is None:
         raise ValueError(f"{prefix}path is required by source {source!r}")
@@ -190,7 +191,7 @@ def _rng(seed: int, purpose: int) -> np.random.Generator:
 def build_workload(cfg: WorkloadConfig) -> list[Request]:
     """The requests `cfg` describes, sorted by arrival (see the module docstring for the steps)."""
     opts = {"model": cfg.model, "split": cfg.split, "sample": cfg.sample}
-    if cfg.source == DEFAULT:  # its own "trace" is Poisson, directly at the asked rate
+    if cfg.source == DEFAULT:  # its own "trace": bursty gaps from its table, directly at the asked rate
         rate = cfg.rate if cfg.arrivals == "trace" else None
         reqs = default_workload(cfg.num_requests or 2000, rate=rate, seed=cfg.seed)
     else:

@@ -1,0 +1,131 @@
+"""What a person reads from `presched`: help that shows flags as flags and the defaults, error
+messages that name the option and say how to fix it (without pydantic's noise), progress lines
+off a terminal, and a warning when a run is far past capacity. Real subprocesses, stdout and
+stderr piped (not a terminal), as in a log or CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def presched(*args, cwd=None):
+    env = {**os.environ, "COLUMNS": "200"}  # help and messages unwrapped, so phrases can be matched
+    return subprocess.run([sys.executable, "-m", "presched.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300, env=env)  # fmt: skip
+
+
+def test_help_shows_flags_as_flags_and_the_defaults():
+    sim = presched("simulate", "--help").stdout
+    assert "--json" in sim and "<bool>" not in sim
+    bench = presched("bench", "--help").stdout
+    assert (
+        "Default: fcfs,mlfq,sjf-oracle,srpt-oracle." in bench
+        and "Default: 0.5,0.7,0.8,0.9,0.95." in bench
+    )
+    assert "Default: 64." in bench and "<bool>" not in bench
+    serve = presched("serve", "--help").stdout
+    assert "'none' disables it" in serve and "null disables it" not in serve
+    train = presched("train", "--help").stdout
+    seed = train[train.index("--seed") :].split("\n")[0]
+    assert "latency" not in seed and "--quiet" in train
+
+
+def test_bad_list_option_names_the_option(tmp_path):
+    r = presched("bench", "--loads", "0.5,abc", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--loads" in r.stderr and "'abc' is not a number" in r.stderr
+
+
+def test_castillo_without_a_model_says_how_to_give_one(tmp_path):
+    r = presched("bench", "-w", "castillo", cwd=tmp_path)
+    assert r.returncode == 2 and "--set workload.model=" in r.stderr
+
+
+def test_validation_errors_lose_pydantics_prefix_and_input_dumps(tmp_path):
+    r = presched(
+        "bench", "--set", 'workload={"source": "castillo", "num_requests": 5}', cwd=tmp_path
+    )
+    assert r.returncode == 2 and "model is required" in r.stderr
+    assert "Value error" not in r.stderr and "(got {" not in r.stderr
+
+
+def test_garbage_model_file_is_not_a_presched_model_file(tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_text("not a model")
+    r = presched("predict", "-m", str(bad), "-i", str(EXAMPLES / "requests.jsonl"))
+    assert r.returncode == 2 and "not a presched model file" in r.stderr
+    assert "pickle" not in r.stderr
+
+
+def test_run_far_past_capacity_warns_before_the_numbers(data_dir):
+    r = presched("simulate", "-w", "mooncake-conv", "-n", "2000", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "warning: offered load is" in r.stderr and json.loads(r.stdout)["completed"] == 2000
+    ok = presched("simulate", "-n", "300", "--json")
+    assert ok.returncode == 0 and "warning" not in ok.stderr
+
+
+def test_train_prints_progress_unless_quiet(tmp_path):
+    args = (
+        "train",
+        "-p",
+        "model-median",
+        "-d",
+        str(EXAMPLES / "requests.jsonl"),
+        "-o",
+        str(tmp_path / "m.npz"),
+    )
+    r = presched(*args)
+    assert r.returncode == 0, r.stderr
+    assert "loading" in r.stderr and "fitting model-median on 30 requests" in r.stderr
+    q = presched(*args, "--quiet")
+    assert q.returncode == 0 and q.stderr == "" and "trained model-median" in q.stdout
+
+
+def test_eval_prints_progress_lines_off_a_terminal(tmp_path):
+    r = presched("eval", "-p", "model-median,linear-prompt", "-d", str(EXAMPLES / "requests.jsonl"),
+                 "-o", str(tmp_path / "ev"), "--quiet")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = presched("eval", "-p", "model-median,linear-prompt", "-d", str(EXAMPLES / "requests.jsonl"),
+                 "-o", str(tmp_path / "ev"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "[1/2]" in r.stderr and "[2/2]" in r.stderr
+
+
+@pytest.mark.parametrize("cmd", [("bench", "--help"), ("simulate", "--help")])
+def test_help_runs(cmd):
+    assert presched(*cmd).returncode == 0
+
+
+def test_a_dumped_config_loads_back_into_bench(tmp_path):
+    """`presched config --dump x.yaml` then `presched bench -c x.yaml` runs (the defaults,
+    noisy-oracle predictions and mlfq parameters included, survive the round trip)."""
+    assert presched("config", "--dump", "x.yaml", cwd=tmp_path).returncode == 0
+    r = presched("bench", "-c", "x.yaml", "-n", "200", "--loads", "0.9", "-o", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert doc["config"]["predictions"]["source"] == "noisy-oracle"
+    assert [row["policy"] for row in doc["rows"]] == ["fcfs", "mlfq", "sjf-oracle", "srpt-oracle"]
+
+
+def test_eval_on_castillo_says_it_is_building_the_views(tmp_path, data_dir):
+    r = presched("eval", "-p", "model-median", "--quick", "300", "--view", "in-dist",
+                 "-o", str(tmp_path / "ev"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "building the CASTILLO views: in-dist" in r.stderr and "[1/1] in-dist / model-median" in r.stderr
+
+
+def test_bench_loads_past_capacity_warn(tmp_path):
+    r = presched("bench", "-n", "200", "--loads", "0.9,1.2", "-p", "fcfs", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "warning: loads 1.2 are past capacity" in r.stderr
+    ok = presched("bench", "-n", "200", "--loads", "0.9", "-p", "fcfs", cwd=tmp_path)
+    assert "warning" not in ok.stderr

@@ -1,0 +1,84 @@
+"""Every command of README.md, as written, works: each ```bash block is parsed, each command
+run for real (a subprocess, in a scratch folder that sees `examples/`), in order, with a quick
+variant where a flag allows (fewer requests, one load). Commands that install software, start a
+server in the foreground, or take over a minute are listed in SKIP with the reason, so a new
+command is run unless someone says why not. The README's sample table must be the output of
+`presched bench` itself (`python scripts/readme_sample.py` regenerates it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+SKIP = {  # command prefix -> why it is not run here
+    "python3 -m venv": "installs the package (network, minutes); its `presched bench` is "
+    "test_readme_sample_is_the_output_of_presched_bench",
+    "scripts/test": "runs this test suite",
+    "scripts/engine/install.sh": "installs vLLM (minutes) and starts an engine in the foreground",
+    "presched serve": "starts the gateway in the foreground (tests/serve run it)",
+    "presched replay": "needs the engine and gateway above running (tests/loadgen run it)",
+}
+QUICK = [  # (command prefix, extra arguments): the same command, smaller
+    ("presched bench", ["-n", "200", "--loads", "0.9"]),
+    ("presched simulate", ["-n", "200"]),
+    ("presched train -p text-gbm -o", ["--param", "max_rounds=30"]),  # full fit: ~1 min
+]
+
+
+def readme_commands(text: str) -> list[str]:
+    """The commands of every ```bash block: continuation lines joined, comments and blank
+    lines dropped."""
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = line.split(" #")[0].strip()
+            if line and not line.startswith("#"):
+                cmds.append(line)
+    return cmds
+
+
+def _argv(cmd: str) -> list[str]:
+    argv = shlex.split(cmd)
+    assert argv[0] == "presched", f"not a presched command and not in SKIP: {cmd!r}"
+    extra = next((x for p, x in QUICK if cmd.startswith(p)), [])
+    return [sys.executable, "-m", "presched.cli", *argv[1:], *extra]
+
+
+def test_readme_commands_parse_into_known_kinds():
+    cmds = readme_commands(README.read_text())
+    assert len(cmds) >= 15
+    assert any(
+        c.startswith("presched bench -w castillo") and "predictions.path=model.npz" in c
+        for c in cmds
+    )
+
+
+def test_every_readme_command_runs(tmp_path, data_dir):
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    failures = []
+    for cmd in readme_commands(README.read_text()):
+        if any(cmd.startswith(p) for p in SKIP):
+            continue
+        r = subprocess.run(_argv(cmd), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            failures.append(f"{cmd}\n  exit {r.returncode}: {r.stderr.strip()[-500:]}")
+    assert not failures, "README commands that fail:\n" + "\n".join(failures)
+
+
+def test_readme_sample_is_the_output_of_presched_bench(tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "readme_sample", ROOT / "scripts" / "readme_sample.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.run_bench(tmp_path / "out")  # the default command, no files needed
+    assert mod.sample_in(README.read_text()) == out, "run `python scripts/readme_sample.py`"
+    assert (tmp_path / "out" / "bench.png").read_bytes()[:4] == b"\x89PNG"
