@@ -16,7 +16,10 @@ from hypothesis import strategies as st
 import numpy as np
 
 from presched.predict.estimate import LEVELS, LengthEstimate
+from presched.serve.config import ServeConfig
+from presched.serve.gateway import Gateway
 from presched.serve.predictions import PredictBatcher
+from presched.serve.probe import probe_estimate
 from presched.serve.request_body import Done, parse_body
 from presched.workload.request import Request
 
@@ -92,5 +95,53 @@ def test_a_cancelled_drain_cancels_the_requests_it_was_predicting():
             await asyncio.wait_for(task, 30)
         gate.set()
         pb.worker.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("streamed", [0, 3])
+def test_vtc_charges_the_output_a_whole_response_reports_in_usage(streamed):
+    """A non-streamed response (or a stream that merged events) reports its tokens only in
+    usage: `finish` tells the policy with `on_tokens` after counting them in `seq.generated`,
+    as the simulator does. Before, vtc read the old count and charged 0 for those tokens, so a
+    tenant sending stream=false was served output for free: c = w_in * prompt + w_out * output."""
+
+    async def main():
+        backends = [{"url": "http://127.0.0.1:9", "model": "m", "max_in_flight": 1}]
+        gw = Gateway(ServeConfig(backends=backends, log={"path": None}, policy="vtc"))
+        vtc = gw.backends[0].policy
+        s = gw.accept(Request(id="r", prompt_tokens=10, tenant="default", model="m"))
+        for _ in range(streamed):
+            s.on_token(gw.now())
+            gw.tokens(s, 1)
+        gw.finish(s, 100)
+        assert s.generated == 100
+        assert vtc.counters["default"] == pytest.approx(1.0 * 10 + 2.0 * 100)
+
+    asyncio.run(main())
+
+
+def test_kv_admission_sees_the_usage_count_when_a_request_outlives_its_quantile():
+    """kv-admission grows a running request's footprint from `seq.generated` in `on_tokens`;
+    with the count updated first, the footprint it drops at the end is the one it charged."""
+
+    async def main():
+        backends = [{"url": "http://127.0.0.1:9", "model": "m", "max_in_flight": 2, "kv_tokens": 10_000}]
+        gw = Gateway(ServeConfig(backends=backends, log={"path": None}, policy="kv-admission"),
+                     predicts=True)  # fmt: skip
+        kv = gw.backends[0].policy
+        s = gw.accept(Request(id="r", prompt_tokens=10, model="m"), estimate=probe_estimate(20.0))
+        seen = []
+        orig = kv.on_tokens
+
+        def spy(seq, n, now):  # records what the policy reads, then runs it unchanged
+            orig(seq, n, now)
+            seen.append((seq.generated, kv.footprint))
+
+        kv.on_tokens = spy
+        gw.finish(s, 500)
+        assert seen and seen[0][0] == 500
+        assert seen[0][1] == 10 + 501  # prompt + max(q, g + 1), block size 1
+        assert kv.footprint == 0
 
     asyncio.run(main())

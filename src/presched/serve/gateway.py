@@ -246,8 +246,10 @@ class Gateway:
         seq.finish = now
         b = self.backends[seq.instance]
         if output_tokens is not None and output_tokens > seq.generated:
-            # tokens the stream did not show one by one (a whole response; merged events)
-            self.tokens(seq, output_tokens - seq.generated)
+            # tokens the stream did not show one by one (a whole response; merged events):
+            # counted first, as the simulator does, then told (`on_tokens` reads the new count)
+            n, seq.generated = output_tokens - seq.generated, output_tokens
+            self.tokens(seq, n)
         if output_tokens is not None:
             seq.generated = output_tokens
         self._leave(b, seq, finished=True)
