@@ -7,6 +7,7 @@ no HTTP where the bug is not in the HTTP layer.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import threading
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.serve.config import ServeConfig
-from presched.serve.gateway import Gateway
+from presched.serve.gateway import Gateway, GatewayError
 from presched.serve.predictions import PredictBatcher
 from presched.serve.probe import probe_estimate
 from presched.serve.request_body import Done, parse_body
@@ -143,5 +144,127 @@ def test_kv_admission_sees_the_usage_count_when_a_request_outlives_its_quantile(
         assert seen and seen[0][0] == 500
         assert seen[0][1] == 10 + 501  # prompt + max(q, g + 1), block size 1
         assert kv.footprint == 0
+
+    asyncio.run(main())
+
+
+# --- a property: the gateway's books balance after every event, even when hooks raise ---------
+
+HOOKS = ("on_arrival", "on_schedule", "on_tokens", "on_finish", "on_cancel", "admit", "priority", "wakeup")
+EVENTS = st.lists(st.tuples(st.sampled_from(["arrive"] * 4 + ["tokens", "finish", "cancel", "gone",
+                                             "failed", "down", "up"]),  # fmt: skip
+                            st.integers(0, 1000), st.integers(1, 40), st.floats(0, 2),
+                            st.booleans()),  # does a hook raise during this event?
+                  min_size=1, max_size=50)  # fmt: skip
+
+
+def faulty(gw: Gateway, lives: collections.Counter, armed: list) -> None:
+    """Wrap each backend policy's hooks (the real policy still runs): count each request's
+    open lifecycle per backend (on_arrival +1, on_finish / on_cancel -1) and raise in the hook
+    the test arms (`armed[0]`, once)."""
+    for b in gw.backends:
+        for hook in HOOKS:
+            real = getattr(b.policy, hook)
+
+            def wrapped(*args, _real=real, _hook=hook, _b=b.index):
+                if _hook == "on_arrival":
+                    lives[(_b, args[0].id)] += 1
+                elif _hook in ("on_finish", "on_cancel"):
+                    lives[(_b, args[0].id)] -= 1
+                if armed and armed[0] == _hook:
+                    armed.clear()
+                    raise RuntimeError(f"injected failure in {_hook}")
+                return _real(*args)
+
+            setattr(b.policy, hook, wrapped)
+
+
+def balanced(gw: Gateway, seqs, lives) -> None:
+    """Shares = the waiting requests per pool; each request waits or runs in at most one place,
+    and its policy lifecycle is open exactly there (no on_cancel / on_finish twice, or never)."""
+    pools = collections.Counter(gw.shares._pool(s.tenant) for b in gw.backends for s in b.queue)
+    assert dict(pools) == gw.shares.counts
+    for s in seqs:
+        at = [b.index for b in gw.backends if s in b.queue or s in b.running]
+        assert len(at) <= 1, (s, at)
+        for b in gw.backends:
+            assert lives[(b.index, s.id)] == (1 if b.index in at else 0), (s.id, b.index, lives)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "sjf", "vtc", "mlfq", "kv-admission", "hrrn", "fallback"])
+@settings(max_examples=25, deadline=None)
+@given(events=EVENTS, mode=st.sampled_from(["queue", "passthrough"]))
+def test_books_balance_after_every_event_even_when_hooks_raise(policy, events, mode):
+    async def main():
+        backends = [{"url": f"http://127.0.0.1:{9000 + i}", "model": "m", "max_in_flight": 2,
+                     "kv_tokens": 4000} for i in range(2)]  # fmt: skip
+        tenants = [{"name": "a", "api_key": "ka", "weight": 2}, {"name": "b", "api_key": "kb"}]
+        gw = Gateway(ServeConfig(backends=backends, log={"path": None}, policy=policy, mode=mode,
+                                 tenants=tenants, max_queue=8), predicts=True)  # fmt: skip
+        clock = [0.0]
+        gw.clock = lambda: clock[0]
+        lives, armed = collections.Counter(), []
+        faulty(gw, lives, armed)
+        seqs, live = [], []
+
+        def running():
+            return [s for s in live if s.released.done() and not s.released.cancelled()
+                    and s.released.exception() is None and s in gw.backends[s.instance].running]  # fmt: skip
+
+        def end(s) -> None:  # what the app's `_end` does for a request that did not complete
+            live.remove(s)
+            gw.cancel(s)
+
+        for op, i, n, dt, fail in events:
+            clock[0] += dt
+            if fail:
+                armed[:] = [HOOKS[i % len(HOOKS)]]
+            run = running()
+            if op == "arrive":
+                r = Request(id=f"r{len(seqs)}", prompt_tokens=n, tenant="abc"[i % 3], model="m", max_tokens=n)
+                try:
+                    s = gw.accept(r, target=n, estimate=probe_estimate(3.0 * n))
+                except GatewayError as e:
+                    assert e.status in (429, 503), e
+                else:
+                    seqs.append(s)
+                    live.append(s)
+            elif op == "tokens" and run:
+                s = run[i % len(run)]
+                s.on_token(gw.now())
+                gw.tokens(s, 1)
+            elif op == "finish" and run:
+                s = run[i % len(run)]
+                live.remove(s)
+                gw.finish(s, s.generated + n)
+            elif op == "failed" and run:
+                s = run[i % len(run)]
+                try:
+                    gw.failed(s)
+                except GatewayError as e:
+                    assert e.status in (502, 503), e
+                    end(s)
+            elif op == "cancel" and live:
+                end(live[i % len(live)])
+            elif op == "gone" and live:  # the client's task was cancelled while it waited
+                s = live[i % len(live)]
+                if not s.released.done():
+                    s.released.cancel()
+            elif op in ("down", "up"):
+                gw.set_health(gw.backends[i % 2], op == "up")
+            armed.clear()
+            for s in [s for s in live if s.released.done() and not s.released.cancelled()
+                      and s.released.exception() is not None]:  # its wait raised PolicyError
+                end(s)
+            balanced(gw, seqs, lives)
+        for b in gw.backends:
+            gw.set_health(b, True)
+        for s in list(live):
+            end(s)
+        balanced(gw, seqs, lives)
+        assert gw.shares.counts == {} and gw.num_waiting == 0
+        assert all(not b.running for b in gw.backends)
+        kv = [b.policy for b in gw.backends if b.policy.name == "kv-admission"]
+        assert all(p.footprint == 0 and p._running == {} for p in kv)
 
     asyncio.run(main())
