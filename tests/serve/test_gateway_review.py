@@ -11,17 +11,18 @@ import collections
 import json
 import threading
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import numpy as np
+from starlette.requests import Request as HTTPRequest
 
 from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.serve.config import ServeConfig
 from presched.serve.gateway import Gateway, GatewayError
 from presched.serve.predictions import PredictBatcher
 from presched.serve.probe import probe_estimate
-from presched.serve.request_body import Done, parse_body
+from presched.serve.request_body import Done, parse_body, read_body
 from presched.workload.request import Request
 
 
@@ -266,5 +267,28 @@ def test_books_balance_after_every_event_even_when_hooks_raise(policy, events, m
         assert all(not b.running for b in gw.backends)
         kv = [b.policy for b in gw.backends if b.policy.name == "kv-admission"]
         assert all(p.footprint == 0 and p._running == {} for p in kv)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("length", ["\xb2", "1\xb9", "\xbc"])
+def test_a_content_length_of_non_ascii_digits_is_not_a_crash(length):
+    """'²'.isdigit() is True but int('²') raises: before, read_body raised ValueError (an
+    unhandled 500) on such a header. h11 and httptools refuse it before the app sees it; an
+    ASGI server that passes it on gets the body read as sent (the limit still applies)."""
+
+    async def main():
+        sent = [{"type": "http.request", "body": b'{"a": 1}', "more_body": False}]
+
+        async def receive():
+            return sent.pop(0) if sent else {"type": "http.disconnect"}
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions",
+                 "headers": [(b"content-length", length.encode("latin-1"))]}  # fmt: skip
+        assert await read_body(HTTPRequest(scope, receive), 100) == b'{"a": 1}'
+        sent[:] = [{"type": "http.request", "body": b"x" * 101, "more_body": False}]
+        with pytest.raises(Done) as d:
+            await read_body(HTTPRequest(scope, receive), 100)
+        assert d.value.response.status_code == 413
 
     asyncio.run(main())

@@ -81,5 +81,6 @@ class PredictBatcher:
         """On the worker thread: one estimate per request, in order."""
         est = self.predictor.predict(requests)
         if len(est) != len(requests):
-            raise ValueError(f"the predictor returned {len(est)} estimates for {len(requests)} requests")
+            raise ValueError(f"the predictor returned {len(est)} estimates for "
+                             f"{len(requests)} requests")  # fmt: skip
         return [est[i] for i in range(len(requests))]

@@ -73,7 +73,9 @@ async def read_body(request: HTTPRequest, limit: int) -> bytes:
     Content-Length says so), without reading further: a chunked upload is never buffered beyond
     the limit. The 413 closes the connection, so the client stops sending."""
     size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and (len(size) > 18 or int(size) > limit):
+    # ASCII digits only: str.isdigit() is also true of '²', which int() refuses (ValueError)
+    digits = size is not None and size.isascii() and size.isdigit()
+    if digits and (len(size) > 18 or int(size) > limit):
         raise Done(_too_large(f"request body of {_short(size)} bytes exceeds {limit}"))
     chunks, n = [], 0
     try:
