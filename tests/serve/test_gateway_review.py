@@ -292,3 +292,50 @@ def test_a_content_length_of_non_ascii_digits_is_not_a_crash(length):
         assert d.value.response.status_code == 413
 
     asyncio.run(main())
+
+
+def test_least_work_learns_its_running_mean_only_from_completions():
+    """least-work estimates requests without a prediction from the running mean of completed
+    lengths. Before, the gateway told the router `on_finish` for every request that left a
+    backend, so each move (a backend went down), failure and cancel entered the mean as a
+    completion of `generated` tokens (0 for a waiting one): the mean fell toward 0."""
+
+    async def main():
+        backends = [{"url": f"http://127.0.0.1:{9000 + i}", "model": "m", "max_in_flight": 1}
+                    for i in range(2)]  # fmt: skip
+        gw = Gateway(ServeConfig(backends=backends, log={"path": None}, router="least-work",
+                                 router_params={"prior_output_tokens": 200.0}))  # fmt: skip
+        lw = gw.router
+        seqs = [gw.accept(Request(id=f"r{i}", prompt_tokens=5, model="m")) for i in range(6)]
+        gw.set_health(gw.backends[0], False)  # its waiting requests move to backend 1
+        gw.set_health(gw.backends[0], True)
+        for s in seqs[3:]:
+            gw.cancel(s)
+        assert (lw._sum, lw._n) == (200.0, 1)  # only the prior
+        done = [s for s in seqs[:3] if s in gw.backends[s.instance].running]
+        for s in done:
+            gw.finish(s, 50)
+        for s in seqs[:3]:
+            gw.cancel(s)  # those that never ran (a no-op for the finished ones)
+        assert (lw._sum, lw._n) == (200.0 + 50 * len(done), 1 + len(done))
+        assert lw._at_arrival == {} and not any(lw._count.values()) and not any(lw._fixed.values())
+
+    asyncio.run(main())
+
+
+def test_short_long_forgets_long_requests_that_leave_unfinished():
+    async def main():
+        backends = [{"url": f"http://127.0.0.1:{9000 + i}", "model": "m", "max_in_flight": 1}
+                    for i in range(2)]  # fmt: skip
+        gw = Gateway(ServeConfig(backends=backends, log={"path": None}, router="short-long",
+                                 router_params={"threshold_tokens": 100}), predicts=True)  # fmt: skip
+        sl = gw.router
+        seqs = [gw.accept(Request(id=f"r{i}", prompt_tokens=5, model="m"),
+                          estimate=probe_estimate(500.0 if i % 2 else 10.0)) for i in range(6)]  # fmt: skip
+        assert sl._long
+        gw.set_health(gw.backends[1], False)
+        for s in seqs:
+            gw.cancel(s)
+        assert sl._long == set() and not any(sl._nlong.values()) and sl._at_arrival == {}
+
+    asyncio.run(main())

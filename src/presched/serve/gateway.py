@@ -310,7 +310,7 @@ class Gateway:
             b.policy.on_finish(seq, self.now())
         except Exception as e:  # noqa: BLE001 - its slot is free already
             self._policy_error(b, seq, "on_finish", e)
-        self._route_done(seq)
+        self._route_done(seq, finished=True)
 
     def _cancelled(self, b: Backend, seq: GatewaySeq, now: float) -> None:
         """`seq` left `b` before finishing (no longer queued or running there)."""
@@ -318,7 +318,7 @@ class Gateway:
             b.policy.on_cancel(seq, now)
         except Exception as e:  # noqa: BLE001
             self._policy_error(b, seq, "on_cancel", e)
-        self._route_done(seq)
+        self._route_done(seq, finished=False)
 
     # --- the queues, with the per-tenant count of waiting requests ----------------------------
     def _push(self, b: Backend, seq: GatewaySeq, now: float) -> None:
@@ -361,9 +361,11 @@ class Gateway:
         for s in waiting:
             self._fault(b, s, "the waiting queue", e)
 
-    def _route_done(self, seq: GatewaySeq) -> None:
+    def _route_done(self, seq: GatewaySeq, finished: bool) -> None:
+        """The router hears `on_finish` (completed) or `on_cancel` (left unfinished)."""
         if seq.routed >= 0:
-            self.router.on_finish(seq, seq.routed, self.now())
+            hook = self.router.on_finish if finished else self.router.on_cancel
+            hook(seq, seq.routed, self.now())
             seq.routed = -1
 
     # --- health -----------------------------------------------------------------------------
