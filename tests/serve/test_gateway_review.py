@@ -41,7 +41,8 @@ def test_a_number_that_overflows_a_double_is_refused_naming_the_body(mantissa, e
 
 
 def test_finite_floats_and_zero_temperature_are_accepted():
-    raw = b'{"model": "m", "prompt": "x", "temperature": 0, "top_p": 1e-320, "frequency_penalty": -1.5e3}'
+    raw = (b'{"model": "m", "prompt": "x", "temperature": 0, "top_p": 1e-320, '
+           b'"frequency_penalty": -1.5e3}')
     body, prompt = parse_body(raw, False, ["m"])
     assert body["temperature"] == 0 and body["top_p"] == 1e-320 and prompt == "x"
 
@@ -69,7 +70,8 @@ def test_a_predictor_that_returns_the_wrong_number_of_estimates_fails_every_requ
         # a generous hang bound: the thread hand-off takes microseconds
         got = await asyncio.wait_for(asyncio.gather(*(pb.estimate(r) for r in reqs),
                                                     return_exceptions=True), 30)  # fmt: skip
-        assert all(isinstance(g, ValueError) and "estimates for 3 requests" in str(g) for g in got), got
+        assert all(isinstance(g, ValueError) for g in got), got
+        assert all("estimates for 3 requests" in str(g) for g in got), got
         assert pb._draining is None
         pb.worker.close()
 
@@ -128,7 +130,8 @@ def test_kv_admission_sees_the_usage_count_when_a_request_outlives_its_quantile(
     with the count updated first, the footprint it drops at the end is the one it charged."""
 
     async def main():
-        backends = [{"url": "http://127.0.0.1:9", "model": "m", "max_in_flight": 2, "kv_tokens": 10_000}]
+        backends = [{"url": "http://127.0.0.1:9", "model": "m", "max_in_flight": 2,
+                     "kv_tokens": 10_000}]  # fmt: skip
         gw = Gateway(ServeConfig(backends=backends, log={"path": None}, policy="kv-admission"),
                      predicts=True)  # fmt: skip
         kv = gw.backends[0].policy
@@ -151,7 +154,8 @@ def test_kv_admission_sees_the_usage_count_when_a_request_outlives_its_quantile(
 
 # --- a property: the gateway's books balance after every event, even when hooks raise ---------
 
-HOOKS = ("on_arrival", "on_schedule", "on_tokens", "on_finish", "on_cancel", "admit", "priority", "wakeup")
+HOOKS = ("on_arrival", "on_schedule", "on_tokens", "on_finish", "on_cancel", "admit", "priority",
+         "wakeup")  # fmt: skip
 EVENTS = st.lists(st.tuples(st.sampled_from(["arrive"] * 4 + ["tokens", "finish", "cancel", "gone",
                                              "failed", "down", "up"]),  # fmt: skip
                             st.integers(0, 1000), st.integers(1, 40), st.floats(0, 2),
@@ -192,7 +196,8 @@ def balanced(gw: Gateway, seqs, lives) -> None:
             assert lives[(b.index, s.id)] == (1 if b.index in at else 0), (s.id, b.index, lives)
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "sjf", "vtc", "mlfq", "kv-admission", "hrrn", "fallback"])
+@pytest.mark.parametrize("policy", ["fcfs", "sjf", "vtc", "mlfq", "kv-admission", "hrrn",
+                                    "fallback"])  # fmt: skip
 @settings(max_examples=25, deadline=None)
 @given(events=EVENTS, mode=st.sampled_from(["queue", "passthrough"]))
 def test_books_balance_after_every_event_even_when_hooks_raise(policy, events, mode):
@@ -210,7 +215,8 @@ def test_books_balance_after_every_event_even_when_hooks_raise(policy, events, m
 
         def running():
             return [s for s in live if s.released.done() and not s.released.cancelled()
-                    and s.released.exception() is None and s in gw.backends[s.instance].running]  # fmt: skip
+                    and s.released.exception() is None
+                    and s in gw.backends[s.instance].running]  # fmt: skip
 
         def end(s) -> None:  # what the app's `_end` does for a request that did not complete
             live.remove(s)
@@ -222,7 +228,8 @@ def test_books_balance_after_every_event_even_when_hooks_raise(policy, events, m
                 armed[:] = [HOOKS[i % len(HOOKS)]]
             run = running()
             if op == "arrive":
-                r = Request(id=f"r{len(seqs)}", prompt_tokens=n, tenant="abc"[i % 3], model="m", max_tokens=n)
+                r = Request(id=f"r{len(seqs)}", prompt_tokens=n, tenant="abc"[i % 3], model="m",
+                            max_tokens=n)  # fmt: skip
                 try:
                     s = gw.accept(r, target=n, estimate=probe_estimate(3.0 * n))
                 except GatewayError as e:
@@ -327,11 +334,13 @@ def test_short_long_forgets_long_requests_that_leave_unfinished():
     async def main():
         backends = [{"url": f"http://127.0.0.1:{9000 + i}", "model": "m", "max_in_flight": 1}
                     for i in range(2)]  # fmt: skip
-        gw = Gateway(ServeConfig(backends=backends, log={"path": None}, router="short-long",
-                                 router_params={"threshold_tokens": 100}), predicts=True)  # fmt: skip
+        cfg = ServeConfig(backends=backends, log={"path": None}, router="short-long",
+                          router_params={"threshold_tokens": 100})  # fmt: skip
+        gw = Gateway(cfg, predicts=True)
         sl = gw.router
         seqs = [gw.accept(Request(id=f"r{i}", prompt_tokens=5, model="m"),
-                          estimate=probe_estimate(500.0 if i % 2 else 10.0)) for i in range(6)]  # fmt: skip
+                          estimate=probe_estimate(500.0 if i % 2 else 10.0))
+                for i in range(6)]  # fmt: skip
         assert sl._long
         gw.set_health(gw.backends[1], False)
         for s in seqs:
