@@ -348,3 +348,16 @@ def test_short_long_forgets_long_requests_that_leave_unfinished():
         assert sl._long == set() and not any(sl._nlong.values()) and sl._at_arrival == {}
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(("policy", "params", "path"), [
+    ("slo", {}, "policy_params.tpot_s: "),
+    ("kv-admission", {}, "policy_params.kv_tokens (or backends[0].kv_tokens): "),
+])  # fmt: skip
+def test_a_policy_that_cannot_attach_names_the_field(policy, params, path):
+    """Before: 'backends[0] (or policy_params): field ...', no dotted path."""
+    cfg = ServeConfig(backends=[{"url": "http://127.0.0.1:9", "model": "m"}], log={"path": None},
+                      policy=policy, policy_params=params)  # fmt: skip
+    with pytest.raises(ValueError) as e:
+        Gateway(cfg, predicts=True)
+    assert str(e.value).startswith(path), str(e.value)

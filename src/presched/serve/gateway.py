@@ -41,7 +41,7 @@ from presched.schedule.registry import POLICIES
 from presched.schedule.routers import ROUTERS
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
-from presched.serve.probe import check_policy
+from presched.serve.probe import attach_error, check_policy
 from presched.serve.seq import GatewaySeq
 from presched.serve.tenants import QueueShares
 from presched.workload.request import Request
@@ -83,7 +83,7 @@ class Gateway:
             try:
                 self.backends.append(Backend(i, b, policy))
             except ValueError as e:  # what the policy needs of the engine (e.g. kv_tokens)
-                raise ValueError(f"backends[{i}] (or policy_params): {e}") from None
+                raise ValueError(attach_error(i, e)) from None
         try:
             self.router = ROUTERS.create(cfg.router, **cfg.router_params)
         except ParamsError as e:
