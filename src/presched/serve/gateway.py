@@ -41,7 +41,7 @@ from presched.schedule.registry import POLICIES
 from presched.schedule.routers import ROUTERS
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
-from presched.serve.probe import check_policy
+from presched.serve.probe import attach_error, check_policy
 from presched.serve.seq import GatewaySeq
 from presched.serve.tenants import QueueShares
 from presched.workload.request import Request
@@ -83,7 +83,7 @@ class Gateway:
             try:
                 self.backends.append(Backend(i, b, policy))
             except ValueError as e:  # what the policy needs of the engine (e.g. kv_tokens)
-                raise ValueError(f"backends[{i}] (or policy_params): {e}") from None
+                raise ValueError(attach_error(i, e)) from None
         try:
             self.router = ROUTERS.create(cfg.router, **cfg.router_params)
         except ParamsError as e:
@@ -246,8 +246,10 @@ class Gateway:
         seq.finish = now
         b = self.backends[seq.instance]
         if output_tokens is not None and output_tokens > seq.generated:
-            # tokens the stream did not show one by one (a whole response; merged events)
-            self.tokens(seq, output_tokens - seq.generated)
+            # tokens the stream did not show one by one (a whole response; merged events):
+            # counted first, as the simulator does, then told (`on_tokens` reads the new count)
+            n, seq.generated = output_tokens - seq.generated, output_tokens
+            self.tokens(seq, n)
         if output_tokens is not None:
             seq.generated = output_tokens
         self._leave(b, seq, finished=True)
@@ -308,7 +310,7 @@ class Gateway:
             b.policy.on_finish(seq, self.now())
         except Exception as e:  # noqa: BLE001 - its slot is free already
             self._policy_error(b, seq, "on_finish", e)
-        self._route_done(seq)
+        self._route_done(seq, finished=True)
 
     def _cancelled(self, b: Backend, seq: GatewaySeq, now: float) -> None:
         """`seq` left `b` before finishing (no longer queued or running there)."""
@@ -316,7 +318,7 @@ class Gateway:
             b.policy.on_cancel(seq, now)
         except Exception as e:  # noqa: BLE001
             self._policy_error(b, seq, "on_cancel", e)
-        self._route_done(seq)
+        self._route_done(seq, finished=False)
 
     # --- the queues, with the per-tenant count of waiting requests ----------------------------
     def _push(self, b: Backend, seq: GatewaySeq, now: float) -> None:
@@ -359,9 +361,11 @@ class Gateway:
         for s in waiting:
             self._fault(b, s, "the waiting queue", e)
 
-    def _route_done(self, seq: GatewaySeq) -> None:
+    def _route_done(self, seq: GatewaySeq, finished: bool) -> None:
+        """The router hears `on_finish` (completed) or `on_cancel` (left unfinished)."""
         if seq.routed >= 0:
-            self.router.on_finish(seq, seq.routed, self.now())
+            hook = self.router.on_finish if finished else self.router.on_cancel
+            hook(seq, seq.routed, self.now())
             seq.routed = -1
 
     # --- health -----------------------------------------------------------------------------

@@ -51,21 +51,36 @@ class PredictBatcher:
         return await fut
 
     async def _drain(self) -> None:
-        """Predict batches until none is pending (started on the turn after the first ask)."""
+        """Predict batches until none is pending (started on the turn after the first ask).
+        Every request of a batch gets its estimate or an exception: a predictor that returns
+        the wrong number of estimates fails the whole batch (ValueError), and a drain that is
+        cancelled (shutdown) cancels the requests it was predicting."""
+        batch: list[tuple[Request, asyncio.Future]] = []
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
                 self.calls += 1
                 self.predicted += len(batch)
                 try:
-                    est = await self.worker.run(self.predictor.predict, [r for r, _ in batch])
+                    est = await self.worker.run(self._predict, [r for r, _ in batch])
                 except Exception as e:  # noqa: BLE001 - handed to every waiting request
                     for _, fut in batch:
                         if not fut.done():
                             fut.set_exception(e)
                     continue
-                for i, (_, fut) in enumerate(batch):
+                for (_, fut), e in zip(batch, est):
                     if not fut.done():
-                        fut.set_result(est[i])
+                        fut.set_result(e)
         finally:
             self._draining = None
+            for _, fut in batch:
+                if not fut.done():
+                    fut.cancel()
+
+    def _predict(self, requests: list[Request]) -> list:
+        """On the worker thread: one estimate per request, in order."""
+        est = self.predictor.predict(requests)
+        if len(est) != len(requests):
+            raise ValueError(f"the predictor returned {len(est)} estimates for "
+                             f"{len(requests)} requests")  # fmt: skip
+        return [est[i] for i in range(len(requests))]

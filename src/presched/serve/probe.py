@@ -3,6 +3,7 @@ probe requests, so that a policy that cannot work with this configuration is ref
 with an error naming the field, instead of failing every request later.
 
     check_policy(make, engine, mode, predicts, tenant, model)   # raises ValueError
+    attach_error(i, e)     # the message when `attach` refused backend i's engine (Gateway)
 
 `make()` builds a fresh policy (the backends' own objects stay untouched). The probe runs, on a
 fresh policy attached to `engine`, exactly the hooks and queue calls the gateway makes:
@@ -71,6 +72,17 @@ def explain(name: str, hook: str, e: Exception, predicts: bool) -> str:
         return f"policy_params.{m.group(1)}: policy {name!r} cannot run here ({hook}): {msg}"
     why = f"{type(e).__name__}: {msg}"
     return f"policy: {name!r} failed the gateway's start-up check in {hook}: {why}"
+
+
+def attach_error(i: int, e: ValueError) -> str:
+    """The start-up error of a policy whose `attach` refused backend `i`'s engine, naming the
+    option its message names (`field 'X'`; kv_tokens can also be set on the backend)."""
+    m = _FIELD.search(str(e))
+    if m is None:
+        return f"backends[{i}] (or policy_params): {e}"
+    name = m.group(1)
+    also = f" (or backends[{i}].kv_tokens)" if name == "kv_tokens" else ""
+    return f"policy_params.{name}{also}: {e}"
 
 
 def _lifecycle(policy: Policy, engine: EngineInfo, mode: str, seqs: list[GatewaySeq],

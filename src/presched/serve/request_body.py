@@ -8,9 +8,10 @@ text), or the token ids the client sent instead. Every refusal is a `Done` carry
 OpenAI-format error response (`error_response`) whose `param` names the field at fault.
 
 Bounds: JSON nested at most `MAX_DEPTH` deep; no NaN / Infinity (not JSON, though Python reads
-them); every integer field the gateway knows (`INT_FIELDS`) an integer (not a bool, not 1.0)
-within its range, so nothing forwarded or logged can overflow a 64-bit integer; the prompt valid
-Unicode (no lone surrogates) and token ids in [0, `tokens.MAX_TOKEN_ID`].
+them) and no number that overflows a double (1e400, which Python reads as inf); every integer
+field the gateway knows (`INT_FIELDS`) an integer (not a bool, not 1.0) within its range, so
+nothing forwarded or logged can overflow a 64-bit integer; the prompt valid Unicode (no lone
+surrogates) and token ids in [0, `tokens.MAX_TOKEN_ID`].
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ async def read_body(request: HTTPRequest, limit: int) -> bytes:
     Content-Length says so), without reading further: a chunked upload is never buffered beyond
     the limit. The 413 closes the connection, so the client stops sending."""
     size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and (len(size) > 18 or int(size) > limit):
+    # ASCII digits only: str.isdigit() is also true of '²', which int() refuses (ValueError)
+    digits = size is not None and size.isascii() and size.isdigit()
+    if digits and (len(size) > 18 or int(size) > limit):
         raise Done(_too_large(f"request body of {_short(size)} bytes exceeds {limit}"))
     chunks, n = [], 0
     try:
@@ -106,6 +109,15 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent; one that overflows a double (1e400, which
+    Python reads as inf and would forward as `Infinity`, not JSON) is refused."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"{_short(text)} is out of range for a double")
+    return v
+
+
 def _too_deep(raw: bytes, obj: Any) -> bool:
     """True when `obj` nests deeper than MAX_DEPTH (iterative: no recursion on client data)."""
     if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:  # cannot be deeper than its brackets
@@ -124,7 +136,7 @@ def parse_body(raw: bytes, chat: bool, models: list[str]) -> tuple[dict, str | l
     """(body, prompt text or token ids) of a generation request; `Done` naming the bad field.
     Fills in `model` when it is missing and exactly one model is served."""
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
+        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
         body, deep = None, True
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, NaN, a 4,300-digit number

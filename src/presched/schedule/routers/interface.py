@@ -2,7 +2,8 @@
 
 Like policies, routers are pure logic shared by the simulator and the gateway. The driver calls
 `route(seq, instances, now)` once per arrival with a view of each instance and sends the request
-to the returned index; `on_finish` tells the router a request completed there.
+to the returned index; `on_finish` tells the router a request completed there, `on_cancel`
+that it left there unfinished (the gateway: cancelled, failed, or moved to another backend).
 
 An instance view has: `index`, `num_waiting`, `num_running`, `num_outstanding`,
 `kv_free_fraction`, and `outstanding()` (iterator over its unfinished requests' seqs).
@@ -49,6 +50,12 @@ class Router(ABC):
 
     def on_finish(self, seq: SeqView, instance: int, now: float) -> None:
         """A request routed to `instance` finished."""
+
+    def on_cancel(self, seq: SeqView, instance: int, now: float) -> None:
+        """A request routed to `instance` left it unfinished (its client went away, it failed
+        there, or the gateway moved it to another instance, which routes it again): drop what
+        is kept for it. Its `generated` is no true length (do not learn from it). Default:
+        ignore (routers without per-request state)."""
 
 
 ROUTERS: Registry[Router] = Registry("router")

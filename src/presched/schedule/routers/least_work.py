@@ -129,6 +129,12 @@ class LeastWork(Router):
     def on_finish(self, seq, instance, now) -> None:
         self._sum += seq.generated
         self._n += 1
+        self._forget(seq, instance)
+
+    def on_cancel(self, seq, instance, now) -> None:
+        self._forget(seq, instance)  # not a completion: the running mean learns nothing
+
+    def _forget(self, seq, instance: int) -> None:
         a = self._at_arrival.pop(seq, None)
         if a is not None:
             self._count[instance] -= 1

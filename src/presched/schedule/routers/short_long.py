@@ -106,8 +106,8 @@ class ShortLong(LeastWork):
             return tied[0]
         return min(tied, key=lambda i: self.work(instances[i], i))
 
-    def on_finish(self, seq, instance, now) -> None:
-        super().on_finish(seq, instance, now)
+    def _forget(self, seq, instance: int) -> None:
+        super()._forget(seq, instance)
         if seq in self._long:
             self._long.discard(seq)
             self._nlong[instance] -= 1
