@@ -226,7 +226,9 @@ class GatewayApp:
         if wait is not None:
             raise _Done(error_response(429, f"tenant {tenant!r} is over its rate limit",
                                        "rate_limit_error", retry_after=wait))  # fmt: skip
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) if chat else body.get("max_tokens")
+        max_tokens = body.get("max_tokens")
+        if chat and body.get("max_completion_tokens") is not None:  # null: max_tokens still counts
+            max_tokens = body["max_completion_tokens"]
         req = Request(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}",
                       prompt_tokens=n_prompt, tenant=tenant, model=body.get("model") or "",
                       prompt=text, max_tokens=max_tokens)  # fmt: skip

@@ -44,9 +44,9 @@ class BackendConfig(Config):
 class TenantConfig(Config):
     name: str = Field(..., min_length=1, description="Tenant name (log, metrics, fair share).")
     api_key: str = Field(..., min_length=1, description="The API key (Authorization: Bearer KEY) that identifies this tenant.")
-    weight: float = Field(1.0, gt=0, description="Share for fair policies (vtc): a tenant with weight 2 gets twice the service of one with weight 1 when both wait.")
-    rate_limit_rps: float | None = Field(None, gt=0, description="Most requests per second this tenant may start (token bucket); more get 429.")
-    burst: int | None = Field(None, ge=1, description="Bucket size of the rate limit (default: max(1, rate_limit_rps)).")
+    weight: float = Field(1.0, gt=0, le=1e6, allow_inf_nan=False, description="Share for fair policies (vtc): a tenant with weight 2 gets twice the service of one with weight 1 when both wait.")
+    rate_limit_rps: float | None = Field(None, ge=1e-3, le=1e6, allow_inf_nan=False, description="Most requests per second this tenant may start (token bucket); more get 429.")
+    burst: int | None = Field(None, ge=1, le=1_000_000, description="Bucket size of the rate limit (default: max(1, rate_limit_rps)).")
 
 
 class LogConfig(Config):
@@ -68,13 +68,13 @@ class ServeConfig(Config):
     priority_stat: str = Field("mean", description="Passthrough mode: the statistic of the predicted length sent as vLLM `priority` (mean, median, q90, ...; lower runs first).")
     send_prediction: bool = Field(False, description="Add the prediction to the upstream body as vllm_xargs (presched_pred_mean, presched_pred_q90), for engine-side plug-ins.")
     tenants: list[TenantConfig] = Field(default_factory=list, description="API keys and their tenants. Empty: no authentication, every request is tenant 'default'.")
-    max_queue: int = Field(10_000, ge=1, description="Most requests waiting in the gateway; more get 429 with Retry-After. With tenants, each tenant may fill only its share, max_queue * weight / (sum of weights) (docs/gateway.md, Queue shares).")
+    max_queue: int = Field(10_000, ge=1, le=10_000_000, description="Most requests waiting in the gateway; more get 429 with Retry-After. With tenants, each tenant may fill only its share, max_queue * weight / (sum of weights) (docs/gateway.md, Queue shares).")
     max_prompt_tokens: int = Field(32_768, ge=1, description="Longer prompts get 413.")
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="Larger request bodies get 413.")
     connect_timeout_s: float = Field(5.0, gt=0, description="Backend connect timeout; a backend that refuses or times out is retried on another.")
     first_byte_timeout_s: float = Field(600.0, gt=0, description="Most seconds from sending to the backend's response headers before it counts as failed (and is retried elsewhere).")
     health_interval_s: float = Field(2.0, gt=0, description="Seconds between health checks (GET /health) of each backend.")
-    retries: int = Field(2, ge=0, description="Other backends to try when one fails before the first byte.")
+    retries: int = Field(2, ge=0, le=100, description="Other backends to try when one fails before the first byte.")
     log: LogConfig = Field(default_factory=LogConfig, description="The request log.")
     idle_timeout_s: float = Field(60.0, gt=0, le=86_400, description="Most seconds between two reads of a backend's response body once its first bytes came (the wait for those is first_byte_timeout_s). A backend that stalls longer is cut off: a stream ends with an error event, a whole response is retried elsewhere, and the backend counts as failing.")
     drain_timeout_s: float = Field(30.0, ge=0, le=86_400, description="On shutdown (SIGTERM, Ctrl-C), most seconds to let requests in flight finish; those still running after it end with an error (503; an error event in a stream) and their log row.")

@@ -1,6 +1,5 @@
-"""Bugs the review found in files it does not own (`serve/app.py`, `serve/config.py`): each
-test states the expected behaviour and is marked xfail(strict=True) until the owner fixes the
-line named in its reason (then it passes, strict xfail reports it, and the mark goes).
+"""Bugs a review found in `serve/app.py` and `serve/config.py`, fixed: a null
+`max_completion_tokens` beside `max_tokens`, and infinite tenant weights / rates.
 
 Over real HTTP (uvicorn, the stub engine) where the bug is in the HTTP app.
 """
@@ -15,8 +14,6 @@ from presched.serve.app import build_app
 from presched.serve.config import ServeConfig
 
 
-@pytest.mark.xfail(strict=True, reason="serve/app.py:240 body.get('max_completion_tokens', "
-                   "body.get('max_tokens')) is None when the key is present as null")
 def test_a_null_max_completion_tokens_falls_back_to_max_tokens(asgi_server, stub_server):
     """OpenAI clients may send `max_completion_tokens: null` with `max_tokens` (both are
     optional in vLLM's protocol). The gateway then reads max_tokens as None: an oracle
@@ -32,8 +29,6 @@ def test_a_null_max_completion_tokens_falls_back_to_max_tokens(asgi_server, stub
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.xfail(strict=True, reason="serve/config.py:47-48 TenantConfig.weight and "
-                   "rate_limit_rps accept inf (no allow_inf_nan=False)")  # fmt: skip
 @pytest.mark.parametrize("field", ["weight", "rate_limit_rps"])
 def test_an_infinite_tenant_weight_or_rate_is_refused_naming_the_field(field):
     """weight: .inf crashes Gateway() (QueueShares: floor(nan), 'cannot convert float NaN to
