@@ -1,6 +1,6 @@
 """Hand-computed timelines with every step lasting exactly 1 s."""
 
-from builders import linear_steps, make_engine, make_requests, run_engine
+from builders import StepChecks, linear_steps, make_engine, make_requests, run_engine
 
 
 def times(seq):
@@ -76,3 +76,75 @@ def test_a_request_that_exactly_fills_the_kv_cache_runs():
     # 8 tokens of KV hold prompt 4 + 5 output tokens: the 5th token is sampled, never stored.
     (r,) = run_engine(make_engine(num_blocks=4, block_size=2), make_requests([(4, 5)], arrivals=[0.0]))
     assert r.generated == 5 and r.finish == 5.0
+
+
+def checked_run(requests, policy="fcfs", **engine):
+    """`run_engine` with the per-step checks of `builders.StepChecks` on (budget, exact blocks,
+    batch shape, KV balance); returns the seqs and the checker."""
+    inst = make_engine(policy, **engine)
+    checks = StepChecks(inst)
+    return run_engine(inst, requests), checks
+
+
+def test_partial_blocks_are_whole_blocks():
+    # 3 blocks of 4 tokens. A and B (prompt 5, 2 tokens) at t=0: a 5-token prompt needs 2 blocks,
+    # so B does not fit beside A (1 free) and waits; A's second token (KV for 6 tokens) fits in
+    # its 2 blocks. B starts when A has finished and freed them.
+    (a, b), checks = checked_run(make_requests([(5, 2), (5, 2)], arrivals=[0.0, 0.0]),
+                                 num_blocks=3, block_size=4)  # fmt: skip
+    assert times(a) == (0.0, 1.0, 2.0)
+    assert times(b) == (2.0, 3.0, 4.0)
+    assert checks.peak_used == 2 and a.preemptions == b.preemptions == 0
+
+
+def test_a_decode_crossing_a_block_boundary_takes_a_block_and_preempts_for_it():
+    # 2 blocks of 4. A (prompt 4, 3 tokens) and B (prompt 1, 2 tokens) take one block each at
+    # t=0. Step 1: A's first decode stores its 5th token: a 2nd block, none free -> B (FCFS
+    # victim: the latest admitted) is preempted and A gets B's block; no admission in that step
+    # (anti-thrash), and B cannot come back while A holds both blocks (steps 1-2). B restarts
+    # at t=3 and recomputes prompt + first token in one step.
+    (a, b), checks = checked_run(make_requests([(4, 3), (1, 2)], arrivals=[0.0, 0.0]),
+                                 num_blocks=2, block_size=4)  # fmt: skip
+    assert times(a) == (0.0, 1.0, 3.0) and a.preemptions == 0
+    assert (b.first_scheduled, b.first_token, b.finish) == (0.0, 1.0, 4.0)
+    assert b.preemptions == 1 and b.recomputed_tokens == 1
+    assert checks.peak_used == 2
+
+
+def test_no_admission_in_a_step_that_preempted():
+    # vLLM's anti-thrash rule. 4 blocks of 2, sjf-oracle, two slots. A (prompt 2, 3 tokens: 1
+    # block) and B (prompt 4, 4 tokens: 2 blocks) start at t=0; C (prompt 1, 1 token) arrives at
+    # 0.5 and waits for a slot. Step 1 (t=1): A's decode takes the last block, B's needs a 3rd
+    # and B is preempted (its own victim), which frees a slot and 2 blocks that C, the shortest
+    # waiting request, would fit in; but nothing is admitted in a step that preempted, so C
+    # starts at t=2 (beside A's last decode). B, needing 3 blocks for prompt + its generated
+    # token, starts again at t=3, when A and C have finished: one step for 5 tokens, 2 decodes.
+    reqs = make_requests([(2, 3), (4, 4), (1, 1)], arrivals=[0.0, 0.0, 0.5])
+    (a, b, c), _ = checked_run(reqs, "sjf-oracle", num_blocks=4, block_size=2, max_num_seqs=2)
+    assert times(a) == (0.0, 1.0, 3.0)
+    assert times(c) == (2.0, 3.0, 3.0)
+    assert times(b) == (0.0, 1.0, 6.0) and b.preemptions == 1 and b.recomputed_tokens == 4
+
+
+def test_a_running_prefill_chunk_is_capped_by_the_step_budget():
+    # Budget 3: an 8-token prompt, alone, is prefilled 3 + 3 + 2 (the last chunk samples).
+    (a,), checks = checked_run(make_requests([(8, 2)], arrivals=[0.0]), max_num_batched_tokens=3)
+    assert times(a) == (0.0, 3.0, 4.0) and checks.steps == 4
+
+
+def test_a_victim_served_earlier_in_the_step_is_taken_out_of_its_shape(monkeypatch):
+    # mlfq with preemption (test_mlfq.py's LONG case): at t=6 r0 (demoted to level 1) has been
+    # given its decode in phase A when r1 (level 0) preempts it for the only slot: Batch.remove
+    # takes r0's decode back out of the step's shape (StepChecks recomputes the shape from the
+    # batch's requests), and that step is r1's prefill alone.
+    from presched.schedule.mlfq import MLFQ
+    from presched.sim.scheduler import Batch
+
+    removed = []
+    remove = Batch.remove
+    monkeypatch.setattr(Batch, "remove", lambda self, seq: removed.append(seq.id) or remove(self, seq))
+    pol = MLFQ(num_levels=4, base_quantum=4, prompt_weight=1.0, preempt=True, recompute_weight=0.0)
+    reqs = make_requests([(1, 10), (1, 2), (1, 1)], [0.0, 1.5, 5.5])
+    (r0, r1, r2), _ = checked_run(reqs, pol, max_num_seqs=1)
+    assert removed == ["r0"] and r0.preemptions == 1
+    assert (r1.first_scheduled, r1.finish, r2.finish, r0.finish) == (6.0, 8.0, 9.0, 13.0)
