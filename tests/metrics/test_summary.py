@@ -93,3 +93,17 @@ def test_itl_log_expands_series():
     v, w = log.values()
     assert v.tolist() == [1.0, 1.5, 2.0, 0.1] and w.tolist() == [2, 2, 2, 5]
     assert log.num_gaps == 11
+
+
+def test_jain_fairness_uses_each_tenants_mean_not_summed_latency():
+    # every request has normalized latency 0.1 s/token; tenant a sends 3 requests, b one: the
+    # same slowdown for both, so the index is 1. (On summed latency a would look 3x slower:
+    # speeds 1/0.3 and 1/0.1 -> (13.33)^2 / (2 (11.1 + 100)) = 0.8.)
+    rows = [rec(i, 0.0, 0.0, 0.1, 1.0, out=10, tenant="a") for i in range(3)]
+    rows.append(rec(3, 0.0, 0.0, 0.1, 1.0, out=10, tenant="b"))
+    s = summarize(table(rows))
+    assert s["num_tenants"] == 2 and s["jain_fairness"] == pytest.approx(1.0)
+    # a: mean 0.1 (0.05 and 0.15), b: 0.2 -> speeds 10 and 5 -> 225 / (2 * 125) = 0.9
+    rows = [rec(0, 0.0, 0.0, 0.1, 0.5, out=10, tenant="a"), rec(1, 0.0, 0.0, 0.1, 1.5, out=10, tenant="a"),
+            rec(2, 0.0, 0.0, 0.1, 2.0, out=10, tenant="b")]  # fmt: skip
+    assert summarize(table(rows))["jain_fairness"] == pytest.approx(0.9)
