@@ -113,10 +113,12 @@ class StepChecks:
     After every step or run: every running request holds ceil(computed / block_size) blocks
     (plus its next token's, while a lazily planned decode run is pending), and the same KV
     balance. `steps` (batches), `runs` (fast-forwarded runs applied) and `peak_used`
-    (most blocks held) record what was seen."""
+    (most blocks held) record what was seen; `fed[seq.id]` counts the tokens computed for each
+    request (`fed_tokens` adds them up over instances: see there)."""
 
     def __init__(self, inst: Instance) -> None:
         self.inst, self.steps, self.runs, self.peak_used = inst, 0, 0, 0
+        self.fed: dict[str, int] = {}
         sched = inst.sched
         self.cfg, self.kv = sched.cfg, sched.kv
         schedule, step, apply_run = sched.schedule, inst._step, inst._apply_run
@@ -130,12 +132,15 @@ class StepChecks:
             step(until)
             self.check_state()
 
-        def checked_apply_run(*args):
-            apply_run(*args)
+        def checked_apply_run(now, k, t0, s, seqs):
+            apply_run(now, k, t0, s, seqs)
             self.runs += 1
+            for seq in seqs:  # its first step was a scheduled batch, counted there
+                self.fed[seq.id] += k - 1
             self.check_state()
 
-        sched.schedule, inst._step, inst._apply_run = checked_schedule, checked_step, checked_apply_run
+        sched.schedule = checked_schedule
+        inst._step, inst._apply_run = checked_step, checked_apply_run
 
     def ceil_blocks(self, tokens: int) -> int:
         bs = self.cfg.block_size
@@ -163,11 +168,13 @@ class StepChecks:
             assert id(seq) in running and 1 <= n <= total - c, (seq, n)
             assert not cfg.long_prefill_token_threshold or n <= cfg.long_prefill_token_threshold
             assert seq.blocks == self.ceil_blocks(c + n), (seq, n)
+            self.fed[seq.id] = self.fed.get(seq.id, 0) + n
             if n == 1 and c + 1 == total and seq.generated:
                 B, C = B + 1, C + total
             else:
                 P, pairs, ctx = P + n, pairs + n * (c + (n + 1) / 2), ctx + c + n
-        assert (batch.prefill_tokens, batch.prefill_context, batch.num_decode, batch.decode_context) == (P, ctx, B, C)
+        shape = (batch.prefill_tokens, batch.prefill_context, batch.num_decode, batch.decode_context)
+        assert shape == (P, ctx, B, C)
         assert abs(batch.prefill_pairs - pairs) <= 1e-9 * max(1.0, pairs)
         self.check_balance()
 
@@ -177,6 +184,15 @@ class StepChecks:
         for seq in self.inst.sched.running:
             assert seq.blocks == self.ceil_blocks(seq.computed + (id(seq) in pending)), seq
         self.check_balance()
+
+
+def fed_tokens(checks: Sequence[StepChecks], seqs: Sequence[Seq]) -> None:
+    """Every token's KV is computed once, plus what preemption threw away: over all instances,
+    the tokens computed for a request sum to prompt + output - 1 (the last token is sampled,
+    never fed back) + its `recomputed_tokens`."""
+    for seq in seqs:
+        fed = sum(c.fed.get(seq.id, 0) for c in checks)
+        assert fed == seq.prompt_tokens + seq.target - 1 + seq.recomputed_tokens, (seq, fed)
 
 
 def first_kv_victim(policy: str | Policy, estimates: LengthEstimate | None = None) -> str:

@@ -79,9 +79,10 @@ def test_sim_error_is_the_median_over_repeats_of_the_relative_error_on_mean_e2e(
     def run(k, engine, sim):
         figs = {"mean_e2el_ms": engine, "p99_e2el_ms": 0, "short_p99_e2el_ms": 0,
                 "output_throughput": 0, "mean_ttft_ms": 0, "failed": 0}  # fmt: skip
-        return {"config": "direct-fcfs", "repeat": k, "summary": figs, "sim": {"mean_e2el_ms": sim},
-                "sim_a_priori": {"mean_e2el_ms": 2 * engine}, "sim_slower": {"mean_e2el_ms": 1.05 * sim},
-                "speed_factor": 1.0, "engine_decode_s_per_token": 0.01, "others_cores": 0.0}  # fmt: skip
+        return {"config": "direct-fcfs", "repeat": k, "summary": figs,
+                "sim": {"mean_e2el_ms": sim}, "sim_a_priori": {"mean_e2el_ms": 2 * engine},
+                "sim_slower": {"mean_e2el_ms": 1.05 * sim}, "speed_factor": 1.0,
+                "engine_decode_s_per_token": 0.01, "others_cores": 0.0}  # fmt: skip
 
     s = bench.summarize_runs([run(0, 100.0, 110.0), run(1, 200.0, 190.0)])["direct-fcfs"]
     assert s["sim_mean_e2e_error_pct_each"] == pytest.approx([10.0, -5.0])

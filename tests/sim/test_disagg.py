@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from builders import StepChecks, constant_steps, linear_steps, make_estimates, make_requests
+from builders import (StepChecks, constant_steps, fed_tokens, linear_steps, make_estimates,
+                      make_requests)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sim.test_invariants import engine_shapes, itl_gaps
@@ -216,8 +217,10 @@ def check_pd(reqs, shapes, blocks, num, policy, router, link, ff, estimates):
             assert s.recomputed_tokens == 0
     # KV never over capacity, all returned; engines drained
     assert sum(c.steps for c in checks) >= 1
+    fed_tokens(checks, seqs)
     for inst, check in zip(cl.instances, checks):
-        assert check.peak_used <= inst.sched.kv.num_blocks and inst.sched.kv.free == inst.sched.kv.num_blocks
+        kv = inst.sched.kv
+        assert check.peak_used <= kv.num_blocks and kv.free == kv.num_blocks
         assert not inst.sched.running and not inst.sched.waiting
     # a decode instance runs prefill work only to recompute what it lost to preemption
     for inst, probe in zip(cl.decode, probes):
@@ -225,7 +228,8 @@ def check_pd(reqs, shapes, blocks, num, policy, router, link, ff, estimates):
             assert probe.max_prefill == 0
     assert res.itl.num_gaps == sum(s.target - 1 for s in seqs)
     assert len(res.busy_seconds) == len(res.roles) == num[0] + num[1]
-    rows = [(s.first_scheduled, s.first_token, s.kv_ready, s.finish, s.max_itl, s.preemptions) for s in seqs]
+    rows = [(s.first_scheduled, s.first_token, s.kv_ready, s.finish, s.max_itl, s.preemptions)
+            for s in seqs]
     return rows, itl_gaps(res)
 
 

@@ -1,6 +1,9 @@
-"""Hand-computed timelines with every step lasting exactly 1 s."""
+"""Hand-computed timelines with every step lasting exactly 1 s (unless a test says otherwise)."""
 
-from builders import StepChecks, linear_steps, make_engine, make_requests, run_engine
+import numpy as np
+from builders import StepChecks, fed_tokens, linear_steps, make_engine, make_requests, run_engine
+
+from presched.sim.steptime import FittedStepModel
 
 
 def times(seq):
@@ -80,10 +83,13 @@ def test_a_request_that_exactly_fills_the_kv_cache_runs():
 
 def checked_run(requests, policy="fcfs", **engine):
     """`run_engine` with the per-step checks of `builders.StepChecks` on (budget, exact blocks,
-    batch shape, KV balance); returns the seqs and the checker."""
+    batch shape, KV balance) and the token count of every request checked at the end
+    (`fed_tokens`: prompt + output - 1 + recomputed); returns the seqs and the checker."""
     inst = make_engine(policy, **engine)
     checks = StepChecks(inst)
-    return run_engine(inst, requests), checks
+    seqs = run_engine(inst, requests)
+    fed_tokens([checks], seqs)
+    return seqs, checks
 
 
 def test_partial_blocks_are_whole_blocks():
@@ -109,6 +115,7 @@ def test_a_decode_crossing_a_block_boundary_takes_a_block_and_preempts_for_it():
     assert (b.first_scheduled, b.first_token, b.finish) == (0.0, 1.0, 4.0)
     assert b.preemptions == 1 and b.recomputed_tokens == 1
     assert checks.peak_used == 2
+    assert checks.fed == {"r0": 4 + 2, "r1": 1 + 1 + 1}  # B computed its prompt twice
 
 
 def test_no_admission_in_a_step_that_preempted():
@@ -142,9 +149,53 @@ def test_a_victim_served_earlier_in_the_step_is_taken_out_of_its_shape(monkeypat
 
     removed = []
     remove = Batch.remove
-    monkeypatch.setattr(Batch, "remove", lambda self, seq: removed.append(seq.id) or remove(self, seq))
+    def spy(self, seq):  # the real method, recording who it took out
+        removed.append(seq.id)
+        return remove(self, seq)
+
+    monkeypatch.setattr(Batch, "remove", spy)
     pol = MLFQ(num_levels=4, base_quantum=4, prompt_weight=1.0, preempt=True, recompute_weight=0.0)
     reqs = make_requests([(1, 10), (1, 2), (1, 1)], [0.0, 1.5, 5.5])
     (r0, r1, r2), _ = checked_run(reqs, pol, max_num_seqs=1)
     assert removed == ["r0"] and r0.preemptions == 1
     assert (r1.first_scheduled, r1.finish, r2.finish, r0.finish) == (6.0, 8.0, 9.0, 13.0)
+
+
+def test_a_running_prefill_chunk_is_capped_by_the_threshold():
+    # long_prefill_token_threshold 2: a 5-token prompt, alone, is prefilled 2 + 2 + 1
+    (a,), _ = checked_run(make_requests([(5, 2)], arrivals=[0.0]), long_prefill_token_threshold=2)
+    assert times(a) == (0.0, 3.0, 4.0)
+
+
+def test_recompute_prefills_prompt_and_generated_tokens_again():
+    # A budget of 3 tokens, 2 blocks of 2. A (prompt 2, 3 tokens) and B (prompt 1,
+    # 3 tokens) start at t=0 (a block each). Step 1: A's decode needs a 2nd block: B (FCFS
+    # victim) is preempted after 1 token. A finishes at 3; B then recomputes prompt + its token
+    # (2 tokens, one step: tok2 @4) and decodes its 3rd @5. Recompute that kept `computed`
+    # would also finish B at 5 here with 1 s steps: the token count (fed_tokens) tells them apart.
+    reqs = make_requests([(2, 3), (1, 3)], arrivals=[0.0, 0.0])
+    (a, b), checks = checked_run(reqs, num_blocks=2, block_size=2, max_num_batched_tokens=3)
+    assert times(a) == (0.0, 1.0, 3.0)
+    assert (b.first_token, b.finish, b.preemptions, b.recomputed_tokens) == (1.0, 5.0, 1, 1)
+    assert checks.fed["r1"] == 1 + 1 + 2  # prompt, then prompt + token 1 again, then token 2
+
+
+def test_itl_log_of_a_decode_run_grows_with_the_context():
+    # decode step = 1 s + 0.25 s per context token; prefill 1 s. One request, prompt 1, 4 tokens:
+    # tok1 @1, then decodes at context 2, 3, 4: gaps 1.5, 1.75, 2.0, both modes alike
+    model = FittedStepModel(dict(a_prefill=1.0, b_prefill=0, c_prefill=0,
+                                 a_decode=1.0, b_decode=0.25, c_decode=0))  # fmt: skip
+    for ff in (True, False):
+        inst = make_engine(step_model=model, fast_forward=ff)
+        (a,) = run_engine(inst, make_requests([(1, 4)], arrivals=[0.0]))
+        v, w = inst.itl.values()
+        assert sorted(np.repeat(v, w).tolist()) == [1.5, 1.75, 2.0], ff
+        assert (a.first_token, a.finish, a.max_itl) == (1.0, 6.25, 2.0)
+
+
+def test_a_decode_run_that_exactly_fills_the_kv_is_one_fast_forwarded_run():
+    # 3 blocks of 4 = 12 tokens = prompt 4 + 9 tokens - 1. After the prefill, the 8 decodes run
+    # as one closed-form run: the KV limit allows every step up to the last free block
+    inst = make_engine(num_blocks=3, block_size=4)
+    (a,) = run_engine(inst, make_requests([(4, 9)], arrivals=[0.0]))
+    assert a.finish == 9.0 and inst.num_steps == 9 and inst.num_runs == 1

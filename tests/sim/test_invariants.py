@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from builders import StepChecks, linear_steps, make_requests
+from builders import StepChecks, fed_tokens, linear_steps, make_requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -55,6 +55,7 @@ def run_and_check(cluster: Cluster, requests, estimates=None):
         assert inst.sched.kv.free == inst.sched.kv.num_blocks
         assert not inst.sched.running and not inst.sched.waiting
     assert sum(p.steps for p in probes) >= 1  # the per-step checks ran
+    fed_tokens(probes, seqs)
     # the ITL log accounts for every gap between consecutive tokens
     assert res.itl.num_gaps == sum(s.target - 1 for s in seqs)
     v, w = res.itl.values()
@@ -79,7 +80,8 @@ def check_both_ways(reqs, shape, kv_tokens, policy, router, instances):
         cluster = Cluster(engine, num_blocks, linear_steps(), lambda: make_policy(policy),
                           ROUTERS.create(router), instances, fast_forward=ff)  # fmt: skip
         res = run_and_check(cluster, reqs)
-        runs.append([(s.first_scheduled, s.first_token, s.finish, s.max_itl, s.preemptions) for s in res.seqs])
+        runs.append([(s.first_scheduled, s.first_token, s.finish, s.max_itl, s.preemptions)
+                     for s in res.seqs])
         gaps.append(itl_gaps(res))
     for a, b in zip(*runs):
         assert a[4] == b[4]
