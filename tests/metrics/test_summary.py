@@ -123,3 +123,14 @@ def test_weighted_percentile_at_an_exact_cumulative_weight_is_the_lower_value():
     v, w = np.array([2.0, 1.0]), np.array([1, 1])
     assert weighted_percentile(v, w, 50) == 1.0 and weighted_percentile(v, w, 50.1) == 2.0
     assert weighted_percentile(v, w, [0, 100]) == [1.0, 2.0]
+
+
+def test_short_and_long_halves_by_output_length():
+    # 4 requests, output 1..4 tokens: the short half is the 2 shortest (e2e 1 s, 2 s: P99 by
+    # linear interpolation 1.99 s), the long half the 2 longest (waits 3 s, 4 s: P99 3.99 s)
+    rows = [rec(0, 0.0, 0.0, 0.5, 2.0, out=2), rec(1, 0.0, 4.0, 4.5, 10.0, out=4),
+            rec(2, 0.0, 0.0, 0.5, 1.0, out=1), rec(3, 0.0, 3.0, 3.5, 6.0, out=3)]  # fmt: skip
+    s = summarize(table(rows))
+    assert s["short_p99_e2el_ms"] == pytest.approx(1990.0)
+    assert s["long_p99_queue_wait_ms"] == pytest.approx(3990.0)
+    assert s["max_queue_wait_ms"] == pytest.approx(4000.0)

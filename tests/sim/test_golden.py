@@ -199,3 +199,17 @@ def test_a_decode_run_that_exactly_fills_the_kv_is_one_fast_forwarded_run():
     inst = make_engine(num_blocks=3, block_size=4)
     (a,) = run_engine(inst, make_requests([(4, 9)], arrivals=[0.0]))
     assert a.finish == 9.0 and inst.num_steps == 9 and inst.num_runs == 1
+
+
+def test_a_victim_taken_out_of_the_step_gives_its_budget_back():
+    # The case above with a 2-token budget and r1's prompt 2 tokens (level 0 all the same). At
+    # t=6 r0's decode (1 token) leaves 1 token of budget; r1 preempts r0 for the slot, and the
+    # token r0 gives back lets r1's whole prompt in: tok1 @7, done @8; r2 @9; r0 then recomputes
+    # 1 + 6 tokens in chunks of 2 (tok7 @13) and decodes 3 more: done @16.
+    from presched.schedule.mlfq import MLFQ
+
+    pol = MLFQ(num_levels=4, base_quantum=4, prompt_weight=1.0, preempt=True, recompute_weight=0.0)
+    reqs = make_requests([(1, 10), (2, 2), (1, 1)], [0.0, 1.5, 5.5])
+    (r0, r1, r2), _ = checked_run(reqs, pol, max_num_seqs=1, max_num_batched_tokens=2)
+    assert times(r1) == (6.0, 7.0, 8.0) and r2.finish == 9.0
+    assert (r0.preemptions, r0.recomputed_tokens, r0.finish) == (1, 6, 16.0)
