@@ -201,13 +201,12 @@ class Instance:
         self.busy_time += total
         self.clock = end
         kv = self.sched.kv
-        blocks_for = kv.blocks_for
+        bs = kv.block_size
         contiguous = 0
         max_step = t0 + s * (k - 1)
         for seq in seqs:
-            need = blocks_for(seq.computed + k) - seq.blocks
-            if need > 0:
-                kv.take(seq, need)
+            if seq.computed + k > seq.blocks * bs:  # past the blocks it holds
+                kv.take(seq, kv.blocks_for(seq.computed + k) - seq.blocks)
             seq.computed += k
             seq.generated += k
             last = seq.last_token

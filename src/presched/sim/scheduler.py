@@ -58,7 +58,7 @@ class Scheduler:
     def schedule(self, now: float) -> Batch:
         """This step's work (see module doc)."""
         kv, policy, running = self.kv, self.policy, self.running
-        budget, threshold, blocks_for = self._max_tokens, self._threshold, kv.blocks_for
+        budget, threshold, bs = self._max_tokens, self._threshold, kv.block_size
         batch = Batch()
         seqs, ntoks = batch.seqs, batch.ntoks
         add_seq, add_n = seqs.append, ntoks.append
@@ -72,8 +72,8 @@ class Scheduler:
                 n = threshold
             if n > budget:
                 n = budget
-            extra = blocks_for(c + n) - seq.blocks
-            if extra > 0:
+            if c + n > seq.blocks * bs:  # past the blocks it holds (most steps are not)
+                extra = kv.blocks_for(c + n) - seq.blocks
                 while extra > kv.free:
                     victim = policy.victim(running[i:], now)
                     self._preempt(victim, now)
