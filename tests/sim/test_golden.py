@@ -201,6 +201,16 @@ def test_a_decode_run_that_exactly_fills_the_kv_is_one_fast_forwarded_run():
     assert a.finish == 9.0 and inst.num_steps == 9 and inst.num_runs == 1
 
 
+def test_a_fast_forwarded_run_cut_by_an_arrival_holds_the_blocks_of_its_tokens():
+    # One slot, blocks of 4. r0 (prompt 4, 9 tokens) decodes from t=1 as one planned run; r1
+    # arrives at 5.5 and cuts it after the 5 steps that start before 5.5: r0 has computed 9
+    # tokens and must hold 3 blocks (StepChecks checks it there). r1 waits for the slot.
+    (r0, r1), checks = checked_run(make_requests([(4, 9), (1, 1)], arrivals=[0.0, 5.5]),
+                                   num_blocks=4, block_size=4, max_num_seqs=1)  # fmt: skip
+    assert r0.finish == 9.0 and times(r1) == (9.0, 10.0, 10.0)
+    assert checks.runs >= 2
+
+
 def test_a_victim_taken_out_of_the_step_gives_its_budget_back():
     # The case above with a 2-token budget and r1's prompt 2 tokens (level 0 all the same). At
     # t=6 r0's decode (1 token) leaves 1 token of budget; r1 preempts r0 for the slot, and the
