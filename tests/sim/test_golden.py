@@ -3,6 +3,7 @@
 import numpy as np
 from builders import StepChecks, fed_tokens, linear_steps, make_engine, make_requests, run_engine
 
+from presched.schedule import POLICIES
 from presched.sim.steptime import FittedStepModel
 
 
@@ -81,6 +82,13 @@ def test_a_request_that_exactly_fills_the_kv_cache_runs():
     assert r.generated == 5 and r.finish == 5.0
 
 
+def preemptive_mlfq():
+    """test_mlfq.py's MLFQ: quanta 4, 8, 16, 32 tokens, a prompt token costs one, preemption
+    whenever the victim sits at a lower level (no recompute guard)."""
+    return POLICIES.create("mlfq", num_levels=4, base_quantum=4, prompt_weight=1.0, preempt=True,
+                           recompute_weight=0.0)  # fmt: skip
+
+
 def checked_run(requests, policy="fcfs", **engine):
     """`run_engine` with the per-step checks of `builders.StepChecks` on (budget, exact blocks,
     batch shape, KV balance) and the token count of every request checked at the end
@@ -144,7 +152,6 @@ def test_a_victim_served_earlier_in_the_step_is_taken_out_of_its_shape(monkeypat
     # given its decode in phase A when r1 (level 0) preempts it for the only slot: Batch.remove
     # takes r0's decode back out of the step's shape (StepChecks recomputes the shape from the
     # batch's requests), and that step is r1's prefill alone.
-    from presched.schedule.mlfq import MLFQ
     from presched.sim.scheduler import Batch
 
     removed = []
@@ -154,7 +161,7 @@ def test_a_victim_served_earlier_in_the_step_is_taken_out_of_its_shape(monkeypat
         return remove(self, seq)
 
     monkeypatch.setattr(Batch, "remove", spy)
-    pol = MLFQ(num_levels=4, base_quantum=4, prompt_weight=1.0, preempt=True, recompute_weight=0.0)
+    pol = preemptive_mlfq()
     reqs = make_requests([(1, 10), (1, 2), (1, 1)], [0.0, 1.5, 5.5])
     (r0, r1, r2), _ = checked_run(reqs, pol, max_num_seqs=1)
     assert removed == ["r0"] and r0.preemptions == 1
@@ -216,9 +223,7 @@ def test_a_victim_taken_out_of_the_step_gives_its_budget_back():
     # t=6 r0's decode (1 token) leaves 1 token of budget; r1 preempts r0 for the slot, and the
     # token r0 gives back lets r1's whole prompt in: tok1 @7, done @8; r2 @9; r0 then recomputes
     # 1 + 6 tokens in chunks of 2 (tok7 @13) and decodes 3 more: done @16.
-    from presched.schedule.mlfq import MLFQ
-
-    pol = MLFQ(num_levels=4, base_quantum=4, prompt_weight=1.0, preempt=True, recompute_weight=0.0)
+    pol = preemptive_mlfq()
     reqs = make_requests([(1, 10), (2, 2), (1, 1)], [0.0, 1.5, 5.5])
     (r0, r1, r2), _ = checked_run(reqs, pol, max_num_seqs=1, max_num_batched_tokens=2)
     assert times(r1) == (6.0, 7.0, 8.0) and r2.finish == 9.0
