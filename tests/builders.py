@@ -95,6 +95,106 @@ def make_estimates(values: Sequence[float], sigma: float = 0.0) -> LengthEstimat
     return LengthEstimate(v[:, None] * np.exp(sigma * z)[None, :], v, v)
 
 
+class StepChecks:
+    """Checks, at every step of one instance, what vLLM's scheduler guarantees (docs/invariants.md
+    3, 7, 8). Wraps the instance's `sched.schedule` (the batch it returns) and its `_step` /
+    `_apply_run` (the state after a step or a fast-forwarded run); independent arithmetic, not the
+    simulator's own helpers, so a bug there cannot hide itself. Per batch:
+
+    - the step's tokens are within `max_num_batched_tokens` (with chunking off, a prompt longer
+      than the whole budget runs alone), each request's within the
+      `long_prefill_token_threshold` and what it has left to compute; at most `max_num_seqs` run;
+    - every request in it holds exactly the blocks for its KV after this step,
+      ceil((computed + n) / block_size), and sits in the running list once;
+    - its shape (prefill tokens, pairs, context; decodes, decode context) equals a recomputation
+      from its requests and token counts;
+    - free + the blocks of every running request = num_blocks; waiting requests hold none.
+
+    After every step or run: every running request holds ceil(computed / block_size) blocks
+    (plus its next token's, while a lazily planned decode run is pending), and the same KV
+    balance. `steps` (batches), `runs` (fast-forwarded runs applied) and `peak_used`
+    (most blocks held) record what was seen; `fed[seq.id]` counts the tokens computed for each
+    request (`fed_tokens` adds them up over instances: see there)."""
+
+    def __init__(self, inst: Instance) -> None:
+        self.inst, self.steps, self.runs, self.peak_used = inst, 0, 0, 0
+        self.fed: dict[str, int] = {}
+        sched = inst.sched
+        self.cfg, self.kv = sched.cfg, sched.kv
+        schedule, step, apply_run = sched.schedule, inst._step, inst._apply_run
+
+        def checked_schedule(now):
+            batch = schedule(now)
+            self.check_batch(batch)
+            return batch
+
+        def checked_step(until):
+            step(until)
+            self.check_state()
+
+        def checked_apply_run(now, k, t0, s, seqs):
+            apply_run(now, k, t0, s, seqs)
+            self.runs += 1
+            for seq in seqs:  # its first step was a scheduled batch, counted there
+                self.fed[seq.id] += k - 1
+            self.check_state()
+
+        sched.schedule = checked_schedule
+        inst._step, inst._apply_run = checked_step, checked_apply_run
+
+    def ceil_blocks(self, tokens: int) -> int:
+        bs = self.cfg.block_size
+        return (tokens + bs - 1) // bs
+
+    def check_balance(self) -> None:
+        sched, kv = self.inst.sched, self.kv
+        held = sum(s.blocks for s in sched.running)
+        assert kv.free >= 0 and kv.free + held == kv.num_blocks, (kv.free, held, kv.num_blocks)
+        assert all(s.blocks == 0 for s in sched.waiting)
+        self.peak_used = max(self.peak_used, held)
+
+    def check_batch(self, batch) -> None:
+        cfg, sched = self.cfg, self.inst.sched
+        self.steps += 1
+        assert len(batch.seqs) == len(batch.ntoks) == len({id(s) for s in batch.seqs})
+        if sum(batch.ntoks) > cfg.max_num_batched_tokens:  # only a whole prompt, alone, unchunked
+            assert not cfg.enable_chunked_prefill and len(batch.seqs) == 1, batch.ntoks
+            assert batch.seqs[0].computed == 0, batch.seqs[0]
+        assert len(sched.running) <= cfg.max_num_seqs
+        running = {id(s) for s in sched.running}
+        P = pairs = ctx = B = C = 0
+        for seq, n in zip(batch.seqs, batch.ntoks):
+            c, total = seq.computed, seq.prompt_tokens + seq.generated
+            assert id(seq) in running and 1 <= n <= total - c, (seq, n)
+            assert not cfg.long_prefill_token_threshold or n <= cfg.long_prefill_token_threshold
+            assert seq.blocks == self.ceil_blocks(c + n), (seq, n)
+            self.fed[seq.id] = self.fed.get(seq.id, 0) + n
+            if n == 1 and c + 1 == total and seq.generated:
+                B, C = B + 1, C + total
+            else:
+                P, pairs, ctx = P + n, pairs + n * (c + (n + 1) / 2), ctx + c + n
+        shape = (batch.prefill_tokens, batch.prefill_context, batch.num_decode, batch.decode_context)
+        assert shape == (P, ctx, B, C)
+        assert abs(batch.prefill_pairs - pairs) <= 1e-9 * max(1.0, pairs)
+        self.check_balance()
+
+    def check_state(self) -> None:
+        run = self.inst._pending  # a planned decode run holds the blocks of its first step
+        pending = {id(s) for s in run[4]} if run is not None else set()
+        for seq in self.inst.sched.running:
+            assert seq.blocks == self.ceil_blocks(seq.computed + (id(seq) in pending)), seq
+        self.check_balance()
+
+
+def fed_tokens(checks: Sequence[StepChecks], seqs: Sequence[Seq]) -> None:
+    """Every token's KV is computed once, plus what preemption threw away: over all instances,
+    the tokens computed for a request sum to prompt + output - 1 (the last token is sampled,
+    never fed back) + its `recomputed_tokens`."""
+    for seq in seqs:
+        fed = sum(c.fed.get(seq.id, 0) for c in checks)
+        assert fed == seq.prompt_tokens + seq.target - 1 + seq.recomputed_tokens, (seq, fed)
+
+
 def first_kv_victim(policy: str | Policy, estimates: LengthEstimate | None = None) -> str:
     """Id of the first request `policy` preempts under KV pressure: 5 blocks of 2 tokens;
     r0 (prompt 2, 3 tokens), r1 (prompt 3, 7 tokens) and r2 (prompt 3, 4 tokens) fill them at

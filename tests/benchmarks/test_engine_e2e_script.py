@@ -34,7 +34,7 @@ def test_quick_run_replays_every_configuration_and_compares_with_the_simulator(t
     figures = printed_figures(proc.stdout)
     names = list(figures)
     assert names[:2] == ["engine_fcfs_over_sjf_mean_e2e", "sim_vs_engine_mean_e2e_error_pct"]
-    assert figures["engine_fcfs_over_sjf_mean_e2e"] > 0 and figures["sim_vs_engine_mean_e2e_error_pct"] >= 0
+    assert figures["engine_fcfs_over_sjf_mean_e2e"] > 0
     assert all(math.isfinite(v) for v in figures.values())
 
     res = json.loads((tmp_path / "engine_e2e.json").read_text())
@@ -46,6 +46,10 @@ def test_quick_run_replays_every_configuration_and_compares_with_the_simulator(t
     assert res["figures"] == pytest.approx(figures, rel=1e-3)
     assert list(res["summary"]) == list(CONFIGS)
     assert len(res["runs"]) == 5 and {r["config"] for r in res["runs"]} == set(CONFIGS)
+    # the headline error is |sim / engine - 1| on mean E2E of the one direct-fcfs run
+    (direct,) = [r for r in res["runs"] if r["config"] == "direct-fcfs"]
+    err = abs(100 * (direct["sim"]["mean_e2el_ms"] / direct["summary"]["mean_e2el_ms"] - 1))
+    assert figures["sim_vs_engine_mean_e2e_error_pct"] == pytest.approx(err, rel=1e-3, abs=1e-3)
     for run in res["runs"]:
         # every request answered, each with exactly its forced length, through every gateway
         assert run["summary"]["completed"] == 16 and run["summary"]["failed"] == 0, run["errors_by_status"]
@@ -66,6 +70,23 @@ def test_quick_run_replays_every_configuration_and_compares_with_the_simulator(t
     (cal,) = res["calibrations"]
     assert cal["model"]["kind"] == "fitted" and cal["mape"] < 1.0
     assert meta["capacity_tok_s"] > 0 and meta["rate_req_s"] > 0
+
+
+def test_sim_error_is_the_median_over_repeats_of_the_relative_error_on_mean_e2e(bench):
+    # direct-fcfs twice: engine 100 ms / sim 110 ms (+10 %), engine 200 ms / sim 190 ms (-5 %)
+    def run(k, engine, sim):
+        figs = {"mean_e2el_ms": engine, "p99_e2el_ms": 0, "short_p99_e2el_ms": 0,
+                "output_throughput": 0, "mean_ttft_ms": 0, "failed": 0}  # fmt: skip
+        return {"config": "direct-fcfs", "repeat": k, "summary": figs,
+                "sim": {"mean_e2el_ms": sim}, "sim_a_priori": {"mean_e2el_ms": 2 * engine},
+                "sim_slower": {"mean_e2el_ms": 1.05 * sim}, "speed_factor": 1.0,
+                "engine_decode_s_per_token": 0.01, "others_cores": 0.0}  # fmt: skip
+
+    s = bench.summarize_runs([run(0, 100.0, 110.0), run(1, 200.0, 190.0)])["direct-fcfs"]
+    assert s["sim_mean_e2e_error_pct_each"] == pytest.approx([10.0, -5.0])
+    assert s["sim_mean_e2e_error_pct"] == pytest.approx(2.5)  # signed: errors of both signs cancel
+    assert s["sim_mean_e2e_abs_error_pct"] == pytest.approx(7.5)  # the figure: they do not
+    assert s["sim_a_priori_mean_e2e_abs_error_pct"] == pytest.approx(100.0)
 
 
 def test_paired_ratios_are_medians_of_per_repeat_ratios(bench):

@@ -93,3 +93,44 @@ def test_itl_log_expands_series():
     v, w = log.values()
     assert v.tolist() == [1.0, 1.5, 2.0, 0.1] and w.tolist() == [2, 2, 2, 5]
     assert log.num_gaps == 11
+
+
+def test_jain_fairness_uses_each_tenants_mean_not_summed_latency():
+    # every request has normalized latency 0.1 s/token; tenant a sends 3 requests, b one: the
+    # same slowdown for both, so the index is 1. (On summed latency a would look 3x slower:
+    # speeds 1/0.3 and 1/0.1 -> (13.33)^2 / (2 (11.1 + 100)) = 0.8.)
+    rows = [rec(i, 0.0, 0.0, 0.1, 1.0, out=10, tenant="a") for i in range(3)]
+    rows.append(rec(3, 0.0, 0.0, 0.1, 1.0, out=10, tenant="b"))
+    s = summarize(table(rows))
+    assert s["num_tenants"] == 2 and s["jain_fairness"] == pytest.approx(1.0)
+    # a: mean 0.1 (0.05 and 0.15), b: 0.2 -> speeds 10 and 5 -> 225 / (2 * 125) = 0.9
+    rows = [rec(0, 0.0, 0.0, 0.1, 0.5, out=10, tenant="a"),
+            rec(1, 0.0, 0.0, 0.1, 1.5, out=10, tenant="a"),
+            rec(2, 0.0, 0.0, 0.1, 2.0, out=10, tenant="b")]  # fmt: skip
+    assert summarize(table(rows))["jain_fairness"] == pytest.approx(0.9)
+
+
+def test_itl_figures_weight_each_gap_value_by_its_count():
+    # gaps: 1 s three times, 3 s once: mean 1.5 s (not 2), median 1 s, P99 3 s
+    rows = [rec(0, 0.0, 0.0, 0.1, 6.1, out=5)]
+    s = summarize(table(rows), itl=(np.array([3.0, 1.0]), np.array([1, 3])))
+    assert s["mean_itl_ms"] == pytest.approx(1500.0)
+    assert s["median_itl_ms"] == pytest.approx(1000.0) and s["p99_itl_ms"] == pytest.approx(3000.0)
+
+
+def test_weighted_percentile_at_an_exact_cumulative_weight_is_the_lower_value():
+    # half the weight at 1, half at 2: the median (inverted CDF) is 1, P50.1 is 2
+    v, w = np.array([2.0, 1.0]), np.array([1, 1])
+    assert weighted_percentile(v, w, 50) == 1.0 and weighted_percentile(v, w, 50.1) == 2.0
+    assert weighted_percentile(v, w, [0, 100]) == [1.0, 2.0]
+
+
+def test_short_and_long_halves_by_output_length():
+    # 4 requests, output 1..4 tokens: the short half is the 2 shortest (e2e 1 s, 2 s: P99 by
+    # linear interpolation 1.99 s), the long half the 2 longest (waits 3 s, 4 s: P99 3.99 s)
+    rows = [rec(0, 0.0, 0.0, 0.5, 2.0, out=2), rec(1, 0.0, 4.0, 4.5, 10.0, out=4),
+            rec(2, 0.0, 0.0, 0.5, 1.0, out=1), rec(3, 0.0, 3.0, 3.5, 6.0, out=3)]  # fmt: skip
+    s = summarize(table(rows))
+    assert s["short_p99_e2el_ms"] == pytest.approx(1990.0)
+    assert s["long_p99_queue_wait_ms"] == pytest.approx(3990.0)
+    assert s["max_queue_wait_ms"] == pytest.approx(4000.0)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy.stats import norm
@@ -76,3 +78,30 @@ def test_rank_quantile_and_errors():
         fit_offsets(np.ones((3, 2)), np.ones(3), LEVELS)
     with pytest.raises(ValueError, match="scale"):
         apply(np.ones(3), np.zeros(len(LEVELS)), scale=np.array([1.0, -1.0, 1.0]))
+
+
+# the rank k = ceil((n + 1) tau), clipped to [1, n], written out by hand for n = 1..5
+RANKS = {  # n: {tau: k}
+    1: {0.05: 1, 0.5: 1, 0.95: 1},
+    2: {0.05: 1, 0.3: 1, 0.34: 2, 0.5: 2, 0.66: 2, 0.67: 2, 0.95: 2},
+    3: {0.05: 1, 0.25: 1, 0.26: 2, 0.5: 2, 0.75: 3, 0.95: 3},
+    4: {0.05: 1, 0.2: 1, 0.21: 2, 0.4: 2, 0.5: 3, 0.6: 3, 0.8: 4, 0.95: 4},
+    5: {0.05: 1, 0.1: 1, 0.2: 2, 0.5: 3, 0.6: 4, 0.8: 5, 0.84: 5, 0.95: 5},
+}
+
+
+@pytest.mark.parametrize("n", sorted(RANKS))
+def test_rank_is_ceil_of_n_plus_one_times_tau_for_small_n(n):
+    # scores 10, 20, ..., shuffled: the k-th smallest is 10 k
+    scores = np.random.default_rng(n).permutation(10.0 * np.arange(1, n + 1))
+    for tau, k in RANKS[n].items():
+        assert k == min(max(math.ceil((n + 1) * tau - 1e-12), 1), n)  # the table is the formula
+        assert conformal_rank_quantile(scores, tau) == 10.0 * k, (n, tau)
+
+
+def test_offsets_on_three_calibration_points_are_the_ranked_residuals():
+    # log residuals log(y / q) = log 2, log 4, log 8 (point predictions of 1): rank
+    # ceil(4 tau): tau 0.25 -> 1st, 0.5 -> 2nd, 0.7 -> 3rd, 0.95 -> 3rd (clipped)
+    off = fit_offsets(np.ones(3), np.array([8.0, 2.0, 4.0]), [0.25, 0.5, 0.7, 0.95])
+    assert np.allclose(np.exp(off), [2.0, 4.0, 8.0, 8.0])
+    assert np.allclose(apply(np.array([10.0]), off), [[20.0, 40.0, 80.0, 80.0]])

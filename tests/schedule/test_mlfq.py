@@ -149,3 +149,59 @@ def test_within_orders_a_level_by_predicted_remaining():
 def test_within_refuses_an_unknown_statistic():
     with pytest.raises(ValueError, match=r"^within: "):
         MLFQ(within="average")
+
+
+def _seqs(*prompts):
+    from presched.sim.seq import Seq
+    from presched.workload.request import Request
+
+    return [Seq(Request(id=f"s{i}", prompt_tokens=p, output_tokens=50, arrival=0.0), i)
+            for i, p in enumerate(prompts)]  # fmt: skip
+
+
+@pytest.mark.parametrize("tokens, level, used", [
+    (2, 0, 3),    # usage 1 + 2 = 3 < quantum 4: stays
+    (3, 1, 0),    # usage exactly 4 = the quantum: demoted (>=, not >), nothing carried over
+    (4, 1, 1),    # one over: demoted, 1 carried
+    (11, 2, 0),   # 1 + 11 = 12 = 4 + 8: exactly through two quanta at once
+    (10, 1, 7),   # 11 = 4 + 7 < 4 + 8: one level only
+])  # fmt: skip
+def test_demotion_boundary_is_usage_reaching_the_quantum(tokens, level, used):
+    # quanta 4, 8, 16, 32; s0's prompt (1 token) costs 1: level 0, usage 1. Demotions apply at
+    # the next event (s1's arrival)
+    pol = mlfq()
+    s0, s1 = _seqs(1, 1)
+    pol.on_arrival(s0, 0.0)
+    pol.on_tokens(s0, tokens, 1.0)
+    assert pol.level(s0) == 0  # not before an event
+    pol.on_arrival(s1, 2.0)
+    st = pol._state[id(s0)]
+    assert (st.level, st.used) == (level, used)
+    assert st.since == (2.0 if level else 0.0)  # entry time of the new level: the event
+
+
+def test_the_last_level_never_demotes_and_a_prompt_at_a_quantum_joins_that_level():
+    pol = mlfq()
+    s0, s1, s2 = _seqs(32, 33, 1)  # cost 32 = quantum(3): level 3; 33: no quantum covers it
+    pol.on_arrival(s0, 0.0)
+    pol.on_arrival(s1, 0.0)
+    assert (pol.level(s0), pol.level(s1)) == (3, 3)
+    pol.on_tokens(s0, 1000, 1.0)
+    pol.on_arrival(s2, 2.0)
+    assert pol.level(s0) == 3 and not pol._due
+
+
+def test_preemption_needs_a_strictly_lower_level_and_a_gap_above_the_cost():
+    # recompute cost = recompute_weight * prompt_weight * (prompt + generated) of the victim;
+    # quanta 4, 8, 16, 32: level gap 0 -> 1 is 4, 0 -> 2 is 12
+    s_run, s_new = _seqs(5, 1)  # running at level 1 (cost 5), candidate at level 0
+    for rw, want in ((0.0, True), (4 / 5, False), (3.9 / 5, True)):  # gap 4 vs cost 5 * rw
+        pol = mlfq(preempt=True, recompute_weight=rw)
+        pol.on_arrival(s_run, 0.0)
+        pol.on_arrival(s_new, 0.0)
+        assert (pol.preempt_for(s_new, [s_run], 0.0) is s_run) == want, rw
+    pol = mlfq(preempt=True, recompute_weight=0.0)
+    same, new = _seqs(1, 1)  # both at level 0: never, even at no cost
+    pol.on_arrival(same, 0.0)
+    pol.on_arrival(new, 0.0)
+    assert pol.preempt_for(new, [same], 0.0) is None

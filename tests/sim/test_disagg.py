@@ -9,10 +9,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from builders import constant_steps, linear_steps, make_estimates, make_requests
+from builders import (StepChecks, constant_steps, fed_tokens, linear_steps, make_estimates,
+                      make_requests)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sim.test_invariants import engine_shapes
+from sim.test_invariants import engine_shapes, itl_gaps
 
 from presched.metrics import summarize
 from presched.schedule import POLICIES
@@ -192,16 +193,7 @@ def check_pd(reqs, shapes, blocks, num, policy, router, link, ff, estimates):
         num[0], num[1], kv_bytes_per_token=link[0], transfer_bandwidth=link[1],
         transfer_latency=link[2], fast_forward=ff,
     )  # fmt: skip
-    peaks = [0] * len(cl.instances)
-    for j, inst in enumerate(cl.instances):  # KV use at every allocation
-        kv, take = inst.sched.kv, inst.sched.kv.take
-
-        def checked(seq, extra, kv=kv, take=take, j=j):
-            take(seq, extra)
-            assert kv.free >= 0
-            peaks[j] = max(peaks[j], kv.num_blocks - kv.free)
-
-        kv.take = checked
+    checks = [StepChecks(inst) for inst in cl.instances]  # budget, blocks, KV balance per step
     probes = [StepProbe(inst.step_model) for inst in cl.decode]
     for inst, probe in zip(cl.decode, probes):
         inst.step_model = probe
@@ -224,8 +216,11 @@ def check_pd(reqs, shapes, blocks, num, policy, router, link, ff, estimates):
         if s.preemptions == 0:
             assert s.recomputed_tokens == 0
     # KV never over capacity, all returned; engines drained
-    for inst, peak in zip(cl.instances, peaks):
-        assert peak <= inst.sched.kv.num_blocks and inst.sched.kv.free == inst.sched.kv.num_blocks
+    assert sum(c.steps for c in checks) >= 1
+    fed_tokens(checks, seqs)
+    for inst, check in zip(cl.instances, checks):
+        kv = inst.sched.kv
+        assert check.peak_used <= kv.num_blocks and kv.free == kv.num_blocks
         assert not inst.sched.running and not inst.sched.waiting
     # a decode instance runs prefill work only to recompute what it lost to preemption
     for inst, probe in zip(cl.decode, probes):
@@ -233,19 +228,22 @@ def check_pd(reqs, shapes, blocks, num, policy, router, link, ff, estimates):
             assert probe.max_prefill == 0
     assert res.itl.num_gaps == sum(s.target - 1 for s in seqs)
     assert len(res.busy_seconds) == len(res.roles) == num[0] + num[1]
-    return [(s.first_scheduled, s.first_token, s.kv_ready, s.finish, s.preemptions) for s in seqs]
+    rows = [(s.first_scheduled, s.first_token, s.kv_ready, s.finish, s.max_itl, s.preemptions)
+            for s in seqs]
+    return rows, itl_gaps(res)
 
 
 def check_both_ways(reqs, shapes, blocks, num, policy, router, link):
     # SLOs (TTFT 0.5 s, E2E 1 s + 50 ms per token) for the policies that need one; ignored by others
     reqs = [replace(r, slo_ttft=0.5, slo_e2e=1.0 + 0.05 * r.output_tokens) for r in reqs]
     estimates = make_estimates([r.output_tokens for r in reqs], sigma=0.5)
-    on = check_pd(reqs, shapes, blocks, num, policy, router, link, True, estimates)
-    off = check_pd(reqs, shapes, blocks, num, policy, router, link, False, estimates)
+    on, gaps_on = check_pd(reqs, shapes, blocks, num, policy, router, link, True, estimates)
+    off, gaps_off = check_pd(reqs, shapes, blocks, num, policy, router, link, False, estimates)
     for a, b in zip(on, off):
-        assert a[4] == b[4]
+        assert a[5] == b[5]
         assert a[:2] == pytest.approx(b[:2], rel=1e-9, abs=1e-9)
-        assert a[3] == pytest.approx(b[3], rel=1e-9, abs=1e-9)
+        assert a[3:5] == pytest.approx(b[3:5], rel=1e-9, abs=1e-9)
+    assert gaps_on == pytest.approx(gaps_off, rel=1e-9, abs=1e-12)  # the ITL log, gap by gap
 
 
 shapes = engine_shapes  # the colocated invariant tests' engine shapes

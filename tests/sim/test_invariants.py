@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from builders import linear_steps, make_requests
+from builders import StepChecks, fed_tokens, linear_steps, make_requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,21 +19,6 @@ from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig, build_cluster, simulate
 
 
-class CheckedBlocks:
-    """Wraps a BlockManager's `take` to record the peak use seen at every allocation."""
-
-    def __init__(self, kv):
-        self.kv, self.peak = kv, 0
-        original = kv.take
-
-        def take(seq, extra):
-            original(seq, extra)
-            self.peak = max(self.peak, kv.num_blocks - kv.free)
-            assert kv.free >= 0
-
-        kv.take = take
-
-
 # options that some policies need on a generic workload (every other policy runs as registered)
 POLICY_PARAMS = {"slo": {"e2e_slo_s": 20.0}}
 
@@ -43,9 +28,14 @@ def make_policy(name: str):
 
 
 def check_run(cluster: Cluster, requests, estimates=None) -> list:
-    """Run and check every invariant. Length-aware policies get noisy predictions (sigma 1)
-    unless `estimates` are given."""
-    probes = [CheckedBlocks(inst.sched.kv) for inst in cluster.instances]
+    """`run_and_check`, returning the seqs."""
+    return run_and_check(cluster, requests, estimates).seqs
+
+
+def run_and_check(cluster: Cluster, requests, estimates=None):
+    """Run and check every invariant, at every step (`StepChecks`) and at the end; returns the
+    result. Length-aware policies get noisy predictions (sigma 1) unless `estimates` are given."""
+    probes = [StepChecks(inst) for inst in cluster.instances]
     if estimates is None:
         estimates = noisy_oracle(requests, 1.0, seed=len(requests))
     res = cluster.run(requests, estimates=estimates)
@@ -61,30 +51,42 @@ def check_run(cluster: Cluster, requests, estimates=None) -> list:
         assert s.blocks == 0
     # KV never over capacity; everything freed at the end; engines drained
     for inst, probe in zip(cluster.instances, probes):
-        assert probe.peak <= inst.sched.kv.num_blocks
+        assert probe.peak_used <= inst.sched.kv.num_blocks
         assert inst.sched.kv.free == inst.sched.kv.num_blocks
         assert not inst.sched.running and not inst.sched.waiting
+    assert sum(p.steps for p in probes) >= 1  # the per-step checks ran
+    fed_tokens(probes, seqs)
     # the ITL log accounts for every gap between consecutive tokens
     assert res.itl.num_gaps == sum(s.target - 1 for s in seqs)
     v, w = res.itl.values()
-    assert (v > 0).all() and int(w.sum()) >= 0
-    return seqs
+    assert (v > 0).all() and (w >= 1).all() and int(w.sum()) == res.itl.num_gaps
+    return res
+
+
+def itl_gaps(res) -> np.ndarray:
+    """Every inter-token gap of a run, sorted (the ITL log expanded by weight)."""
+    v, w = res.itl.values()
+    return np.sort(np.repeat(v, w))
 
 
 def check_both_ways(reqs, shape, kv_tokens, policy, router, instances):
     """Run with and without fast-forward, check the invariants of both, and check that
-    fast-forward (an optimisation, not an approximation) gives the same timelines."""
+    fast-forward (an optimisation, not an approximation) gives the same timelines, the same
+    inter-token gaps (the ITL log, gap by gap) and the same largest gap per request."""
     engine = EngineConfig(**shape)
     num_blocks = math.ceil(kv_tokens / engine.block_size)
-    runs = []
+    runs, gaps = [], []
     for ff in (True, False):
         cluster = Cluster(engine, num_blocks, linear_steps(), lambda: make_policy(policy),
                           ROUTERS.create(router), instances, fast_forward=ff)  # fmt: skip
-        seqs = check_run(cluster, reqs)
-        runs.append([(s.first_scheduled, s.first_token, s.finish, s.preemptions) for s in seqs])
+        res = run_and_check(cluster, reqs)
+        runs.append([(s.first_scheduled, s.first_token, s.finish, s.max_itl, s.preemptions)
+                     for s in res.seqs])
+        gaps.append(itl_gaps(res))
     for a, b in zip(*runs):
-        assert a[3] == b[3]
-        assert a[:3] == pytest.approx(b[:3], rel=1e-9, abs=1e-9)
+        assert a[4] == b[4]
+        assert a[:4] == pytest.approx(b[:4], rel=1e-9, abs=1e-9)
+    assert gaps[0] == pytest.approx(gaps[1], rel=1e-9, abs=1e-12)
 
 
 engine_shapes = st.fixed_dictionaries({

@@ -3,7 +3,12 @@
 A request holding KV for `n` tokens owns ceil(n / block_size) blocks; blocks are allocated as a
 step is scheduled (for the tokens that step computes) and all freed at finish or preemption.
 The simulator only needs counts, not block ids (no prefix caching yet).
-Invariant: 0 <= free <= num_blocks at all times.
+Invariant: 0 <= free <= num_blocks at all times, and free + the blocks every request holds =
+num_blocks.
+
+`blocks_for` is the one place that rounds tokens up to blocks (as nano-vllm's BlockManager owns
+its rounding): the scheduler and the fast-forward path both ask it, so the two modes cannot
+disagree on a request's footprint.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ class BlockManager:
         return self.num_blocks - self.free
 
     def blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold KV for `num_tokens` tokens: ceil(num_tokens / block_size)."""
         return -(-num_tokens // self.block_size)
 
     def take(self, seq: Seq, extra: int) -> None:

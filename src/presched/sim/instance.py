@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 
 from presched.schedule.interface import EngineInfo, Policy
+from presched.sim.block_manager import BlockManager
 from presched.sim.config import EngineConfig
 from presched.sim.itl import ItlLog
 from presched.sim.scheduler import Scheduler
@@ -183,9 +184,8 @@ class Instance:
             k = min(k, _steps_starting_before(limit - now, t0, s))
         if k > 1:
             kv = self.sched.kv
-            bs = kv.block_size
-            if B * -(-(k - 1) // bs) > kv.free:
-                k = _kv_limit(seqs, k, bs, kv.free)
+            if B * kv.blocks_for(k - 1) > kv.free:  # an upper bound of the blocks k steps take
+                k = _kv_limit(seqs, k, kv)
         if self.lazy and k > 1:  # last_start: S(k-1), the offset at which its last step starts
             self._pending = (now, k, t0, s, seqs, (k - 1) * t0 + s * (k - 1) * (k - 2) / 2)
         else:
@@ -205,9 +205,8 @@ class Instance:
         contiguous = 0
         max_step = t0 + s * (k - 1)
         for seq in seqs:
-            need = -(-(seq.computed + k) // bs) - seq.blocks
-            if need > 0:
-                kv.take(seq, need)
+            if seq.computed + k > seq.blocks * bs:  # past the blocks it holds
+                kv.take(seq, kv.blocks_for(seq.computed + k) - seq.blocks)
             seq.computed += k
             seq.generated += k
             last = seq.last_token
@@ -255,13 +254,14 @@ def _steps_starting_before(R: float, t0: float, s: float) -> int:
     return m + 1
 
 
-def _kv_limit(seqs: list[Seq], k: int, bs: int, free: int) -> int:
+def _kv_limit(seqs: list[Seq], k: int, kv: BlockManager) -> int:
     """Largest j in [1, k] such that every request can hold KV for j more tokens."""
+    blocks_for, free = kv.blocks_for, kv.free
 
     def extra(j: int) -> int:
         tot = 0
         for seq in seqs:
-            need = -(-(seq.computed + j) // bs) - seq.blocks
+            need = blocks_for(seq.computed + j) - seq.blocks
             if need > 0:
                 tot += need
         return tot

@@ -72,8 +72,8 @@ class Scheduler:
                 n = threshold
             if n > budget:
                 n = budget
-            extra = -(-(c + n) // bs) - seq.blocks
-            if extra > 0:
+            if c + n > seq.blocks * bs:  # past the blocks it holds (most steps are not)
+                extra = kv.blocks_for(c + n) - seq.blocks
                 while extra > kv.free:
                     victim = policy.victim(running[i:], now)
                     self._preempt(victim, now)
