@@ -1,0 +1,167 @@
+"""The soak benchmark's load: requests that carry their id, and an open-loop client that records
+what came back.
+
+    recs, times = plan(rng, "s", rps=50, duration=60, model="stub", tokens=(4, 32), chaos=True, seed=0)
+    client = Client("http://127.0.0.1:8080", timeout_s=30, max_outstanding=2000)
+    tasks = []; await offer(client, recs, times, tasks); await asyncio.gather(*tasks)
+
+Each request's prompt starts with `soak-<uid>`; the gateway logs prompts, so its log joins to
+the client's records (`soak_account.account`). Outcomes: 'ok' (a complete 200: `[DONE]` at the
+end of a stream, `choices` in a body), 'answered' (a complete error response), 'stream_error'
+(a 200 stream that ended with an error event), 'left' (the client left after the first event,
+on purpose), 'timeout' (no answer within `timeout_s`), 'conn_error', 'cut' (ended without
+`[DONE]` or an error), 'not_sent' (skipped: `max_outstanding` were in flight).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+
+import httpx
+import numpy as np
+from soak_account import MALFORMED
+from soak_backends import KEYS, MAX_BODY
+
+WORDS = "the gateway orders requests by their predicted length while engines crash and stall".split()
+
+class Rec:
+    """One request as the client saw it."""
+
+    __slots__ = ("uid", "tenant", "kind", "stream", "path", "headers", "body", "t_send", "t_end",
+                 "status", "rid", "outcome", "msg")  # fmt: skip
+
+    def __init__(self, uid: str, tenant: str, kind: str, stream: bool) -> None:
+        self.uid, self.tenant, self.kind, self.stream = uid, tenant, kind, stream
+        self.t_send = self.t_end = None
+        self.status = self.rid = self.msg = None
+        self.outcome = "not_sent"
+
+    def row(self) -> dict:
+        return {k: getattr(self, k) for k in ("uid", "tenant", "kind", "stream", "status", "rid",
+                                              "outcome", "msg", "t_send", "t_end")}  # fmt: skip
+
+
+def build(rng: random.Random, uid: str, tenant: str, kind: str, model: str, tokens: tuple[int, int]) -> Rec:
+    """A request of `kind` ('normal', 'leave' or one of MALFORMED) whose prompt starts with its id."""
+    stream = kind == "leave" or rng.random() < 0.5
+    rec = Rec(uid, tenant, kind, stream)
+    chat = kind == "chat_with_prompt" or (kind in ("normal", "leave") and rng.random() < 0.25)
+    text = f"soak-{uid} " + " ".join(rng.choices(WORDS, k=24))
+    body: dict = {"model": model, "max_tokens": rng.randint(*tokens), "stream": stream, "ignore_eos": True}
+    body.update({"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text})
+    key = KEYS[tenant]
+    if kind == "max_tokens_string":
+        body["max_tokens"] = "many"
+    elif kind == "max_tokens_negative":
+        body["max_tokens"] = -3
+    elif kind == "unknown_model":
+        body["model"] = "no-such-model"
+    elif kind == "n_3":
+        body["n"] = 3
+    elif kind == "too_large":
+        body["prompt"] = text + " pad" * (MAX_BODY // 3)
+    elif kind == "bad_key":
+        key = "sk-wrong"
+    elif kind == "chat_with_prompt":
+        body["prompt"] = text
+    raw = json.dumps(body).encode()
+    if kind == "truncated_json":
+        raw = raw[:-9]
+    elif kind == "not_object":
+        raw = json.dumps([text]).encode()
+    rec.path = "/v1/chat/completions" if chat else "/v1/completions"
+    rec.headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    rec.body = raw
+    return rec
+
+
+def _message(data: bytes) -> str | None:
+    """The OpenAI error message of a body or of the last SSE event, if there is one."""
+    text = data[-2000:].decode("utf-8", "replace")
+    m = re.search(r'"message":\s*"((?:[^"\\]|\\.)*)"', text)
+    return m[1][:300] if m else None
+
+
+class Client:
+    """Sends `Rec`s to the gateway and records what came back (open loop, bounded)."""
+
+    def __init__(self, base: str, timeout_s: float, max_outstanding: int) -> None:
+        self.base, self.timeout_s, self.max_outstanding = base, timeout_s, max_outstanding
+        limits = httpx.Limits(max_connections=max_outstanding, max_keepalive_connections=256)
+        self.http = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None))
+        self.in_flight = 0
+        self.t0 = time.monotonic()
+
+    async def send(self, rec: Rec) -> None:
+        rec.t_send = time.monotonic() - self.t0
+        self.in_flight += 1
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._send(rec)
+        except TimeoutError:
+            rec.outcome = "timeout"
+        except (httpx.HTTPError, OSError) as e:
+            rec.outcome, rec.msg = "conn_error", f"{type(e).__name__}: {e}"[:300]
+        finally:
+            rec.t_end = time.monotonic() - self.t0
+            self.in_flight -= 1
+
+    async def _send(self, rec: Rec) -> None:
+        async with self.http.stream("POST", self.base + rec.path, content=rec.body, headers=rec.headers) as r:
+            rec.status, rec.rid = r.status_code, r.headers.get("x-request-id")
+            if r.status_code == 200 and rec.stream:
+                buf = bytearray()
+                async for chunk in r.aiter_raw():
+                    buf += chunk
+                    if rec.kind == "leave" and b"data: " in buf:
+                        rec.outcome = "left"  # leaving the block closes the connection mid-stream
+                        return
+                if buf.endswith(b"data: [DONE]\n\n"):
+                    rec.outcome = "ok"
+                elif (msg := _message(bytes(buf))) is not None:
+                    rec.outcome, rec.msg = "stream_error", msg
+                else:
+                    rec.outcome = "cut"
+                return
+            data = await r.aread()
+            if r.status_code == 200:
+                rec.outcome = "ok" if b'"choices"' in data else "cut"
+            else:
+                rec.outcome, rec.msg = "answered", _message(data)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+async def offer(client: Client, recs: list[Rec], times: np.ndarray, tasks: list) -> None:
+    """Start each request at its time (s from now); skip it when too many are in flight."""
+    t0 = time.monotonic()
+    for rec, at in zip(recs, times):
+        delay = t0 + at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if client.in_flight >= client.max_outstanding:
+            continue  # stays "not_sent"
+        tasks.append(asyncio.create_task(client.send(rec)))
+
+
+def plan(rng: random.Random, prefix: str, rps: float, duration: float, model: str,
+         tokens: tuple[int, int], chaos: bool, seed: int) -> tuple[list[Rec], np.ndarray]:  # fmt: skip
+    """Poisson arrival times and their requests (tenants 20/80; with chaos 5 % malformed, 5 % leave)."""
+    gaps = np.random.default_rng(seed).exponential(1.0 / rps, int(rps * duration * 1.3) + 20)
+    times = np.cumsum(gaps) - gaps[0]
+    times = times[times < duration]
+    recs = []
+    for i in range(len(times)):
+        tenant = "victim" if rng.random() < 0.2 else "flood"
+        u, kind = rng.random(), "normal"
+        if chaos and u < 0.05:
+            kind = rng.choice(MALFORMED)
+        elif chaos and u < 0.10:
+            kind = "leave"
+        recs.append(build(rng, f"{prefix}{i}", tenant, kind, model, tokens))
+    return recs, times
