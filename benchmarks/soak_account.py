@@ -44,11 +44,9 @@ def account(recs: list[dict], rows: list[dict]) -> dict:
     lost = sorted(set(unanswered) | set(unlogged))
     dup_logged = {u: len(v) for u, v in by_uid.items() if len(v) > 1}
     rids = Counter(r["rid"] for r in sent if r["rid"])
-    dup_answered = {k: n for k, n in rids.items() if n > 1}
-    ids = Counter(r["id"] for r in rows)
-    dup_ids = {k: n for k, n in ids.items() if n > 1}
-    duplicated = sum(n - 1 for n in dup_logged.values()) + sum(n - 1 for n in dup_answered.values())
-    duplicated += sum(n - 1 for n in dup_ids.values())
+    dup_uids = set(dup_logged) | {r["uid"] for r in sent if rids.get(r["rid"], 0) > 1}
+    ids = Counter(r["id"] for r in rows if UID.search(r.get("prompt") or "") is None)
+    duplicated = len(dup_uids) + sum(n - 1 for n in ids.values() if n > 1)  # per request
     causes: Counter = Counter()
     bad_5xx = []
     for r in sent:
@@ -72,6 +70,7 @@ def account(recs: list[dict], rows: list[dict]) -> dict:
         "lost": len(lost), "duplicated": duplicated, "gateway_5xx": len(bad_5xx),
         "victim_p99_wait_s": float(np.percentile(waits, 99)) if waits else float("nan"),
         "sent": len(sent), "not_sent": len(recs) - len(sent), "accepted": len(accepted),
+        "logged_once": sum(1 for u in uids if len(by_uid.get(u, ())) == 1),
         "logged_rows": len(rows), "unknown_rows": unknown_rows, "stray_logged": len(strays),
         "unanswered": len(unanswered), "accepted_unlogged": len(unlogged),
         "outcomes": dict(Counter(r["outcome"] for r in sent)),
@@ -79,10 +78,10 @@ def account(recs: list[dict], rows: list[dict]) -> dict:
         "log_statuses": dict(Counter(str(x["status"]) for x in rows)),
         "by_kind": {k: dict(Counter(f"{r['outcome']} {r['status']}" for r in sent if r["kind"] == k))
                     for k in sorted({r["kind"] for r in sent})},  # fmt: skip
-        "malformed_accepted": sum(1 for r in malformed if r["status"] == 200),
+        "malformed_accepted": sum(1 for r in malformed if r["status"] == 200 or r["uid"] in by_uid),
         "five_xx_causes": dict(causes.most_common()),
         "ok_but_log_disagrees": len(disagree),
-        "examples": {"lost": lost[:10], "gateway_5xx": bad_5xx[:10], "duplicated": list(dup_logged)[:10],
+        "examples": {"lost": lost[:10], "gateway_5xx": bad_5xx[:10], "duplicated": sorted(dup_uids)[:10],
                      "log_disagrees": disagree[:10]},  # fmt: skip
     }
 

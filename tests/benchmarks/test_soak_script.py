@@ -1,0 +1,175 @@
+"""benchmarks/soak.py: its accounting on hand-made cases (the answer is known), its stalling
+backend over real HTTP, and two --quick runs end to end (real processes: `presched serve`, the
+repo's stub and the soak's stalling server — both test doubles, not engines — real HTTP, the
+real SQLite request log)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from builders import BENCHMARKS, load_benchmark, printed_figures
+
+SCRIPT = BENCHMARKS / "soak.py"
+FIGURES = ("soak_lost", "soak_duplicated", "soak_gateway_5xx", "soak_rss_growth_mb",
+           "soak_victim_p99_wait_s")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def acc():
+    load_benchmark("soak.py")  # puts benchmarks/ on sys.path for its helper modules
+    return load_benchmark("soak_account.py")
+
+
+def rec(uid, outcome="ok", status=200, rid=None, kind="normal", msg=None, tenant="victim"):
+    return {"uid": uid, "tenant": tenant, "kind": kind, "stream": False, "status": status,
+            "rid": rid if rid is not None else (f"cmpl-{uid}" if status == 200 else None),
+            "outcome": outcome, "msg": msg, "t_send": 0.0, "t_end": 0.1}  # fmt: skip
+
+
+def row(uid, status=200, error=None, tenant="victim", wait=0.0, rid=None):
+    return {"id": rid or f"cmpl-{uid}", "tenant": tenant, "status": status, "error": error,
+            "prompt": f"soak-{uid} the gateway", "queue_wait_s": wait, "backend": "a"}  # fmt: skip
+
+
+def test_clean_requests_count_nothing(acc):
+    a = acc.account([rec("s0"), rec("s1"), rec("s2", "answered", 400, kind="n_3")],
+                    [row("s0"), row("s1")])  # fmt: skip
+    assert (a["lost"], a["duplicated"], a["gateway_5xx"]) == (0, 0, 0)
+    assert a["sent"] == 3 and a["logged_once"] == 2 and a["accepted"] == 2 and a["malformed_accepted"] == 0
+
+
+def test_lost_is_unanswered_or_accepted_but_unlogged(acc):
+    recs = [rec("s0", "timeout", None),                 # stalled, the gateway logged a 499
+            rec("s1"),                                   # a 200 the log never saw
+            rec("s2", "left"),                           # left on purpose and logged: fine
+            rec("s3", "left"),                           # left on purpose, never logged: lost
+            rec("s4", "conn_error", None, msg="reset"),  # no answer, no row
+            rec("s5", "cut"),                            # a 200 that ended without [DONE]
+            rec("s6", "answered", 429, tenant="flood"),  # refused before acceptance: not logged
+            rec("s7", "not_sent", None)]                 # never sent: not counted  # fmt: skip
+    rows = [row("s0", 499), row("s2", 499), row("s5", 502, "backend a broke the stream")]
+    a = acc.account(recs, rows)
+    assert a["lost"] == 5 and a["examples"]["lost"] == ["s0", "s1", "s3", "s4", "s5"]
+    assert a["unanswered"] == 3 and a["accepted_unlogged"] == 2
+    assert a["sent"] == 7 and a["not_sent"] == 1 and a["duplicated"] == 0
+
+
+def test_duplicates_count_each_request_once(acc):
+    recs = [rec("s0"), rec("s1", rid="cmpl-x"), rec("s2", rid="cmpl-x"), rec("s3")]
+    rows = [row("s0"), row("s0", rid="cmpl-s0-retry"), row("s1", rid="cmpl-x"), row("s2", rid="cmpl-y"),
+            row("s3")]  # fmt: skip
+    a = acc.account(recs, rows)
+    assert a["duplicated"] == 3 and a["examples"]["duplicated"] == ["s0", "s1", "s2"]
+    assert a["logged_once"] == 3 and a["lost"] == 0
+
+
+def test_5xx_from_a_backend_is_allowed_anything_else_counts(acc):
+    recs = [rec("s0", "stream_error", 200), rec("s1", "answered", 502), rec("s2", "answered", 500),
+            rec("s3", "answered", 503, msg="no healthy backend serves model 'stub'"),
+            rec("s4", "answered", 503, msg="overloaded"), rec("s5", "answered", 504)]  # fmt: skip
+    rows = [row("s0", 502, "backend a broke the stream: reset"),
+            row("s1", 502, "backend b failed before responding and 3 backends were tried"),
+            row("s2", 500, "gateway error: KeyError: 'x'"), row("s5", 504, None),
+            row("s9", 500, "gateway error: stray")]  # logged, never sent by this phase  # fmt: skip
+    a = acc.account(recs, rows)
+    assert a["gateway_5xx"] == 4 and a["examples"]["gateway_5xx"] == ["s2", "s4", "s5", "s9"]
+    assert sum(n for k, n in a["five_xx_causes"].items() if " backend:" in k) == 3
+    assert a["stray_logged"] == 1
+
+
+def test_victim_p99_wait_reads_only_the_victims_rows(acc):
+    rows = [row(f"s{i}", wait=i / 100) for i in range(101)]
+    rows += [row(f"s{i}", tenant="flood", wait=50.0) for i in range(101, 150)]
+    a = acc.account([rec(f"s{i}") for i in range(150)], rows)
+    assert a["victim_p99_wait_s"] == pytest.approx(0.99)
+    assert math.isnan(acc.account([rec("s0", tenant="flood")], [row("s0", tenant="flood")])["victim_p99_wait_s"])
+
+
+def test_every_request_carries_its_id_and_malformed_ones_are_malformed(acc):
+    load = load_benchmark("soak_load.py")
+    rng = random.Random(0)
+    for kind in ("normal", "leave", *acc.MALFORMED):
+        r = load.build(rng, "s7", "flood", kind, "stub", (4, 8))
+        assert acc.UID.search(r.body.decode())[1] == "s7", kind
+        if kind in ("truncated_json", "not_object"):
+            assert not isinstance(_json_or_none(r.body), dict)
+        elif kind == "too_large":
+            assert len(r.body) > load.MAX_BODY
+    assert load.build(rng, "s8", "victim", "leave", "stub", (4, 8)).stream
+
+
+def _json_or_none(raw: bytes):
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+
+
+def test_stall_server_stalls_after_headers_and_survives_a_kill(tmp_path):
+    be = load_benchmark("soak_backends.py")
+    p = be.Proc("stall", "stall", be.free_port(), tmp_path, "stub", 0.0, dict(os.environ))
+    body = {"model": "stub", "prompt": "soak-s0 x", "max_tokens": 3, "stream": True}
+    try:
+        p.start()
+        with httpx.Client(timeout=5) as c:
+            assert c.post(f"{p.url}/v1/completions", json=body).text.endswith("data: [DONE]\n\n")
+            assert json.loads(be.post_json(f"{p.url}/soak/stall", b'{"on": true}'))["stalling"]
+            with c.stream("POST", f"{p.url}/v1/completions", json=body, timeout=1.0) as r:
+                assert r.status_code == 200  # the headers came
+                with pytest.raises(httpx.ReadTimeout):  # and then nothing
+                    next(r.iter_raw())
+        p.kill()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{p.url}/health", timeout=1)
+        p.start()  # same port, a fresh process: not stalling
+        r = httpx.post(f"{p.url}/v1/completions", json={**body, "stream": False}, timeout=5)
+        assert r.json()["usage"]["completion_tokens"] == 3 and p.starts == 2
+    finally:
+        p.stop()
+    assert p.proc is None
+
+
+def run_quick(tmp_path, *extra):
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path), *extra],
+                          capture_output=True, text=True, timeout=150, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert time.monotonic() - t < 60  # ~20 s on 2 busy cores
+    figures = printed_figures(proc.stdout)
+    assert set(FIGURES) <= set(figures), proc.stdout[-2000:]
+    res = json.loads((tmp_path / "soak.json").read_text())
+    assert (tmp_path / "soak.png").stat().st_size > 10_000
+    assert res["figures"] == pytest.approx({k: figures[k] for k in FIGURES}, rel=1e-3, nan_ok=True)
+    return figures, res
+
+
+def test_quick_run_without_chaos_loses_nothing_and_logs_every_request_once(tmp_path):
+    figures, res = run_quick(tmp_path, "--no-chaos", "--rps", "20")
+    a = res["accounting"]
+    assert (figures["soak_lost"], figures["soak_duplicated"], figures["soak_gateway_5xx"]) == (0, 0, 0)
+    assert a["sent"] > 150 and a["not_sent"] == 0  # 20 req/s for 12 s, Poisson
+    assert a["outcomes"] == {"ok": a["sent"]} and a["logged_once"] == a["sent"] == a["logged_rows"]
+    assert a["log_statuses"] == {"200": a["sent"]} and a["unknown_rows"] == 0
+    assert res["events"] == [] and res["capacity"] is None and res["drain"]["clean"]
+    assert math.isfinite(figures["soak_victim_p99_wait_s"]) and figures["soak_victim_p99_wait_s"] >= 0
+
+
+def test_quick_chaos_run_reports_every_figure_and_its_counts_add_up(tmp_path):
+    figures, res = run_quick(tmp_path)
+    a = res["accounting"]
+    assert [s["rate"] for s in res["capacity"]["steps"]][:1] == [10]  # the ramp ran first
+    assert res["meta"]["rps"] == pytest.approx(0.8 * (res["capacity"]["capacity_rps"] or 5))
+    assert sum(a["outcomes"].values()) == a["sent"] > 50
+    assert {"kill a", "a up", "stall_on", "stall_off"} <= {e["event"] for e in res["events"]}
+    kinds = set(a["by_kind"])
+    assert "normal" in kinds and "leave" in kinds and kinds - {"normal", "leave"}  # some malformed
+    assert a["lost"] <= a["unanswered"] + a["accepted_unlogged"] and figures["soak_lost"] == a["lost"]
+    assert all(s["rss_mb"] > 10 for s in res["samples"]) and res["drain"]["clean"]
