@@ -15,7 +15,8 @@ model, and `stall`, the stalling test double of `soak_backends.py`. Chaos, on a 
 between kills `stall` stalls after its response headers for `--stall-for` s (15); 5 % of
 requests have malformed bodies (bad JSON, wrong types, unknown model, too large, bad API key,
 ...), 5 % are streams whose client leaves after the first event; two tenants, `victim` (20 %
-of the rate) and `flood` (80 %). The load is an open-loop Poisson stream (httpx clients, at most
+of the rate) and `flood` (80 %, plus a burst of 2 × rps requests within 1 s every
+`--flood-every` s, 30: about +7 % load). The load is an open-loop Poisson stream (httpx clients, at most
 `--max-outstanding` in flight, each given up after `--client-timeout` s).
 
 Every request carries a unique id in its prompt (`soak-s123 ...`); the gateway logs prompts
@@ -131,7 +132,8 @@ async def ramp(args, rig: Rig, console: Console) -> dict:
 
 async def soak(args, rig: Rig, progress: Progress) -> dict:
     rng = random.Random(args.seed)
-    recs, times = plan(rng, "s", args.rps, args.duration, args.model, args.tokens, args.chaos, args.seed)
+    recs, times = plan(rng, "s", args.rps, args.duration, args.model, args.tokens, args.chaos, args.seed,
+                       args.flood_every, args.flood_size)  # fmt: skip
     client = Client(rig.base, args.client_timeout, args.max_outstanding)
     events, samples, tasks = [], [], []
     t0 = time.monotonic()
@@ -223,6 +225,10 @@ def parse(argv=None):
                     help="no kills, stalls, malformed bodies or leaving clients (every figure must be 0)")
     ap.add_argument("--kill-every", type=float, default=None, help="seconds between kills of backend a (120; quick 6)")
     ap.add_argument("--stall-for", type=float, default=None, help="seconds of each stall episode (15; quick 2)")
+    ap.add_argument("--flood-every", type=float, default=None,
+                    help="seconds between the flood tenant's bursts (30; quick 5; 0: none)")
+    ap.add_argument("--flood-size", type=float, default=2.0,
+                    help="requests per burst, as a multiple of --rps (sent within 1 s)")
     ap.add_argument("--client-timeout", type=float, default=None, help="a client gives up after this (30; quick 8)")
     ap.add_argument("--ramp-rates", type=float, nargs="+", default=None, help="offered req/s of the capacity ramp")
     ap.add_argument("--ramp-step-s", type=float, default=None, help="seconds per ramp step (4; quick 1)")
@@ -236,6 +242,7 @@ def parse(argv=None):
     a = ap.parse_args(argv)
     a.duration = a.duration or (12.0 if a.quick else 600.0)
     a.kill_every = a.kill_every or (6.0 if a.quick else 120.0)
+    a.flood_every = (5.0 if a.quick else 30.0) if a.flood_every is None else a.flood_every or None
     a.stall_for = a.stall_for or (2.0 if a.quick else 15.0)
     a.client_timeout = a.client_timeout or (8.0 if a.quick else 30.0)
     a.ramp_step_s = a.ramp_step_s or (1.0 if a.quick else 4.0)
@@ -249,7 +256,8 @@ def parse(argv=None):
     for name in ("duration", "kill_every", "stall_for", "client_timeout", "ramp_step_s", "p99_limit_s"):
         if getattr(a, name) <= 0:
             ap.error(f"--{name.replace('_', '-')}: must be > 0")
-    if (a.rps is not None and a.rps <= 0) or min(a.ramp_rates) <= 0 or a.max_outstanding < 1:
+    if (a.rps is not None and a.rps <= 0) or min(a.ramp_rates) <= 0 or a.max_outstanding < 1 \
+            or (a.flood_every is not None and a.flood_every < 0) or a.flood_size < 0:
         ap.error("--rps, --ramp-rates, --max-outstanding: must be > 0")
     return a
 
@@ -286,7 +294,8 @@ def main(argv=None) -> None:
                "soak_victim_p99_wait_s": acc["victim_p99_wait_s"]}  # fmt: skip
     meta = {"command": " ".join(["python", "benchmarks/soak.py", *(argv or sys.argv[1:])]),
             "rps": args.rps, "duration_s": args.duration, "warmup_s": args.warmup_s, "chaos": args.chaos,
-            "kill_every_s": args.kill_every, "stall_for_s": args.stall_for, "client_timeout_s": args.client_timeout,
+            "kill_every_s": args.kill_every,
+            "flood_every_s": args.flood_every, "flood_size": args.flood_size, "stall_for_s": args.stall_for, "client_timeout_s": args.client_timeout,
             "backends": ("a, b: vLLM CPU engines (tiny model)" if args.engine else
                          "a, b: presched.serve.stub (test double)") + "; stall: soak_backends.StallEngine (test double)",
             "gateway_config": rig.config(), "gateway_set": args.gateway_set, "tokens": args.tokens,

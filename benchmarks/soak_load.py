@@ -150,18 +150,30 @@ async def offer(client: Client, recs: list[Rec], times: np.ndarray, tasks: list)
 
 
 def plan(rng: random.Random, prefix: str, rps: float, duration: float, model: str,
-         tokens: tuple[int, int], chaos: bool, seed: int) -> tuple[list[Rec], np.ndarray]:  # fmt: skip
-    """Poisson arrival times and their requests (tenants 20/80; with chaos 5 % malformed, 5 % leave)."""
+         tokens: tuple[int, int], chaos: bool, seed: int, flood_every: float | None = None,
+         flood_size: float = 2.0) -> tuple[list[Rec], np.ndarray]:  # fmt: skip
+    """Poisson arrival times at `rps` and their requests: tenant victim 20 %, flood 80 %; with
+    `chaos` 5 % malformed (each kind equally often) and 5 % streams that leave. With
+    `flood_every`, the flood tenant also sends bursts of `flood_size * rps` normal requests spread
+    over 1 s, at flood_every / 4 s and every flood_every s after."""
     gaps = np.random.default_rng(seed).exponential(1.0 / rps, int(rps * duration * 1.3) + 20)
     times = np.cumsum(gaps) - gaps[0]
-    times = times[times < duration]
+    times = list(times[times < duration])
+    tenants = ["victim" if rng.random() < 0.2 else "flood" for _ in times]
+    n_poisson = len(times)
+    t = flood_every / 4 if flood_every else duration
+    while t < duration - 1:
+        burst = sorted(t + rng.random() for _ in range(int(flood_size * rps)))
+        times += burst
+        tenants += ["flood"] * len(burst)
+        t += flood_every
+    order = np.argsort(times, kind="stable")
     recs = []
-    for i in range(len(times)):
-        tenant = "victim" if rng.random() < 0.2 else "flood"
+    for i, j in enumerate(order):
         u, kind = rng.random(), "normal"
-        if chaos and u < 0.05:
+        if chaos and j < n_poisson and u < 0.05:
             kind = rng.choice(MALFORMED)
-        elif chaos and u < 0.10:
+        elif chaos and j < n_poisson and u < 0.10:
             kind = "leave"
-        recs.append(build(rng, f"{prefix}{i}", tenant, kind, model, tokens))
-    return recs, times
+        recs.append(build(rng, f"{prefix}{i}", tenants[j], kind, model, tokens))
+    return recs, np.asarray(times)[order]

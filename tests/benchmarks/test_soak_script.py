@@ -106,6 +106,23 @@ def test_every_request_carries_its_id_and_malformed_ones_are_malformed(acc):
     assert load.build(rng, "s8", "victim", "leave", "stub", (4, 8)).stream
 
 
+def test_plan_has_the_tenants_chaos_shares_and_flood_bursts(acc):
+    load = load_benchmark("soak_load.py")
+    recs, times = load.plan(random.Random(1), "s", 200.0, 20.0, "stub", (4, 8), True, 1, flood_every=10.0)
+    assert (times[1:] >= times[:-1]).all() and times[0] >= 0 and times[-1] < 20
+    assert len({r.uid for r in recs}) == len(recs) == len(times)
+    poisson = 200 * 20
+    bursts = [t for t in times if 2.5 <= t < 3.5 or 12.5 <= t < 13.5]
+    assert len(bursts) == pytest.approx(2 * 400 + 2 * 200, rel=0.1)  # 2 bursts of 2 x rps + Poisson
+    kinds = [r.kind for r in recs]
+    assert kinds.count("leave") / poisson == pytest.approx(0.05, rel=0.15)
+    assert sum(k in acc.MALFORMED for k in kinds) / poisson == pytest.approx(0.05, rel=0.15)
+    victims = sum(r.tenant == "victim" for r in recs)
+    assert victims / poisson == pytest.approx(0.2, rel=0.1)  # bursts are all the flood tenant's
+    calm, _ = load.plan(random.Random(1), "r", 200.0, 20.0, "stub", (4, 8), False, 1)
+    assert {r.kind for r in calm} == {"normal"} and len(calm) == pytest.approx(poisson, rel=0.05)
+
+
 def _json_or_none(raw: bytes):
     try:
         return json.loads(raw)
