@@ -73,6 +73,8 @@ def account(recs: list[dict], rows: list[dict]) -> dict:
         "logged_once": sum(1 for u in uids if len(by_uid.get(u, ())) == 1),
         "logged_rows": len(rows), "unknown_rows": unknown_rows, "stray_logged": len(strays),
         "unanswered": len(unanswered), "accepted_unlogged": len(unlogged),
+        "unanswered_accepted": sum(1 for u in unanswered if u in by_uid),  # the rest: never logged
+        "conn_errors": dict(Counter((r["msg"] or "").split(":")[0] for r in sent if r["outcome"] == "conn_error")),
         "outcomes": dict(Counter(r["outcome"] for r in sent)),
         "statuses": dict(Counter(str(r["status"]) for r in sent)),
         "log_statuses": dict(Counter(str(x["status"]) for x in rows)),

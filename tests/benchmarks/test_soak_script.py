@@ -58,7 +58,8 @@ def test_lost_is_unanswered_or_accepted_but_unlogged(acc):
     rows = [row("s0", 499), row("s2", 499), row("s5", 502, "backend a broke the stream")]
     a = acc.account(recs, rows)
     assert a["lost"] == 5 and a["examples"]["lost"] == ["s0", "s1", "s3", "s4", "s5"]
-    assert a["unanswered"] == 3 and a["accepted_unlogged"] == 2
+    assert a["unanswered"] == 3 and a["accepted_unlogged"] == 2 and a["unanswered_accepted"] == 2
+    assert a["conn_errors"] == {"reset": 1}
     assert a["sent"] == 7 and a["not_sent"] == 1 and a["duplicated"] == 0
 
 
