@@ -29,7 +29,10 @@ SIGTERM while requests are still in flight (its drain), then the log is read and
 - `soak_duplicated`: one client id logged more than once, one gateway id answered twice;
 - `soak_gateway_5xx`: 5xx (status from the log row, else the client's) whose cause is not a
   backend: a 502/503/504 whose error names a backend is allowed, anything else counts;
-- `soak_rss_growth_mb`: gateway RSS at the end of the load minus after the warm-up;
+- `soak_rss_growth_mb`: the gateway's resident memory at the end of the load minus after the
+  warm-up (20 % of the run, at most 60 s), counted as RssAnon (heap and stacks: where a leak
+  grows; the file-backed pages of VmRSS come and go with other processes' memory pressure, so
+  VmRSS is in the JSON and the plot but not the figure);
 - `soak_victim_p99_wait_s`: P99 of the victim tenant's `queue_wait_s` in the log.
 
 Writes benchmarks/results/soak.json and soak.png (RSS, in-flight, outcomes over time).
@@ -55,7 +58,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from soak_account import UID, account, read_rows  # noqa: E402
-from soak_backends import Rig, rss_mb  # noqa: E402
+from soak_backends import Rig, memory_mb  # noqa: E402
 from soak_load import Client, Rec, offer, plan  # noqa: E402
 
 OUT = Path(__file__).parent / "results"
@@ -91,7 +94,7 @@ async def chaos(rig: Rig, events: list[tuple[float, str]], log: list[dict], t0: 
 async def sample(rig: Rig, client: Client, recs: list[Rec], out: list[dict], t0: float, every: float) -> None:
     while True:
         done = Counter(r.outcome for r in recs if r.t_end is not None)
-        out.append({"t": time.monotonic() - t0, "rss_mb": rss_mb(rig.gateway.pid),
+        out.append({"t": time.monotonic() - t0, **memory_mb(rig.gateway.pid),
                     "in_flight": client.in_flight, **done})  # fmt: skip
         await asyncio.sleep(every)
 
@@ -153,7 +156,7 @@ async def soak(args, rig: Rig, progress: Progress) -> dict:
     try:
         await offer(client, recs, times, tasks)
         await asyncio.sleep(max(0.0, t0 + args.duration - time.monotonic()))
-        end = {"t": time.monotonic() - t0, "rss_mb": rss_mb(rig.gateway.pid), "in_flight": client.in_flight}
+        end = {"t": time.monotonic() - t0, **memory_mb(rig.gateway.pid), "in_flight": client.in_flight}
         for t in bg:
             t.cancel()
         await asyncio.gather(*bg, return_exceptions=True)
@@ -168,7 +171,7 @@ async def soak(args, rig: Rig, progress: Progress) -> dict:
     warm = [s for s in samples if s["t"] >= args.warmup_s]
     return {"recs": recs, "events": events, "samples": samples, "end": end, "drain": drain_info,
             "in_flight_at_sigterm": end["in_flight"],
-            "rss_after_warmup_mb": warm[0]["rss_mb"] if warm else samples[0]["rss_mb"]}  # fmt: skip
+            "after_warmup": warm[0] if warm else samples[0]}  # fmt: skip
 
 
 # --- output -------------------------------------------------------------------------------------
@@ -181,7 +184,9 @@ def plot(res: dict, recs: list[dict], out: Path) -> None:
     s = res["samples"]
     t = [x["t"] for x in s]
     fig, axes = plt.subplots(3, 1, figsize=(12, 9), sharex=True)
-    axes[0].plot(t, [x["rss_mb"] for x in s])
+    axes[0].plot(t, [x["anon_mb"] for x in s], label="RssAnon (the figure)")
+    axes[0].plot(t, [x["rss_mb"] for x in s], label="VmRSS (with file pages)")
+    axes[0].legend(fontsize=8)
     axes[0].axvline(res["meta"]["warmup_s"], color="grey", ls=":", lw=0.8)
     axes[0].set_ylabel("gateway RSS (MB)")
     axes[1].plot(t, [x["in_flight"] for x in s])
@@ -206,9 +211,13 @@ def plot(res: dict, recs: list[dict], out: Path) -> None:
                 ax.axvline(ev["t"], color="red", lw=0.8, alpha=0.6)
             elif ev["event"] == "stall_on":
                 ax.axvline(ev["t"], color="orange", lw=0.8, alpha=0.6)
+    every = res["meta"]["flood_every_s"]
+    for k in range(int(res["meta"]["duration_s"] // every) + 1 if every else 0):
+        axes[1].axvline(every / 4 + k * every, color="purple", ls="--", lw=0.7, alpha=0.5)
+    axes[2].set_xlim(0, max([r["t_end"] for r in recs if r["t_end"] is not None] + [1.0]) + width)
     f = res["figures"]
     fig.suptitle(f"soak at {res['meta']['rps']:.0f} req/s ({res['meta']['backends']}); red: backend a "
-                 f"killed, orange: stall starts; lost {f['soak_lost']:g}, dup {f['soak_duplicated']:g}, "
+                 f"killed, orange: stall starts, purple: flood burst; lost {f['soak_lost']:g}, dup {f['soak_duplicated']:g}, "
                  f"gateway 5xx {f['soak_gateway_5xx']:g}", fontsize=9)  # fmt: skip
     fig.tight_layout()
     fig.savefig(out / "soak.png", dpi=110)
@@ -290,7 +299,7 @@ def main(argv=None) -> None:
     acc = account(recs, soak_rows)
     figures = {"soak_lost": acc["lost"], "soak_duplicated": acc["duplicated"],
                "soak_gateway_5xx": acc["gateway_5xx"],
-               "soak_rss_growth_mb": run["end"]["rss_mb"] - run["rss_after_warmup_mb"],
+               "soak_rss_growth_mb": run["end"]["anon_mb"] - run["after_warmup"]["anon_mb"],
                "soak_victim_p99_wait_s": acc["victim_p99_wait_s"]}  # fmt: skip
     meta = {"command": " ".join(["python", "benchmarks/soak.py", *(argv or sys.argv[1:])]),
             "rps": args.rps, "duration_s": args.duration, "warmup_s": args.warmup_s, "chaos": args.chaos,

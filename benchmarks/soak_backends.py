@@ -181,11 +181,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+def memory_mb(pid: int) -> dict[str, float]:
+    """A process's resident memory in MB: `rss_mb` (VmRSS, all resident pages) and `anon_mb`
+    (RssAnon: its heap and stacks; file-backed pages, which the kernel evicts and reloads under
+    memory pressure from other processes, are left out)."""
+    got = {"rss_mb": float("nan"), "anon_mb": float("nan")}  # NaN: the process is gone
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return got
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "RssAnon"):
+            got["rss_mb" if name == "VmRSS" else "anon_mb"] = int(value.split()[0]) / 1024
+    return got
 
 
 class Rig:

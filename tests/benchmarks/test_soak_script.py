@@ -190,4 +190,6 @@ def test_quick_chaos_run_reports_every_figure_and_its_counts_add_up(tmp_path):
     kinds = set(a["by_kind"])
     assert "normal" in kinds and "leave" in kinds and kinds - {"normal", "leave"}  # some malformed
     assert a["lost"] <= a["unanswered"] + a["accepted_unlogged"] and figures["soak_lost"] == a["lost"]
-    assert all(s["rss_mb"] > 10 for s in res["samples"]) and res["drain"]["clean"]
+    assert all(s["rss_mb"] >= s["anon_mb"] > 10 for s in res["samples"]) and res["drain"]["clean"]
+    growth = res["end"]["anon_mb"] - res["after_warmup"]["anon_mb"]
+    assert figures["soak_rss_growth_mb"] == pytest.approx(growth, abs=1e-3)
