@@ -46,6 +46,7 @@ import json
 import os
 import platform
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -249,15 +250,21 @@ def parse(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
-    a.duration = a.duration or (12.0 if a.quick else 600.0)
-    a.kill_every = a.kill_every or (6.0 if a.quick else 120.0)
-    a.flood_every = (5.0 if a.quick else 30.0) if a.flood_every is None else a.flood_every or None
-    a.stall_for = a.stall_for or (2.0 if a.quick else 15.0)
-    a.client_timeout = a.client_timeout or (8.0 if a.quick else 30.0)
-    a.ramp_step_s = a.ramp_step_s or (1.0 if a.quick else 4.0)
-    a.ramp_rates = a.ramp_rates or ([10, 20] if a.quick else [2, 4, 8, 16, 32] if a.engine else
-                                    [25, 50, 100, 150, 200, 300, 400, 600])  # fmt: skip
-    a.max_in_flight = a.max_in_flight or (4 if a.engine else 8)
+    quick, eng = a.quick, a.engine
+
+    def default(name: str, value) -> None:
+        if getattr(a, name) is None:
+            setattr(a, name, value)
+
+    default("duration", 12.0 if quick else 600.0)
+    default("kill_every", 6.0 if quick else 120.0)
+    default("flood_every", 5.0 if quick else 30.0)
+    a.flood_every = a.flood_every or None  # 0: no bursts
+    default("stall_for", 2.0 if quick else 15.0)
+    default("client_timeout", 8.0 if quick else 30.0)
+    default("ramp_step_s", 1.0 if quick else 4.0)
+    default("ramp_rates", [10, 20] if quick else [2, 4, 8, 16, 32] if eng else [25, 50, 100, 150, 200, 300, 400, 600])
+    default("max_in_flight", 4 if eng else 8)
     a.model, a.token_s = ("tiny", 0.005) if a.engine else ("stub", 0.002)
     a.tokens = (4, 16) if a.engine else (4, 32)
     a.warmup_s = min(60.0, 0.2 * a.duration)
@@ -265,14 +272,24 @@ def parse(argv=None):
     for name in ("duration", "kill_every", "stall_for", "client_timeout", "ramp_step_s", "p99_limit_s"):
         if getattr(a, name) <= 0:
             ap.error(f"--{name.replace('_', '-')}: must be > 0")
-    if (a.rps is not None and a.rps <= 0) or min(a.ramp_rates) <= 0 or a.max_outstanding < 1 \
-            or (a.flood_every is not None and a.flood_every < 0) or a.flood_size < 0:
-        ap.error("--rps, --ramp-rates, --max-outstanding: must be > 0")
+    if a.duration > 86400 or a.client_timeout > 3600:
+        ap.error("--duration: at most 86400 s; --client-timeout: at most 3600 s")
+    if not (a.rps is None or 0 < a.rps <= 5000) or not 0 < min(a.ramp_rates) <= max(a.ramp_rates) <= 5000:
+        ap.error("--rps, --ramp-rates: must be in (0, 5000] req/s")
+    if not 1 <= a.max_outstanding <= 5000 or not 1 <= a.max_in_flight <= 1024:
+        ap.error("--max-outstanding: 1 to 5000; --max-in-flight: 1 to 1024")
+    if (a.flood_every is not None and a.flood_every < 0) or not 0 <= a.flood_size <= 20:
+        ap.error("--flood-every: must be >= 0; --flood-size: 0 to 20")
     return a
+
+
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks: every process is stopped
 
 
 def main(argv=None) -> None:
     args = parse(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     console = Console(width=150)
     args.out.mkdir(parents=True, exist_ok=True)
     wall = time.perf_counter()

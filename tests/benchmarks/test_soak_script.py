@@ -9,9 +9,11 @@ import json
 import math
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -193,3 +195,42 @@ def test_quick_chaos_run_reports_every_figure_and_its_counts_add_up(tmp_path):
     assert all(s["rss_mb"] >= s["anon_mb"] > 10 for s in res["samples"]) and res["drain"]["clean"]
     growth = res["end"]["anon_mb"] - res["after_warmup"]["anon_mb"]
     assert figures["soak_rss_growth_mb"] == pytest.approx(growth, abs=1e-3)
+
+
+@pytest.mark.parametrize("flag", [["--duration", "0"], ["--rps", "-1"], ["--max-outstanding", "0"],
+                                  ["--flood-size", "50"], ["--kill-every", "-1"], ["--duration", "1e9"]])  # fmt: skip
+def test_bad_flags_are_refused_naming_the_flag(flag):
+    proc = subprocess.run([sys.executable, str(SCRIPT), *flag], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and flag[0] in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def test_sigterm_mid_run_stops_every_process_it_started(tmp_path):
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--quick", "--rps", "10", "--duration", "60",
+                             "--out", str(tmp_path)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        for line in proc.stdout:  # the servers are up once the soak starts
+            if line.startswith("soak:"):
+                break
+        kids = _children(proc.pid)
+        assert len(kids) == 4  # gateway, a, b, stall
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        left = [k for k in _children(proc.pid) + locals().get("kids", []) if Path(f"/proc/{k}").exists()]
+        for k in left:  # only processes the script started; a failing run must not leak them
+            os.kill(k, signal.SIGKILL)
+    assert not left
+    assert not (tmp_path / "soak.json").exists()  # nothing half-written
