@@ -16,7 +16,7 @@ between kills `stall` stalls after its response headers for `--stall-for` s (15)
 requests have malformed bodies (bad JSON, wrong types, unknown model, too large, bad API key,
 ...), 5 % are streams whose client leaves after the first event; two tenants, `victim` (20 %
 of the rate) and `flood` (80 %, plus a burst of 2 × rps requests within 1 s every
-`--flood-every` s, 30: about +7 % load). The load is an open-loop Poisson stream (httpx clients, at most
+`--flood-every` s, 30: about +7 % load). The load is an open-loop Poisson stream (a lean HTTP/1.1 client in soak_load.py, at most
 `--max-outstanding` in flight, each given up after `--client-timeout` s).
 
 Every request carries a unique id in its prompt (`soak-s123 ...`); the gateway logs prompts
@@ -58,9 +58,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from soak_account import UID, account, read_rows  # noqa: E402
-from soak_backends import Rig, memory_mb  # noqa: E402
-from soak_load import Client, Rec, offer, plan  # noqa: E402
+from soak_account import UID, account, read_rows
+from soak_backends import Rig, memory_mb
+from soak_load import Client, Rec, offer, plan
 
 OUT = Path(__file__).parent / "results"
 
@@ -92,7 +92,9 @@ async def chaos(rig: Rig, events: list[tuple[float, str]], log: list[dict], t0: 
             log.append({"t": t, "event": what})
 
 
-async def sample(rig: Rig, client: Client, recs: list[Rec], out: list[dict], t0: float, every: float) -> None:
+async def sample(
+    rig: Rig, client: Client, recs: list[Rec], out: list[dict], t0: float, every: float
+) -> None:
     while True:
         done = Counter(r.outcome for r in recs if r.t_end is not None)
         out.append({"t": time.monotonic() - t0, **memory_mb(rig.gateway.pid),
@@ -109,7 +111,9 @@ async def ramp(args, rig: Rig, console: Console) -> dict:
     client = Client(rig.base, args.client_timeout, args.max_outstanding)
     try:
         for i, rate in enumerate(args.ramp_rates):
-            recs, times = plan(rng, "r", rate, args.ramp_step_s, args.model, args.tokens, False, args.seed + 10 + i)
+            recs, times = plan(
+                rng, "r", rate, args.ramp_step_s, args.model, args.tokens, False, args.seed + 10 + i
+            )
             for r in recs:
                 r.uid = f"{i}x{r.uid}"  # unique across steps; the soak's join ignores them
             tasks: list = []
@@ -121,7 +125,11 @@ async def ramp(args, rig: Rig, console: Console) -> dict:
             lat = [r.t_end - r.t_send for r in ok]
             p99 = float(np.percentile(lat, 99)) if lat else float("inf")
             offered = len(recs) / args.ramp_step_s  # this Poisson sample's rate
-            passed = len(ok) == len(recs) and len(ok) / span >= 0.95 * offered and p99 <= args.p99_limit_s
+            passed = (
+                len(ok) == len(recs)
+                and len(ok) / span >= 0.95 * offered
+                and p99 <= args.p99_limit_s
+            )
             steps.append({"rate": rate, "sent": len(recs), "ok": len(ok), "offered_rps": offered,
                           "achieved_rps": len(ok) / span, "p99_s": p99, "passed": passed})  # fmt: skip
             console.print(f"ramp {rate:g} req/s: {len(ok)}/{len(recs)} ok, p99 {p99:.3f} s -> "
@@ -157,12 +165,18 @@ async def soak(args, rig: Rig, progress: Progress) -> dict:
     try:
         await offer(client, recs, times, tasks)
         await asyncio.sleep(max(0.0, t0 + args.duration - time.monotonic()))
-        end = {"t": time.monotonic() - t0, **memory_mb(rig.gateway.pid), "in_flight": client.in_flight}
+        end = {
+            "t": time.monotonic() - t0,
+            **memory_mb(rig.gateway.pid),
+            "in_flight": client.in_flight,
+        }
         for t in bg:
             t.cancel()
         await asyncio.gather(*bg, return_exceptions=True)
         await asyncio.to_thread(rig.stall, False)
-        drain = asyncio.create_task(asyncio.to_thread(rig.sigterm_gateway, args.client_timeout + 20))
+        drain = asyncio.create_task(
+            asyncio.to_thread(rig.sigterm_gateway, args.client_timeout + 20)
+        )
         await asyncio.gather(*tasks)  # every request is bounded by the client timeout
         drain_info = await drain
     finally:
@@ -227,26 +241,78 @@ def plot(res: dict, recs: list[dict], out: Path) -> None:
 
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=float, default=None, help="seconds of soak (default 600; quick 12)")
-    ap.add_argument("--rps", type=float, default=None, help="offered req/s (default: 80 %% of the ramp's capacity)")
-    ap.add_argument("--quick", action="store_true", help="a short run for tests (12 s, 2-step ramp)")
-    ap.add_argument("--engine", action="store_true", help="backends a and b are vLLM CPU engines (tiny model)")
-    ap.add_argument("--no-chaos", dest="chaos", action="store_false",
-                    help="no kills, stalls, malformed bodies or leaving clients (every figure must be 0)")
-    ap.add_argument("--kill-every", type=float, default=None, help="seconds between kills of backend a (120; quick 6)")
-    ap.add_argument("--stall-for", type=float, default=None, help="seconds of each stall episode (15; quick 2)")
-    ap.add_argument("--flood-every", type=float, default=None,
-                    help="seconds between the flood tenant's bursts (30; quick 5; 0: none)")
-    ap.add_argument("--flood-size", type=float, default=2.0,
-                    help="requests per burst, as a multiple of --rps (sent within 1 s)")
-    ap.add_argument("--client-timeout", type=float, default=None, help="a client gives up after this (30; quick 8)")
-    ap.add_argument("--ramp-rates", type=float, nargs="+", default=None, help="offered req/s of the capacity ramp")
-    ap.add_argument("--ramp-step-s", type=float, default=None, help="seconds per ramp step (4; quick 1)")
-    ap.add_argument("--p99-limit-s", type=float, default=1.0, help="a ramp step passes with P99 latency <= this")
-    ap.add_argument("--max-outstanding", type=int, default=2000, help="most client requests in flight")
+    ap.add_argument(
+        "--duration", type=float, default=None, help="seconds of soak (default 600; quick 12)"
+    )
+    ap.add_argument(
+        "--rps",
+        type=float,
+        default=None,
+        help="offered req/s (default: 80 %% of the ramp's capacity)",
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="a short run for tests (12 s, 2-step ramp)"
+    )
+    ap.add_argument(
+        "--engine", action="store_true", help="backends a and b are vLLM CPU engines (tiny model)"
+    )
+    ap.add_argument(
+        "--no-chaos",
+        dest="chaos",
+        action="store_false",
+        help="no kills, stalls, malformed bodies or leaving clients (every figure must be 0)",
+    )
+    ap.add_argument(
+        "--kill-every",
+        type=float,
+        default=None,
+        help="seconds between kills of backend a (120; quick 6)",
+    )
+    ap.add_argument(
+        "--stall-for", type=float, default=None, help="seconds of each stall episode (15; quick 2)"
+    )
+    ap.add_argument(
+        "--flood-every",
+        type=float,
+        default=None,
+        help="seconds between the flood tenant's bursts (30; quick 5; 0: none)",
+    )
+    ap.add_argument(
+        "--flood-size",
+        type=float,
+        default=2.0,
+        help="requests per burst, as a multiple of --rps (sent within 1 s)",
+    )
+    ap.add_argument(
+        "--client-timeout",
+        type=float,
+        default=None,
+        help="a client gives up after this (30; quick 8)",
+    )
+    ap.add_argument(
+        "--ramp-rates",
+        type=float,
+        nargs="+",
+        default=None,
+        help="offered req/s of the capacity ramp",
+    )
+    ap.add_argument(
+        "--ramp-step-s", type=float, default=None, help="seconds per ramp step (4; quick 1)"
+    )
+    ap.add_argument(
+        "--p99-limit-s", type=float, default=1.0, help="a ramp step passes with P99 latency <= this"
+    )
+    ap.add_argument(
+        "--max-outstanding", type=int, default=2000, help="most client requests in flight"
+    )
     ap.add_argument("--max-in-flight", type=int, default=None, help="per backend (8; engine 4)")
     ap.add_argument("--policy", default="fcfs", help="the gateway's policy")
-    ap.add_argument("--gateway-set", action="append", default=[], help="extra `presched serve --set` (repeatable)")
+    ap.add_argument(
+        "--gateway-set",
+        action="append",
+        default=[],
+        help="extra `presched serve --set` (repeatable)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
@@ -263,18 +329,31 @@ def parse(argv=None):
     default("stall_for", 2.0 if quick else 15.0)
     default("client_timeout", 8.0 if quick else 30.0)
     default("ramp_step_s", 1.0 if quick else 4.0)
-    default("ramp_rates", [10, 20] if quick else [2, 4, 8, 16, 32] if eng else [25, 50, 100, 150, 200, 300, 400, 600])
+    default(
+        "ramp_rates",
+        [10, 20] if quick else [2, 4, 8, 16, 32] if eng else [25, 50, 100, 150, 200, 300, 400, 600],
+    )
     default("max_in_flight", 4 if eng else 8)
     a.model, a.token_s = ("tiny", 0.005) if a.engine else ("stub", 0.002)
     a.tokens = (4, 16) if a.engine else (4, 32)
     a.warmup_s = min(60.0, 0.2 * a.duration)
     a.sample_s = 0.5 if a.duration < 60 else 1.0
-    for name in ("duration", "kill_every", "stall_for", "client_timeout", "ramp_step_s", "p99_limit_s"):
+    for name in (
+        "duration",
+        "kill_every",
+        "stall_for",
+        "client_timeout",
+        "ramp_step_s",
+        "p99_limit_s",
+    ):
         if getattr(a, name) <= 0:
             ap.error(f"--{name.replace('_', '-')}: must be > 0")
     if a.duration > 86400 or a.client_timeout > 3600:
         ap.error("--duration: at most 86400 s; --client-timeout: at most 3600 s")
-    if not (a.rps is None or 0 < a.rps <= 5000) or not 0 < min(a.ramp_rates) <= max(a.ramp_rates) <= 5000:
+    if (
+        not (a.rps is None or 0 < a.rps <= 5000)
+        or not 0 < min(a.ramp_rates) <= max(a.ramp_rates) <= 5000
+    ):
         ap.error("--rps, --ramp-rates: must be in (0, 5000] req/s")
     if not 1 <= a.max_outstanding <= 5000 or not 1 <= a.max_in_flight <= 1024:
         ap.error("--max-outstanding: 1 to 5000; --max-in-flight: 1 to 1024")
@@ -312,7 +391,9 @@ def main(argv=None) -> None:
         finally:
             rig.stop()
     recs = [r.row() for r in run.pop("recs")]
-    soak_rows = [r for r in rows if (m := UID.search(r.get("prompt") or "")) is None or m[1].startswith("s")]
+    soak_rows = [
+        r for r in rows if (m := UID.search(r.get("prompt") or "")) is None or m[1].startswith("s")
+    ]
     acc = account(recs, soak_rows)
     figures = {"soak_lost": acc["lost"], "soak_duplicated": acc["duplicated"],
                "soak_gateway_5xx": acc["gateway_5xx"],

@@ -67,24 +67,39 @@ def account(recs: list[dict], rows: list[dict]) -> dict:
     disagree = [r["uid"] for r in sent if r["outcome"] == "ok" and r["uid"] in by_uid
                 and by_uid[r["uid"]][-1]["status"] != 200]  # fmt: skip
     return {
-        "lost": len(lost), "duplicated": duplicated, "gateway_5xx": len(bad_5xx),
+        "lost": len(lost),
+        "duplicated": duplicated,
+        "gateway_5xx": len(bad_5xx),
         "victim_p99_wait_s": float(np.percentile(waits, 99)) if waits else float("nan"),
-        "sent": len(sent), "not_sent": len(recs) - len(sent), "accepted": len(accepted),
+        "sent": len(sent),
+        "not_sent": len(recs) - len(sent),
+        "accepted": len(accepted),
         "logged_once": sum(1 for u in uids if len(by_uid.get(u, ())) == 1),
-        "logged_rows": len(rows), "unknown_rows": unknown_rows, "stray_logged": len(strays),
-        "unanswered": len(unanswered), "accepted_unlogged": len(unlogged),
+        "logged_rows": len(rows),
+        "unknown_rows": unknown_rows,
+        "stray_logged": len(strays),
+        "unanswered": len(unanswered),
+        "accepted_unlogged": len(unlogged),
         "unanswered_accepted": sum(1 for u in unanswered if u in by_uid),  # the rest: never logged
-        "conn_errors": dict(Counter((r["msg"] or "").split(":")[0] for r in sent if r["outcome"] == "conn_error")),
+        "conn_errors": dict(
+            Counter((r["msg"] or "").split(":")[0] for r in sent if r["outcome"] == "conn_error")
+        ),
         "outcomes": dict(Counter(r["outcome"] for r in sent)),
         "statuses": dict(Counter(str(r["status"]) for r in sent)),
         "log_statuses": dict(Counter(str(x["status"]) for x in rows)),
-        "by_kind": {k: dict(Counter(f"{r['outcome']} {r['status']}" for r in sent if r["kind"] == k))
-                    for k in sorted({r["kind"] for r in sent})},  # fmt: skip
+        "by_kind": {
+            k: dict(Counter(f"{r['outcome']} {r['status']}" for r in sent if r["kind"] == k))
+            for k in sorted({r["kind"] for r in sent})
+        },
         "malformed_accepted": sum(1 for r in malformed if r["status"] == 200 or r["uid"] in by_uid),
         "five_xx_causes": dict(causes.most_common()),
         "ok_but_log_disagrees": len(disagree),
-        "examples": {"lost": lost[:10], "gateway_5xx": bad_5xx[:10], "duplicated": sorted(dup_uids)[:10],
-                     "log_disagrees": disagree[:10]},  # fmt: skip
+        "examples": {
+            "lost": lost[:10],
+            "gateway_5xx": bad_5xx[:10],
+            "duplicated": sorted(dup_uids)[:10],
+            "log_disagrees": disagree[:10],
+        },
     }
 
 

@@ -204,10 +204,17 @@ class Rig:
         self.args, self.workdir = args, workdir
         self.env = dict(os.environ)
         kind = "engine" if args.engine else "stub"
-        ekw = dict(max_num_seqs=args.max_in_flight, max_model_len=1024, threads=1, inproc_worker=True)
+        ekw = {
+            "max_num_seqs": args.max_in_flight,
+            "max_model_len": 1024,
+            "threads": 1,
+            "inproc_worker": True,
+        }
         self.backends = {n: Proc(n, kind, free_port(), workdir, args.model, args.token_s, self.env, ekw)
                          for n in ("a", "b")}  # fmt: skip
-        self.backends["stall"] = Proc("stall", "stall", free_port(), workdir, args.model, args.token_s, self.env)
+        self.backends["stall"] = Proc(
+            "stall", "stall", free_port(), workdir, args.model, args.token_s, self.env
+        )
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / "requests.sqlite"
@@ -260,7 +267,9 @@ class Rig:
 def main() -> None:
     import uvicorn
 
-    ap = argparse.ArgumentParser(description="The soak benchmark's stalling backend (a test double).")
+    ap = argparse.ArgumentParser(
+        description="The soak benchmark's stalling backend (a test double)."
+    )
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--model", default="stub")
     ap.add_argument("--token-s", type=float, default=0.0)

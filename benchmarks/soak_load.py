@@ -20,19 +20,47 @@ import json
 import random
 import re
 import time
+from urllib.parse import urlsplit
 
-import httpx
 import numpy as np
 from soak_account import MALFORMED
 from soak_backends import KEYS, MAX_BODY
 
-WORDS = "the gateway orders requests by their predicted length while engines crash and stall".split()
+WORDS = [
+    "the",
+    "gateway",
+    "orders",
+    "requests",
+    "by",
+    "their",
+    "predicted",
+    "length",
+    "while",
+    "engines",
+    "crash",
+    "and",
+    "stall",
+]
+
 
 class Rec:
     """One request as the client saw it."""
 
-    __slots__ = ("uid", "tenant", "kind", "stream", "path", "headers", "body", "t_send", "t_end",
-                 "status", "rid", "outcome", "msg")  # fmt: skip
+    __slots__ = (
+        "body",
+        "headers",
+        "kind",
+        "msg",
+        "outcome",
+        "path",
+        "rid",
+        "status",
+        "stream",
+        "t_end",
+        "t_send",
+        "tenant",
+        "uid",
+    )  # fmt: skip
 
     def __init__(self, uid: str, tenant: str, kind: str, stream: bool) -> None:
         self.uid, self.tenant, self.kind, self.stream = uid, tenant, kind, stream
@@ -45,13 +73,20 @@ class Rec:
                                               "outcome", "msg", "t_send", "t_end")}  # fmt: skip
 
 
-def build(rng: random.Random, uid: str, tenant: str, kind: str, model: str, tokens: tuple[int, int]) -> Rec:
+def build(
+    rng: random.Random, uid: str, tenant: str, kind: str, model: str, tokens: tuple[int, int]
+) -> Rec:
     """A request of `kind` ('normal', 'leave' or one of MALFORMED) whose prompt starts with its id."""
     stream = kind == "leave" or rng.random() < 0.5
     rec = Rec(uid, tenant, kind, stream)
     chat = kind == "chat_with_prompt" or (kind in ("normal", "leave") and rng.random() < 0.25)
     text = f"soak-{uid} " + " ".join(rng.choices(WORDS, k=24))
-    body: dict = {"model": model, "max_tokens": rng.randint(*tokens), "stream": stream, "ignore_eos": True}
+    body: dict = {
+        "model": model,
+        "max_tokens": rng.randint(*tokens),
+        "stream": stream,
+        "ignore_eos": True,
+    }
     body.update({"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text})
     key = KEYS[tenant]
     if kind == "max_tokens_string":
@@ -87,54 +122,102 @@ def _message(data: bytes) -> str | None:
 
 
 class Client:
-    """Sends `Rec`s to the gateway and records what came back (open loop, bounded)."""
+    """Sends `Rec`s to the gateway and records what came back (open loop, bounded).
 
-    def __init__(self, base: str, timeout_s: float, max_outstanding: int) -> None:
-        self.base, self.timeout_s, self.max_outstanding = base, timeout_s, max_outstanding
-        limits = httpx.Limits(max_connections=max_outstanding, max_keepalive_connections=256)
-        self.http = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None))
+    A lean HTTP/1.1 client on asyncio streams (httpx's connection pool costs O(connections) per
+    request, and at a thousand requests in flight the load generator, not the gateway, became the
+    bottleneck). Keep-alive: a connection whose answer was read to its end goes back to a LIFO
+    idle list and is reused if idle under `idle_s` (uvicorn closes them after 5 s); a request is
+    never resent (a failure is recorded, not retried). Leaving or timing out closes the
+    connection, which the gateway sees as a disconnect."""
+
+    def __init__(
+        self, base: str, timeout_s: float, max_outstanding: int, idle_s: float = 2.0
+    ) -> None:
+        u = urlsplit(base)
+        self.host, self.port, self.idle_s = u.hostname, u.port, idle_s
+        self.timeout_s, self.max_outstanding = timeout_s, max_outstanding
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
         self.in_flight = 0
         self.t0 = time.monotonic()
 
     async def send(self, rec: Rec) -> None:
         rec.t_send = time.monotonic() - self.t0
         self.in_flight += 1
+        conn = None
         try:
             async with asyncio.timeout(self.timeout_s):
-                await self._send(rec)
+                conn = await self._conn()
+                if await self._send(rec, *conn):
+                    self.idle.append((*conn, time.monotonic()))
+                    conn = None
         except TimeoutError:
             rec.outcome = "timeout"
-        except (httpx.HTTPError, OSError) as e:
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
             rec.outcome, rec.msg = "conn_error", f"{type(e).__name__}: {e}"[:300]
         finally:
+            if conn is not None:
+                conn[1].close()
             rec.t_end = time.monotonic() - self.t0
             self.in_flight -= 1
 
-    async def _send(self, rec: Rec) -> None:
-        async with self.http.stream("POST", self.base + rec.path, content=rec.body, headers=rec.headers) as r:
-            rec.status, rec.rid = r.status_code, r.headers.get("x-request-id")
-            if r.status_code == 200 and rec.stream:
-                buf = bytearray()
-                async for chunk in r.aiter_raw():
-                    buf += chunk
-                    if rec.kind == "leave" and b"data: " in buf:
-                        rec.outcome = "left"  # leaving the block closes the connection mid-stream
-                        return
-                if buf.endswith(b"data: [DONE]\n\n"):
-                    rec.outcome = "ok"
-                elif (msg := _message(bytes(buf))) is not None:
-                    rec.outcome, rec.msg = "stream_error", msg
-                else:
-                    rec.outcome = "cut"
-                return
-            data = await r.aread()
-            if r.status_code == 200:
-                rec.outcome = "ok" if b'"choices"' in data else "cut"
+    async def _conn(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        now = time.monotonic()
+        while self.idle:
+            reader, writer, used = self.idle.pop()
+            if now - used < self.idle_s and not reader.at_eof():
+                return reader, writer
+            writer.close()
+        return await asyncio.open_connection(self.host, self.port, limit=2**20)
+
+    async def _send(
+        self, rec: Rec, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        """One exchange; True if the connection can be reused."""
+        head = "".join(f"{k}: {v}\r\n" for k, v in rec.headers.items())
+        writer.write(f"POST {rec.path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n{head}"
+                     f"content-length: {len(rec.body)}\r\n\r\n".encode() + rec.body)  # fmt: skip
+        lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        rec.status = int(lines[0].split(" ", 2)[1])
+        hdrs = {
+            k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)
+        }
+        rec.rid = hdrs.get("x-request-id")
+        leave = rec.kind == "leave" and rec.status == 200 and rec.stream
+        buf = bytearray()
+        if "chunked" in hdrs.get("transfer-encoding", "").lower():
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                if size == 0:
+                    await reader.readuntil(b"\r\n")
+                    break
+                buf += (await reader.readexactly(size + 2))[:-2]
+                if leave and b"data: " in buf:
+                    rec.outcome = "left"  # closing the connection mid-stream
+                    return False
+        elif "content-length" in hdrs:
+            buf += await reader.readexactly(int(hdrs["content-length"]))
+        else:
+            buf += await reader.read()  # the body ends when the server closes
+        data = bytes(buf)
+        if rec.status == 200 and rec.stream:
+            if data.endswith(b"data: [DONE]\n\n"):
+                rec.outcome = "ok"
+            elif (msg := _message(data)) is not None:
+                rec.outcome, rec.msg = "stream_error", msg
             else:
-                rec.outcome, rec.msg = "answered", _message(data)
+                rec.outcome = "cut"
+        elif rec.status == 200:
+            rec.outcome = "ok" if b'"choices"' in data else "cut"
+        else:
+            rec.outcome, rec.msg = "answered", _message(data)
+        framed = "content-length" in hdrs or "chunked" in hdrs.get("transfer-encoding", "").lower()
+        return framed and hdrs.get("connection", "").lower() != "close"
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        for _, writer, _ in self.idle:
+            writer.close()
+        self.idle.clear()
 
 
 async def offer(client: Client, recs: list[Rec], times: np.ndarray, tasks: list) -> None:

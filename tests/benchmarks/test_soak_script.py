@@ -45,7 +45,12 @@ def test_clean_requests_count_nothing(acc):
     a = acc.account([rec("s0"), rec("s1"), rec("s2", "answered", 400, kind="n_3")],
                     [row("s0"), row("s1")])  # fmt: skip
     assert (a["lost"], a["duplicated"], a["gateway_5xx"]) == (0, 0, 0)
-    assert a["sent"] == 3 and a["logged_once"] == 2 and a["accepted"] == 2 and a["malformed_accepted"] == 0
+    assert (
+        a["sent"] == 3
+        and a["logged_once"] == 2
+        and a["accepted"] == 2
+        and a["malformed_accepted"] == 0
+    )
 
 
 def test_lost_is_unanswered_or_accepted_but_unlogged(acc):
@@ -56,7 +61,7 @@ def test_lost_is_unanswered_or_accepted_but_unlogged(acc):
             rec("s4", "conn_error", None, msg="reset"),  # no answer, no row
             rec("s5", "cut"),                            # a 200 that ended without [DONE]
             rec("s6", "answered", 429, tenant="flood"),  # refused before acceptance: not logged
-            rec("s7", "not_sent", None)]                 # never sent: not counted  # fmt: skip
+            rec("s7", "not_sent", None)]  # never sent: not counted  # fmt: skip
     rows = [row("s0", 499), row("s2", 499), row("s5", 502, "backend a broke the stream")]
     a = acc.account(recs, rows)
     assert a["lost"] == 5 and a["examples"]["lost"] == ["s0", "s1", "s3", "s4", "s5"]
@@ -93,7 +98,9 @@ def test_victim_p99_wait_reads_only_the_victims_rows(acc):
     rows += [row(f"s{i}", tenant="flood", wait=50.0) for i in range(101, 150)]
     a = acc.account([rec(f"s{i}") for i in range(150)], rows)
     assert a["victim_p99_wait_s"] == pytest.approx(0.99)
-    assert math.isnan(acc.account([rec("s0", tenant="flood")], [row("s0", tenant="flood")])["victim_p99_wait_s"])
+    assert math.isnan(
+        acc.account([rec("s0", tenant="flood")], [row("s0", tenant="flood")])["victim_p99_wait_s"]
+    )
 
 
 def test_every_request_carries_its_id_and_malformed_ones_are_malformed(acc):
@@ -111,7 +118,9 @@ def test_every_request_carries_its_id_and_malformed_ones_are_malformed(acc):
 
 def test_plan_has_the_tenants_chaos_shares_and_flood_bursts(acc):
     load = load_benchmark("soak_load.py")
-    recs, times = load.plan(random.Random(1), "s", 200.0, 20.0, "stub", (4, 8), True, 1, flood_every=10.0)
+    recs, times = load.plan(
+        random.Random(1), "s", 200.0, 20.0, "stub", (4, 8), True, 1, flood_every=10.0
+    )
     assert (times[1:] >= times[:-1]).all() and times[0] >= 0 and times[-1] < 20
     assert len({r.uid for r in recs}) == len(recs) == len(times)
     poisson = 200 * 20
@@ -174,12 +183,18 @@ def run_quick(tmp_path, *extra):
 def test_quick_run_without_chaos_loses_nothing_and_logs_every_request_once(tmp_path):
     figures, res = run_quick(tmp_path, "--no-chaos", "--rps", "20")
     a = res["accounting"]
-    assert (figures["soak_lost"], figures["soak_duplicated"], figures["soak_gateway_5xx"]) == (0, 0, 0)
+    assert (figures["soak_lost"], figures["soak_duplicated"], figures["soak_gateway_5xx"]) == (
+        0,
+        0,
+        0,
+    )
     assert a["sent"] > 150 and a["not_sent"] == 0  # 20 req/s for 12 s, Poisson
     assert a["outcomes"] == {"ok": a["sent"]} and a["logged_once"] == a["sent"] == a["logged_rows"]
     assert a["log_statuses"] == {"200": a["sent"]} and a["unknown_rows"] == 0
     assert res["events"] == [] and res["capacity"] is None and res["drain"]["clean"]
-    assert math.isfinite(figures["soak_victim_p99_wait_s"]) and figures["soak_victim_p99_wait_s"] >= 0
+    assert (
+        math.isfinite(figures["soak_victim_p99_wait_s"]) and figures["soak_victim_p99_wait_s"] >= 0
+    )
 
 
 def test_quick_chaos_run_reports_every_figure_and_its_counts_add_up(tmp_path):
@@ -191,7 +206,9 @@ def test_quick_chaos_run_reports_every_figure_and_its_counts_add_up(tmp_path):
     assert {"kill a", "a up", "stall_on", "stall_off"} <= {e["event"] for e in res["events"]}
     kinds = set(a["by_kind"])
     assert "normal" in kinds and "leave" in kinds and kinds - {"normal", "leave"}  # some malformed
-    assert a["lost"] <= a["unanswered"] + a["accepted_unlogged"] and figures["soak_lost"] == a["lost"]
+    assert (
+        a["lost"] <= a["unanswered"] + a["accepted_unlogged"] and figures["soak_lost"] == a["lost"]
+    )
     assert all(s["rss_mb"] >= s["anon_mb"] > 10 for s in res["samples"]) and res["drain"]["clean"]
     growth = res["end"]["anon_mb"] - res["after_warmup"]["anon_mb"]
     assert figures["soak_rss_growth_mb"] == pytest.approx(growth, abs=1e-3)
@@ -200,7 +217,13 @@ def test_quick_chaos_run_reports_every_figure_and_its_counts_add_up(tmp_path):
 @pytest.mark.parametrize("flag", [["--duration", "0"], ["--rps", "-1"], ["--max-outstanding", "0"],
                                   ["--flood-size", "50"], ["--kill-every", "-1"], ["--duration", "1e9"]])  # fmt: skip
 def test_bad_flags_are_refused_naming_the_flag(flag):
-    proc = subprocess.run([sys.executable, str(SCRIPT), *flag], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *flag],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2 and flag[0] in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -229,7 +252,9 @@ def test_sigterm_mid_run_stops_every_process_it_started(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-        left = [k for k in _children(proc.pid) + locals().get("kids", []) if Path(f"/proc/{k}").exists()]
+        left = [
+            k for k in _children(proc.pid) + locals().get("kids", []) if Path(f"/proc/{k}").exists()
+        ]
         for k in left:  # only processes the script started; a failing run must not leak them
             os.kill(k, signal.SIGKILL)
     assert not left
