@@ -127,9 +127,12 @@ class Client:
     A lean HTTP/1.1 client on asyncio streams (httpx's connection pool costs O(connections) per
     request, and at a thousand requests in flight the load generator, not the gateway, became the
     bottleneck). Keep-alive: a connection whose answer was read to its end goes back to a LIFO
-    idle list and is reused if idle under `idle_s` (uvicorn closes them after 5 s); a request is
-    never resent (a failure is recorded, not retried). Leaving or timing out closes the
-    connection, which the gateway sees as a disconnect."""
+    idle list and is reused if idle under `idle_s` (uvicorn closes them after 5 s) and its answer
+    was a 200 (servers close connections after some errors). A request is resent only when a
+    reused connection turns out closed before any byte of the answer (the server never read it;
+    were it read, the log would show the request twice, as `duplicated`); any other failure is
+    recorded, not retried. Leaving or timing out closes the connection, which the gateway sees
+    as a disconnect."""
 
     def __init__(
         self, base: str, timeout_s: float, max_outstanding: int, idle_s: float = 2.0
@@ -147,8 +150,16 @@ class Client:
         conn = None
         try:
             async with asyncio.timeout(self.timeout_s):
-                conn = await self._conn()
-                if await self._send(rec, *conn):
+                conn, reused = await self._conn()
+                try:
+                    keep = await self._send(rec, *conn)
+                except (ConnectionError, asyncio.IncompleteReadError) as e:
+                    if not reused or rec.status is not None or getattr(e, "partial", b""):
+                        raise
+                    conn[1].close()  # the server had closed this idle connection: it never
+                    conn = await asyncio.open_connection(self.host, self.port, limit=2**20)
+                    keep = await self._send(rec, *conn)  # read the request; send it once more
+                if keep:
                     self.idle.append((*conn, time.monotonic()))
                     conn = None
         except TimeoutError:
@@ -161,14 +172,15 @@ class Client:
             rec.t_end = time.monotonic() - self.t0
             self.in_flight -= 1
 
-    async def _conn(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _conn(self) -> tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter], bool]:
+        """(reader, writer), and whether it is a reused keep-alive connection."""
         now = time.monotonic()
         while self.idle:
             reader, writer, used = self.idle.pop()
             if now - used < self.idle_s and not reader.at_eof():
-                return reader, writer
+                return (reader, writer), True
             writer.close()
-        return await asyncio.open_connection(self.host, self.port, limit=2**20)
+        return await asyncio.open_connection(self.host, self.port, limit=2**20), False
 
     async def _send(
         self, rec: Rec, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -212,7 +224,7 @@ class Client:
         else:
             rec.outcome, rec.msg = "answered", _message(data)
         framed = "content-length" in hdrs or "chunked" in hdrs.get("transfer-encoding", "").lower()
-        return framed and hdrs.get("connection", "").lower() != "close"
+        return framed and rec.status == 200 and hdrs.get("connection", "").lower() != "close"
 
     async def aclose(self) -> None:
         for _, writer, _ in self.idle:

@@ -5,6 +5,7 @@ real SQLite request log)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import httpx
@@ -24,7 +26,7 @@ FIGURES = ("soak_lost", "soak_duplicated", "soak_gateway_5xx", "soak_rss_growth_
            "soak_victim_p99_wait_s")  # fmt: skip
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def acc():
     load_benchmark("soak.py")  # puts benchmarks/ on sys.path for its helper modules
     return load_benchmark("soak_account.py")
@@ -259,3 +261,49 @@ def test_sigterm_mid_run_stops_every_process_it_started(tmp_path):
             os.kill(k, signal.SIGKILL)
     assert not left
     assert not (tmp_path / "soak.json").exists()  # nothing half-written
+
+
+def test_load_client_reads_every_framing_leaves_and_times_out_over_real_http(tmp_path):
+    """The soak's HTTP/1.1 client against the stalling server (a stub-like test double) in its
+    own process: JSON and chunked SSE answers, keep-alive reuse, a client that leaves mid-stream
+    (the server sees its connection close), an error answer, and a stall that times out."""
+    load = load_benchmark("soak_load.py")
+    be = load_benchmark("soak_backends.py")
+    p = be.Proc("stall", "stall", be.free_port(), tmp_path, "stub", 0.01, dict(os.environ))
+    rng = random.Random(0)
+
+    def req(uid, kind="normal", stream=False, **change):
+        r = load.build(rng, uid, "victim", kind, "stub", (20, 20))
+        body = {**json.loads(r.body), "stream": stream, **change} if kind == "normal" else None
+        r.stream = stream if body else r.stream
+        r.body = json.dumps(body).encode() if body else r.body
+        return r
+
+    async def main():
+        c = load.Client(p.url, timeout_s=2.0, max_outstanding=10)
+        plain, sse, left = req("s0"), req("s1", stream=True), req("s2", "leave")
+        bad = req("s3", max_tokens="many")  # the stub itself fails on this: a 500, not parsed
+        idle = []
+        for r in (plain, sse, left):
+            await c.send(r)
+            idle.append(len(c.idle))
+        await c.send(bad)
+        be.post_json(f"{p.url}/soak/stall", b'{"on": true}')
+        hung = req("s4", stream=True)
+        await c.send(hung)
+        await c.aclose()
+        return plain, sse, left, hung, bad, idle
+
+    try:
+        p.start()
+        plain, sse, left, hung, bad, idle = asyncio.run(main())
+        stats = json.loads(urllib.request.urlopen(f"{p.url}/soak/stats", timeout=5).read())
+    finally:
+        p.stop()
+    assert (plain.outcome, plain.status, sse.outcome, sse.status) == ("ok", 200, "ok", 200)
+    assert left.outcome == "left" and left.status == 200
+    assert idle == [1, 1, 0]  # one connection served both answers; leaving closed it
+    assert (hung.outcome, hung.status) == ("timeout", 200), hung.msg  # headers, then nothing
+    assert (bad.outcome, bad.status) == ("answered", 500) and stats["stalled"] == 1
+    assert all(r.t_end >= r.t_send for r in (plain, sse, left, hung))
+    assert hung.t_end - hung.t_send == pytest.approx(2.0, abs=1.0)
