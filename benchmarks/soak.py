@@ -231,9 +231,12 @@ def plot(res: dict, recs: list[dict], out: Path) -> None:
         axes[1].axvline(every / 4 + k * every, color="purple", ls="--", lw=0.7, alpha=0.5)
     axes[2].set_xlim(0, max([r["t_end"] for r in recs if r["t_end"] is not None] + [1.0]) + width)
     f = res["figures"]
-    fig.suptitle(f"soak at {res['meta']['rps']:.0f} req/s ({res['meta']['backends']}); red: backend a "
-                 f"killed, orange: stall starts, purple: flood burst; lost {f['soak_lost']:g}, dup {f['soak_duplicated']:g}, "
-                 f"gateway 5xx {f['soak_gateway_5xx']:g}", fontsize=9)  # fmt: skip
+    fig.suptitle(
+        f"soak at {res['meta']['rps']:.0f} req/s ({res['meta']['backends']})\nlost {f['soak_lost']:g}, "
+        f"duplicated {f['soak_duplicated']:g}, gateway 5xx {f['soak_gateway_5xx']:g}; red: backend a "
+        "killed, orange: stall starts, purple: flood burst",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(out / "soak.png", dpi=110)
     plt.close(fig)
