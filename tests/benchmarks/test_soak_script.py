@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -307,3 +308,47 @@ def test_load_client_reads_every_framing_leaves_and_times_out_over_real_http(tmp
     assert (bad.outcome, bad.status) == ("answered", 500) and stats["stalled"] == 1
     assert all(r.t_end >= r.t_send for r in (plain, sse, left, hung))
     assert hung.t_end - hung.t_send == pytest.approx(2.0, abs=1.0)
+
+
+def test_load_client_resends_once_when_a_kept_alive_connection_was_closed_unread():
+    """A server (a real TCP test double in this process) answers the first request on a
+    connection with a keep-alive 200, then closes that connection when the next request arrives,
+    without answering it: the client sends that request once more on a new connection (without
+    the resend it would count a request the server never answered as lost)."""
+    load = load_benchmark("soak_load.py")
+    seen = []
+
+    async def handle(reader, writer):
+        served = 0
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                break
+            n = int(re.search(rb"content-length: (\d+)", head.lower())[1])
+            seen.append(json.loads(await reader.readexactly(n))["prompt"].split()[0])
+            if served:
+                break  # closed unanswered
+            body = b'{"choices": [{"text": "x"}]}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            served += 1
+        writer.close()
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        c = load.Client(f"http://127.0.0.1:{port}", timeout_s=5.0, max_outstanding=4)
+        recs = []
+        for uid in ("s0", "s1"):
+            r = load.build(random.Random(0), uid, "victim", "normal", "stub", (4, 4))
+            r.stream = False
+            r.body = json.dumps({**json.loads(r.body), "stream": False}).encode()
+            await c.send(r)
+            recs.append(r)
+        await c.aclose()
+        server.close()
+        return recs
+
+    a, b = asyncio.run(main())
+    assert (a.outcome, b.outcome) == ("ok", "ok"), b.msg
+    assert seen == ["soak-s0", "soak-s1", "soak-s1"]  # s1 reached the server twice, answered once
