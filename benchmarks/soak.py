@@ -46,6 +46,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -365,8 +366,17 @@ def parse(argv=None):
     return a
 
 
+_RIGS: list[Rig] = []  # what a SIGTERM must stop
+
+
 def _terminate(signum, frame) -> None:
-    raise SystemExit(128 + signum)  # unwinds through the finally blocks: every process is stopped
+    """SIGTERM: stop every process this run started (by PID), remove its work folder, exit. Not
+    by unwinding: an exception raised at an arbitrary point of the event loop's shutdown could
+    wait there for minutes."""
+    for rig in _RIGS:
+        rig.stop()
+        shutil.rmtree(rig.workdir, ignore_errors=True)
+    os._exit(128 + signum)
 
 
 def main(argv=None) -> None:
@@ -377,6 +387,7 @@ def main(argv=None) -> None:
     wall = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="presched-soak-") as tmp:
         rig = Rig(args, Path(tmp))
+        _RIGS.append(rig)
         try:
             rig.start()
             cap = None
