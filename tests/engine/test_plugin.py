@@ -21,6 +21,7 @@ import asyncio
 import json
 import re
 import sqlite3
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,11 +44,11 @@ def plugin_engine(engine_factory, tmp_path_factory):
     def start(policy: str, params: dict | None = None, imports: tuple = (), **kw):
         key = json.dumps([policy, params, imports, sorted(kw.items())], sort_keys=True, default=str)
         if key not in made:
-            d = root / f"cfg{len(made)}"
-            d.mkdir()
+            d = Path(tempfile.mkdtemp(dir=root))
             plugin = {"policy": policy, "params": params or {}, "records": str(d / "rec.sqlite"),
                       "stats": str(d / "stats.json"), "imports": list(imports)}  # fmt: skip
-            eng = engine_factory(plugin=plugin, max_model_len=4096, **kw)
+            kw.setdefault("max_model_len", 4096)
+            eng = engine_factory(plugin=plugin, **kw)
             made[key] = (eng, d / "rec.sqlite", d / "stats.json")
         return made[key]
 
@@ -140,6 +141,9 @@ async def _short_preempts_long(url: str, long_n: int, short_n: int, after: int) 
         return await long_task, short
 
 
+LONG = 2000  # srpt-oracle preempts it while 2000 - g > 8 + prompt + g, i.e. for g < ~990
+
+
 @pytest.mark.parametrize("policy,params,after", [
     ("srpt-oracle", {}, 20),
     ("mlfq", {"preempt": True, "within": "mean"}, 150),  # the default policy, mlfq-preempt+sjf
@@ -147,22 +151,23 @@ async def _short_preempts_long(url: str, long_n: int, short_n: int, after: int) 
 def test_preemption_keeps_tokens_exact(plugin_engine, policy, params, after):
     eng, rec, stats_path = plugin_engine(policy, params, max_num_seqs=1)
     preempt0 = _metric(eng.url, "num_preemptions_total")
-    long_out, short_out = asyncio.run(_short_preempts_long(eng.url, 600, 8, after))
+    long_out, short_out = asyncio.run(_short_preempts_long(eng.url, LONG, 8, after))
     assert _metric(eng.url, "num_preemptions_total") >= preempt0 + 1
     assert short_out["_done"] < long_out["_done"]
     rows = _records(rec)
-    row = rows[next(k for k, r in rows.items() if r["max_tokens"] == 600 and r["preemptions"])]
-    assert row["recomputed_tokens"] > 0 and row["output_tokens"] == 600
+    row = rows[next(k for k, r in rows.items() if r["max_tokens"] == LONG and r["preemptions"])]
+    assert row["recomputed_tokens"] > 0 and row["output_tokens"] == LONG
     # the same request alone, never preempted: token for token the same output
     with httpx.Client(base_url=eng.url, timeout=300) as c:
-        solo = c.post("/v1/completions", json=_known(600)).json()
+        solo = c.post("/v1/completions", json=_known(LONG)).json()
         solo_short = c.post("/v1/completions", json=_known(8, prompt="Short one")).json()
     assert long_out["choices"][0]["token_ids"] == solo["choices"][0]["token_ids"]
     assert short_out["choices"][0]["token_ids"] == solo_short["choices"][0]["token_ids"]
-    assert len(long_out["choices"][0]["token_ids"]) == 600
+    assert len(long_out["choices"][0]["token_ids"]) == LONG
     stats = json.loads(stats_path.read_text())
     assert stats["preempt_for"] >= 1 and stats["policy_errors_total"] == 0
     # nothing lost or finished twice: every request of this engine has exactly one row
+    rows = _records(rec)
     assert stats["arrivals"] == len(rows) == stats["finished"] + stats["aborted"]
     assert all(r["status"] == 200 and r["output_tokens"] == r["max_tokens"] for r in rows.values())
 
@@ -182,7 +187,7 @@ async def _burst(url: str, n: int, tokens: int) -> list[dict]:
     ("fcfs", {}),  # the control: the same burst over-commits without admission control
 ], ids=["kv-admission", "fcfs-control"])  # fmt: skip
 def test_kv_admission_never_overcommits_real_blocks(plugin_engine, policy, params):
-    eng, rec, stats_path = plugin_engine(policy, params, max_num_seqs=8,
+    eng, rec, stats_path = plugin_engine(policy, params, max_num_seqs=8, max_model_len=512,
                                          num_gpu_blocks_override=KV_BLOCKS)  # fmt: skip
     stats = json.loads(stats_path.read_text())
     assert stats["kv_blocks_usable"] == KV_BLOCKS - 1 and stats["block_size"] == 128

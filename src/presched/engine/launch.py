@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -127,6 +128,23 @@ def _tail(path: Path | None, n: int = 40) -> str:
     return "\n".join(lines[-n:]) or "(empty log)"
 
 
+_CAUSE = re.compile(r"^(?:\(\w+ pid=\d+\) ERROR [^\]]*\] )?((?:[\w.]+\.)?\w*(?:Error|Exception): .+)$")
+
+
+def _root_cause(path: Path | None) -> str | None:
+    """The last exception line (`pkg.SomeError: message`) of a failed start's log other than
+    vLLM's "Engine core initialization failed" (which only points at the root cause above it)."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines() if path else []
+    except OSError:
+        return None
+    for line in reversed(lines):
+        m = _CAUSE.match(line.strip())
+        if m and "Engine core initialization failed" not in m.group(1):
+            return m.group(1)
+    return None
+
+
 def _build(module: str, out: Path, timeout: float) -> Path:
     """Run `python -m <module> --out OUT` in the engine venv; EngineError with its output tail."""
     ok, why = engine_available()
@@ -209,9 +227,11 @@ class EngineProcess:
                 self.startup_s = time.monotonic() - t0
                 return
             if not self.alive():
+                cause = _root_cause(self.log_path)
                 raise EngineError(
-                    f"vLLM engine exited with code {self.proc.returncode} before it was ready "
-                    f"(log {self.log_path}):\n{_tail(self.log_path)}"
+                    f"vLLM engine exited with code {self.proc.returncode} before it was ready"
+                    + (f": {cause}" if cause else "")
+                    + f" (log {self.log_path}):\n{_tail(self.log_path)}"
                 )
             if time.monotonic() - t0 > timeout:
                 self.stop()
