@@ -41,12 +41,15 @@ def plugin_engine(engine_factory, tmp_path_factory):
     root = tmp_path_factory.mktemp("plugin")
     made: dict[str, tuple] = {}
 
-    def start(policy: str, params: dict | None = None, imports: tuple = (), **kw):
-        key = json.dumps([policy, params, imports, sorted(kw.items())], sort_keys=True, default=str)
+    def start(policy: str, params: dict | None = None, imports: tuple = (), predictor=None,
+              store_prompts: bool = False, **kw):
+        key = json.dumps([policy, params, imports, predictor, store_prompts, sorted(kw.items())],
+                         sort_keys=True, default=str)  # fmt: skip
         if key not in made:
             d = Path(tempfile.mkdtemp(dir=root))
             plugin = {"policy": policy, "params": params or {}, "records": str(d / "rec.sqlite"),
-                      "stats": str(d / "stats.json"), "imports": list(imports)}  # fmt: skip
+                      "stats": str(d / "stats.json"), "imports": list(imports),
+                      "predictor": predictor, "store_prompts": store_prompts}  # fmt: skip
             kw.setdefault("max_model_len", 4096)
             eng = engine_factory(plugin=plugin, **kw)
             made[key] = (eng, d / "rec.sqlite", d / "stats.json")
@@ -240,3 +243,39 @@ def test_policy_exception_counted_engine_keeps_serving(plugin_engine):
     again = httpx.post(eng.url + "/v1/completions", json=_known(5), timeout=60)
     assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 5
     assert len(_records(rec)) == 9
+
+
+# --- predictions in the engine, records for `presched train --from-log` ---------------------------
+def test_in_engine_predictor_and_records_for_training(plugin_engine, tmp_path_factory):
+    from presched.predict.baselines import LinearPrompt
+    from presched.predict.base import load_predictor
+    from presched.serve.log import load_log_requests, read_log
+    from presched.workload.request import Request
+
+    # a predictor trained here, in the main venv: output = 3 x prompt tokens
+    train = [Request(id=f"t{i}", prompt_tokens=p, output_tokens=3 * p, model="tiny")
+             for i, p in enumerate([4, 8, 16, 32, 64] * 4)]  # fmt: skip
+    path = LinearPrompt().fit(train).save(tmp_path_factory.mktemp("pred") / "linear.npz")
+    eng, rec, stats_path = plugin_engine("sjf", {}, max_num_seqs=2, predictor=str(path),
+                                         store_prompts=True)  # fmt: skip
+    with httpx.Client(base_url=eng.url, timeout=120) as c:
+        for prompt in ("Short prompt", "A much longer prompt that has many more tokens in it than that"):
+            body = dict(model="tiny", prompt=prompt, max_tokens=7, ignore_eos=True, temperature=0)
+            assert c.post("/v1/completions", json=body).status_code == 200
+        assert c.post("/v1/completions", json=_known(9)).status_code == 200  # carries its own
+    rows = sorted(_records(rec).values(), key=lambda r: r["ts"])
+    assert [r["pred_source"] for r in rows] == ["predictor", "predictor", "xargs"]
+    pred = load_predictor(path)
+    for r in rows[:2]:
+        want = pred.predict([Request(id="x", prompt_tokens=r["prompt_tokens"], model="tiny")])[0]
+        assert r["pred_mean"] == pytest.approx(want.mean, rel=1e-6)
+        assert r["pred_mean"] == pytest.approx(3 * r["prompt_tokens"], rel=0.05)
+    assert json.loads(rows[2]["pred_quantiles"]) == [9.0] * 11
+    stats = json.loads(stats_path.read_text())
+    assert stats["pred_predictor"] == 2 and stats["pred_xargs"] == 1
+    # the gateway's readers take the file as it is
+    df = read_log(rec)
+    assert list(df["output_tokens"]) == [7, 7, 9] and df["e2e_s"].notna().all()
+    got = load_log_requests(rec, keep_censored=True)
+    assert [r.output_tokens for r in got.requests] == [7, 7, 9]
+    assert "Short prompt" in got.requests[0].prompt

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from presched.engine.launch import plugin_from_args
+from presched.engine.plugin.flags import plugin_from_args
 from presched.engine.plugin.config import PluginConfigError, build_policy, load_plugin_config
 from presched.engine.plugin.estimates import BadPrediction, from_xargs, lognormal_quantiles
 from presched.engine.plugin.version import PINNED_VLLM, VLLMVersionError, check_vllm_version

@@ -48,7 +48,8 @@ class PluginConfig(Config):
     imports: tuple[str, ...] = Field((), description="Modules (dotted names or .py paths) imported before the policy is built, e.g. to register your own policies.")
 
 
-def _read(raw: str) -> dict:
+def read_config_text(raw: str) -> dict:
+    """A JSON object, or the path of a JSON/YAML file holding one, as a mapping."""
     text = raw.strip()
     if not text.startswith("{"):
         path = Path(text).expanduser()
@@ -121,4 +122,4 @@ def parse_plugin_config(data: dict) -> PluginConfig:
 def load_plugin_config(environ: dict[str, str] | None = None) -> PluginConfig:
     """The config from $PRESCHED_PLUGIN_CONFIG (unset: FCFS with defaults), validated."""
     raw = (os.environ if environ is None else environ).get(CONFIG_ENV)
-    return parse_plugin_config(_read(raw) if raw else {})
+    return parse_plugin_config(read_config_text(raw) if raw else {})
