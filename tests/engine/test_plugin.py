@@ -30,6 +30,7 @@ import pytest
 
 from presched.engine import launch
 from presched.engine.plugin.config import PluginConfigError
+from presched.workload.request import Request
 
 HERE = Path(__file__).parent
 PROMPT = "The scheduler picks the next request"
@@ -250,7 +251,6 @@ def test_in_engine_predictor_and_records_for_training(plugin_engine, tmp_path_fa
     from presched.predict.baselines import LinearPrompt
     from presched.predict.base import load_predictor
     from presched.serve.log import load_log_requests, read_log
-    from presched.workload.request import Request
 
     # a predictor trained here, in the main venv: output = 3 x prompt tokens
     train = [Request(id=f"t{i}", prompt_tokens=p, output_tokens=3 * p, model="tiny")
@@ -279,3 +279,40 @@ def test_in_engine_predictor_and_records_for_training(plugin_engine, tmp_path_fa
     got = load_log_requests(rec, keep_censored=True)
     assert [r.output_tokens for r in got.requests] == [7, 7, 9]
     assert "Short prompt" in got.requests[0].prompt
+
+
+# --- with the gateway: it routes and predicts, the engine orders -----------------------------------
+def test_gateway_predicts_engine_orders(plugin_engine, asgi_server):
+    from presched.predict.base import PREDICTORS
+    from presched.serve.app import build_app
+    from presched.serve.config import ServeConfig
+
+    eng, rec, _ = plugin_engine("sjf", {}, max_num_seqs=1)
+    pred = PREDICTORS.create("linear-prompt").fit(
+        [Request(id=f"t{p}", prompt_tokens=p, output_tokens=3 * p, model="tiny") for p in range(5, 400, 5)])
+    cfg = ServeConfig(backends=[{"url": eng.url, "model": "tiny", "max_in_flight": 32}], log={"path": None},
+                      policy="fcfs", send_prediction=True)  # the gateway forwards at once, in order
+    url = asgi_server(build_app(cfg, pred, None))
+    jobs = [(" ".join(["alpha"] * 100), 60), (" ".join(["beta"] * 5), 10)] * 3  # long, short, ...
+
+    async def run():
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            gen0 = _metric(eng.url, "generation_tokens_total")
+            body = dict(model="tiny", prompt="hold", max_tokens=1500, ignore_eos=True)
+            first = asyncio.create_task(_post(client, body))
+            await _until(lambda: _metric(eng.url, "generation_tokens_total") > gen0, "the blocker")
+            tasks = []
+            for i, (prompt, n) in enumerate(jobs):
+                body = dict(model="tiny", prompt=prompt, max_tokens=n, ignore_eos=True)
+                tasks.append(asyncio.create_task(_post(client, body)))
+                await _until(lambda i=i: _metric(eng.url, "num_requests_waiting") == i + 1, f"job {i}")
+            assert not first.done()
+            return await asyncio.gather(*tasks)
+
+    outs = asyncio.run(run())
+    done = [outs[i]["_done"] for i in range(len(jobs))]
+    shorts, longs = done[1::2], done[0::2]
+    assert max(shorts) < min(longs)  # FCFS (the gateway's order) would interleave them
+    rows = list(_records(rec).values())[-len(jobs):]  # rows are inserted as requests finish
+    assert {r["pred_source"] for r in rows} == {"xargs"}
+    assert sorted(r["output_tokens"] for r in rows) == sorted(n for _, n in jobs)
