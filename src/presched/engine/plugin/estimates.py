@@ -102,6 +102,7 @@ class EnginePredictor:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.predict("presched-warm-up", self.tokenizer.encode("warm up"))  # lazy imports, caches
         log.info("presched: predictor %s loaded from %s (tokenizer %s)",
                  self.predictor.name, path, tokenizer)  # fmt: skip
 
