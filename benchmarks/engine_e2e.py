@@ -49,6 +49,25 @@ generator, which is `presched.loadgen.replay` in this script's process):
                     SJF that lets a long-predicted request pass after a while (not run by
                     default; `--configs ... gateway-aging`)
 
+In-engine configurations (`--in-engine`; presched's scheduler inside vLLM, docs/engine-plugin.md;
+each on its own engine started with the same flags, all pinned to the engine's CPU, one busy at a
+time; the replay goes straight to it):
+
+  plugin-fcfs       the plugin with `fcfs`: its overhead against direct-fcfs (vLLM's own FCFS)
+  plugin-default    the default policy, `mlfq-preempt+sjf` (mlfq, preempt, within=mean), with the
+                    predictor loaded in the engine (it predicts from the prompt decoded from the
+                    token ids; text-gbm there needs scripts/engine/install.sh's lightgbm)
+  plugin-oracle     `srpt-oracle` on the forced lengths (max_tokens with ignore_eos): the limit
+
+simulated with the same policies. Figures (suffix _code with --source azure-code, _conv else):
+`engine_plugin_overhead_pct` (plugin-fcfs / direct-fcfs - 1 on mean E2E, %), `engine_fcfs_over_
+default_mean_e2e_*`, `engine_gain_capture_*` ((FCFS - default) / (FCFS - plugin-oracle) on mean
+E2E, median of repeats), `engine_default_p99_vs_fcfs_*` (P99 E2E), `engine_inengine_sim_error_pct`
+(median over the plugin configurations of the simulator's |error| on mean E2E, speed fitted),
+`engine_gateway_sjf_over_default_mean_e2e_*`.
+
+    python benchmarks/engine_e2e.py --source azure-code --in-engine    # ~40 min
+
 Predictions: text-gbm trained by `presched train -p text-gbm` (CASTILLO train split, validate for
 calibration; the test prompts were never seen), cached in <engine cache>/predictors/.
 
@@ -132,7 +151,19 @@ CONFIGS: dict[str, tuple[list[str] | None, str]] = {
     "gateway-oracle": (["--policy", "sjf-oracle"], "sjf-oracle"),
     "gateway-fcfs": (["--policy", "fcfs"], "fcfs"),
     "gateway-aging": (["--policy", "aging", "--predictor", "{pred}"], "aging"),
+    # presched's in-engine scheduler (docs/engine-plugin.md): one more engine each, same flags
+    "plugin-fcfs": (None, "fcfs"),
+    "plugin-default": (None, "mlfq-preempt+sjf"),
+    "plugin-oracle": (None, "srpt-oracle"),
 }
+# the plugin config of each in-engine configuration ({pred}: the predictor file)
+PLUGINS: dict[str, dict[str, Any]] = {
+    "plugin-fcfs": {"policy": "fcfs"},
+    "plugin-default": {"policy": "mlfq", "params": {"preempt": True, "within": "mean"}, "predictor": "{pred}"},
+    "plugin-oracle": {"policy": "srpt-oracle"},
+}
+# simulated policy name -> (registered policy, its params)
+SIM_POLICIES = {"mlfq-preempt+sjf": ("mlfq", {"preempt": True, "within": "mean"})}
 DEFAULT_CONFIGS = ("direct-fcfs", "passthrough", "gateway-sjf", "gateway-oracle", "gateway-fcfs")
 KEYS = ("completed", "failed", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "short_p99_e2el_ms",
         "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "output_throughput", "request_throughput",
@@ -319,7 +350,9 @@ def sim_config(args, coefficients: dict[str, float], blocks: int | None, policy:
     """The engine as the simulator sees it: its scheduler knobs and a fitted step-time model."""
     eng = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                        block_size=BLOCK_SIZE, num_blocks=blocks or 4096)  # fmt: skip
-    return SimConfig(engine=eng, policy=policy, step_time={"kind": "fitted", "coefficients": coefficients})
+    name, params = SIM_POLICIES.get(policy, (policy, {}))
+    return SimConfig(engine=eng, policy=name, policy_params=params,
+                     step_time={"kind": "fitted", "coefficients": coefficients})
 
 
 def sim_one(args, reqs, estimates, coefficients, blocks, policy: str) -> dict[str, Any]:
@@ -436,7 +469,27 @@ def paired_ratio(runs: list[dict], a: str, b: str, key: str = "mean_e2el_ms") ->
     return med([by[(a, k)] / by[(b, k)] for k in reps if (a, k) in by and (b, k) in by])
 
 
-def figures_of(runs: list[dict], summary: dict, sims: list[dict]) -> dict[str, float]:
+def inengine_figures(runs: list[dict], summary: dict, source: str) -> dict[str, float | None]:
+    """The in-engine scheduler's figures (module doc); none without its configurations."""
+    sfx = "_code" if source == "azure-code" else "_conv"
+    by = {(r["config"], r["repeat"]): r["summary"] for r in runs}
+    capture = [(f["mean_e2el_ms"] - d["mean_e2el_ms"]) / (f["mean_e2el_ms"] - o["mean_e2el_ms"])
+               for k in sorted({r["repeat"] for r in runs})
+               if all((c, k) in by for c in ("direct-fcfs", "plugin-default", "plugin-oracle"))
+               for f, d, o in [(by[("direct-fcfs", k)], by[("plugin-default", k)], by[("plugin-oracle", k)])]
+               if f["mean_e2el_ms"] != o["mean_e2el_ms"]]  # fmt: skip
+    errs = [summary[c]["sim_mean_e2e_abs_error_pct"] for c in PLUGINS if c in summary]
+    return {
+        "engine_plugin_overhead_pct": 100 * (paired_ratio(runs, "plugin-fcfs", "direct-fcfs") - 1),
+        f"engine_fcfs_over_default_mean_e2e{sfx}": paired_ratio(runs, "direct-fcfs", "plugin-default"),
+        f"engine_gain_capture{sfx}": med(capture),
+        f"engine_default_p99_vs_fcfs{sfx}": paired_ratio(runs, "plugin-default", "direct-fcfs", "p99_e2el_ms"),
+        "engine_inengine_sim_error_pct": med(errs),
+        f"engine_gateway_sjf_over_default_mean_e2e{sfx}": paired_ratio(runs, "gateway-sjf", "plugin-default"),
+    }
+
+
+def figures_of(runs: list[dict], summary: dict, sims: list[dict], source: str = "azure-conv") -> dict[str, float]:
     """The headline figures (module doc), then extras; a configuration not run gives none."""
 
     def err(name: str) -> float | None:
@@ -463,6 +516,7 @@ def figures_of(runs: list[dict], summary: dict, sims: list[dict]) -> dict[str, f
         "sim_mean_e2e_pct_per_5pct_slower": med(summary["direct-fcfs"]["sim_e2e_pct_per_5pct_slower_each"]),
         "engine_speed_vs_calibration_range": (max(r["speed_factor"] for r in runs)
                                               / min(r["speed_factor"] for r in runs)),
+        **inengine_figures(runs, summary, source),
     }  # fmt: skip
     return {k: float(v) for k, v in f.items() if v is not None and np.isfinite(v)}
 
@@ -571,6 +625,7 @@ def main() -> None:
     ap.add_argument("--predictor", default=None, help="predictor trained by `presched train` (default text-gbm; quick linear-prompt)")
     ap.add_argument("--castillo-model", default=CASTILLO_MODEL, help="CASTILLO model whose lengths the workload carries")
     ap.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), choices=list(CONFIGS), help=f"configurations to run (default: {' '.join(DEFAULT_CONFIGS)}; direct-fcfs and gateway-sjf give the headline)")
+    ap.add_argument("--in-engine", action="store_true", help="also run presched's in-engine scheduler (one more engine each): plugin-fcfs (its overhead), plugin-default (mlfq-preempt+sjf with the predictor loaded in the engine), plugin-oracle (srpt-oracle on the forced lengths)")
     ap.add_argument("--engine-multiprocess", action="store_true", help="run vLLM as it starts by default (API server, engine core and worker processes; core and worker busy-poll each other); default: the model in the engine-core process (inproc_worker)")
     ap.add_argument("--no-pin", action="store_true", help="do not isolate the engine core on its own CPU (default: engine core on the first CPU, everything else on the others)")
     ap.add_argument("--seed", type=int, default=0)
@@ -599,6 +654,8 @@ def main() -> None:
     if q:
         cal_kw = {"batches": [1, args.max_num_seqs], "decode_prompts": (32, 512), "decode_tokens": 48,
                   "prefill_lengths": (16, 256, 1024), "mixed_lengths": (256,), "repeats": 1}
+    if args.in_engine:
+        args.configs = list(args.configs) + [c for c in PLUGINS if c not in args.configs]
     configs = [c for c in CONFIGS if c in args.configs]
 
     split = None if args.no_pin else affinity.split_cpus()
@@ -618,20 +675,31 @@ def main() -> None:
     est_index = {r.id: i for i, r in enumerate(reqs)}
     runs: list[dict] = []
     cals: list[Calibration] = []
+    engine_args = ["--max-num-batched-tokens", str(args.max_num_batched_tokens),
+                   "--block-size", str(BLOCK_SIZE), "--no-enable-prefix-caching"]
     with tempfile.TemporaryDirectory(prefix="presched-engine-e2e-") as tmp:
         tmp = Path(tmp)
         with console.status("starting vLLM (about a minute) ..."):
             eng = launch.start_engine(
                 model_dir, served_name=served, max_num_seqs=args.max_num_seqs, max_model_len=MAX_MODEL_LEN,
-                scheduling_policy="priority", log_path=tmp / "engine.log",
-                extra_args=["--max-num-batched-tokens", str(args.max_num_batched_tokens),
-                            "--block-size", str(BLOCK_SIZE), "--no-enable-prefix-caching"],
+                scheduling_policy="priority", log_path=tmp / "engine.log", extra_args=engine_args,
                 inproc_worker=not args.engine_multiprocess)  # fmt: skip
         gws = None
+        engines = {"direct-fcfs": eng}
         try:
+            for name in (c for c in configs if c in PLUGINS):  # same engine flags, presched inside
+                plugin = {k: (v.format(pred=pred_path) if isinstance(v, str) else v) for k, v in PLUGINS[name].items()}
+                with console.status(f"starting vLLM with presched's scheduler for {name} ..."):
+                    engines[name] = launch.start_engine(
+                        model_dir, served_name=served, max_num_seqs=args.max_num_seqs, max_model_len=MAX_MODEL_LEN,
+                        log_path=tmp / f"{name}.log", plugin=plugin, extra_args=engine_args,
+                        inproc_worker=not args.engine_multiprocess)  # fmt: skip
             cpus_meta = {"pinned": False}
             if split is not None:
                 core = affinity.isolate_engine_core(eng.proc.pid, split[0])
+                for other in engines.values():  # one runs at a time: all share the engine's CPU
+                    if other is not eng:
+                        affinity.isolate_engine_core(other.proc.pid, split[0])
                 cpus_meta = {"pinned": True, "engine_core": sorted(split[0]), "others": sorted(split[1]),
                              "engine_core_pid": core}  # fmt: skip
             blocks = kv_blocks(tmp / "engine.log")
@@ -642,7 +710,7 @@ def main() -> None:
                 top = prog.add_task("repeats", total=args.repeats * (len(configs) + 1))
                 sub = prog.add_task("", total=1)
                 gws.wait_ready()
-                urls = {"direct-fcfs": eng.url, **gws.urls}
+                urls = {"direct-fcfs": eng.url, **gws.urls, **{n: e.url for n, e in engines.items()}}
                 warm_up([urls[c] for c in configs], served)
                 for rep in range(args.repeats):
                     prog.update(top, description=f"repeat {rep + 1}: calibrating")
@@ -662,14 +730,15 @@ def main() -> None:
                     k = rep % len(configs)
                     for name in configs[k:] + configs[:k]:
                         prog.update(top, description=f"repeat {rep + 1}: {name}")
-                        row = run_one(name, urls[name], reqs, served, eng, gws, prog, sub)
+                        row = run_one(name, urls[name], reqs, served, engines.get(name, eng), gws, prog, sub)
                         runs.append(dict(row, repeat=rep))
                         prog.advance(top)
                         time.sleep(1.0)
         finally:
             if gws is not None:
                 gws.stop()
-            eng.stop()
+            for e in engines.values():
+                e.stop()
             engine_log = (tmp / "engine.log").read_text(errors="replace")[-4000:]
     # the simulator: prompt tokens as the engine counted them (direct-fcfs, first repeat)
     first = next(r for r in runs if r["config"] == "direct-fcfs")
@@ -681,7 +750,7 @@ def main() -> None:
     sims = [simulate_all(args, sim_reqs, est_sorted, cal, blocks) for cal in cals]
     simulate_runs(args, sim_reqs, est_sorted, runs, cals, blocks)
     summary = summarize_runs(runs)
-    figures = figures_of(runs, summary, sims)
+    figures = figures_of(runs, summary, sims, args.source)
 
     tokens = np.array([r.target_tokens for r in reqs])
     meta = {

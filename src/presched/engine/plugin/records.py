@@ -1,0 +1,101 @@
+"""Per-request records from inside the engine, in the gateway's request-log schema.
+
+One row per request the engine freed (finished, length-capped or aborted), written to an SQLite
+file with the gateway's `requests` table (`presched.serve.log.COLUMNS`, its `application_id`), so
+`presched train --from-log FILE`, `read_log` and the harness read it as they read a gateway log.
+Two columns are added (readers that do not know them leave them alone): `preemptions` and
+`recomputed_tokens`, plus `pred_source` ('xargs', 'predictor' or NULL).
+
+Times are the engine core's (unix seconds): `ts` = vLLM's arrival time (set by its API server),
+`queue_wait_s` = first admission to the running batch - arrival, `ttft_s` = first output token
+back from the model - arrival, `e2e_s` = the request freed - arrival (the client sees each a few
+milliseconds later, after detokenization and HTTP). `status` 200 for a request that stopped or
+hit its length, 499 for one aborted (client gone) before it finished; `backend` = 'engine'.
+
+Each row is committed when its request is freed (WAL, synchronous=NORMAL: no fsync, tens of
+microseconds), so a killed engine loses none.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from presched.serve.log import APPLICATION_ID, COLUMNS, TABLE
+
+EXTRA_COLUMNS: dict[str, str] = {"preemptions": "INTEGER", "recomputed_tokens": "INTEGER",
+                                 "pred_source": "TEXT"}  # fmt: skip
+ALL_COLUMNS = {**COLUMNS, **EXTRA_COLUMNS}
+
+
+class RecordError(RuntimeError):
+    """The records file cannot be used (not a presched log, lacks columns)."""
+
+
+class RecordWriter:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self._prepare()
+        names = list(ALL_COLUMNS)
+        self._insert = (f"INSERT OR REPLACE INTO {TABLE} ({', '.join(names)}) "
+                        f"VALUES ({', '.join('?' * len(names))})")  # fmt: skip
+        self._names = names
+        self.rows = 0
+
+    def _prepare(self) -> None:
+        c = self.conn
+        app_id = c.execute("PRAGMA application_id").fetchone()[0]
+        tables = [r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        if app_id not in (0, APPLICATION_ID) or (tables and TABLE not in tables):
+            raise RecordError(f"records: {self.path} is not a presched request log")
+        if TABLE not in tables:
+            cols = ", ".join(f"{n} {t}" for n, t in ALL_COLUMNS.items())
+            c.execute(f"CREATE TABLE {TABLE} ({cols})")
+            c.execute(f"CREATE INDEX {TABLE}_ts ON {TABLE}(ts)")
+            c.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            return
+        have = {r[1] for r in c.execute(f"PRAGMA table_info({TABLE})")}
+        missing = [n for n in COLUMNS if n not in have]
+        if missing:
+            raise RecordError(f"records: {self.path}: table {TABLE!r} lacks {', '.join(missing)}")
+        for n, t in EXTRA_COLUMNS.items():
+            if n not in have:
+                c.execute(f"ALTER TABLE {TABLE} ADD COLUMN {n} {t}")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.conn.execute(self._insert, [row.get(n) for n in self._names])  # autocommit
+        self.rows += 1
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def record_row(seq, status_name: str, model: str, prompt: str | None = None) -> dict[str, Any]:
+    """The log row of a freed request (`seq`: an EngineSeq; `status_name`: vLLM's status)."""
+    aborted = status_name == "FINISHED_ABORTED"
+    reason = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH_CAPPED": "length",
+              "FINISHED_ABORTED": "abort"}.get(status_name, status_name.lower())  # fmt: skip
+    a = seq.arrival
+    est = seq.estimate
+
+    def since(t):
+        return None if t is None else max(t - a, 0.0)
+
+    return {
+        "id": seq.id, "ts": a, "tenant": seq.request.tenant, "model": model, "backend": "engine",
+        "endpoint": None, "stream": None, "status": 499 if aborted else 200,
+        "error": None, "prompt_tokens": seq.prompt_tokens, "max_tokens": seq.request.max_tokens,
+        "output_tokens": seq.generated, "finish_reason": reason,
+        "pred_mean": None if est is None else float(est.mean),
+        "pred_quantiles": None if est is None else json.dumps([float(x) for x in est.quantiles]),
+        "priority": None, "queue_wait_s": since(seq.first_scheduled),
+        "ttft_s": since(seq.first_token), "e2e_s": since(seq.finish), "retries": 0,
+        "prompt": prompt, "preemptions": seq.preemptions,
+        "recomputed_tokens": seq.recomputed_tokens, "pred_source": seq.pred_source,
+    }  # fmt: skip

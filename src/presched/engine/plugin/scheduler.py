@@ -1,0 +1,322 @@
+"""`PreschedScheduler`: vLLM v1's `Scheduler` with every ordering decision taken by a presched
+`Policy`, the same classes and configs as the simulator (`sim/scheduler.py`) and the gateway.
+
+    python -m vllm.entrypoints.openai.api_server ... \\
+        --scheduler-cls presched.engine.plugin.scheduler.PreschedScheduler
+    # config: $PRESCHED_PLUGIN_CONFIG (see config.py); `presched.engine.launch --scheduler
+    # presched --policy NAME --param k=v --predictor model.npz` sets both
+
+Only the EngineCore process imports this module (it needs vllm). The subclass is thin; vLLM's own
+`schedule()` still does the work (token budget, chunked prefill, KV allocation), and these hooks
+put the policy in charge of each decision:
+
+- waiting order: `self.waiting` is a `PolicyRequestQueue` keyed by `policy.priority` (queue.py);
+- admission: during `schedule()` the queue's head must pass `policy.admit(head, running, now)`
+  (vLLM then checks the batch slot and allocates its KV blocks; a refusal ends admission);
+- preemption to admit: before `super().schedule()`, while the head cannot start (batch full or
+  free KV blocks short of its tokens), `policy.preempt_for(head, running, now)` may name a victim,
+  which is preempted by recompute (`_preempt_request`, as vLLM does);
+- KV-pressure victim: vLLM's priority mode picks `max(running, key=(priority, arrival))`; each
+  running request's `priority` is a `VictimKey` whose comparison asks `policy.victim`, so that
+  max is the policy's victim among all running requests (vLLM gives the token budget of an
+  already served victim back);
+- notifications: `on_arrival` (add_request), `on_schedule` (admission), `on_tokens` (after each
+  step), `on_preempt` (recompute), `on_finish` (stop or length), `on_cancel` (an abort: the
+  client went away).
+
+`policy.attach` gets the engine's real numbers: KV blocks x block size, max_num_seqs,
+max_num_batched_tokens. A seq also carries `computed` (vLLM's num_computed_tokens) live.
+
+A policy hook that raises is counted and logged (`Guard`), the FCFS decision is taken for that
+call, and the engine keeps serving. The vLLM version is pinned (version.py); LoRA and KV
+connectors are refused (their skip paths would be mistaken for admissions).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import vllm
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from presched.engine.plugin.config import PluginConfigError, build_policy, load_plugin_config
+from presched.engine.plugin.estimates import BadPrediction, EnginePredictor, from_xargs
+from presched.engine.plugin.guard import Guard
+from presched.engine.plugin.queue import PolicyRequestQueue
+from presched.engine.plugin.records import RecordWriter, record_row
+from presched.engine.plugin.seq import EngineSeq, xargs_of
+from presched.engine.plugin.version import check_vllm_version
+from presched.schedule.interface import EngineInfo, Policy
+
+log = logging.getLogger("presched.engine.plugin")
+
+
+class VictimKey:
+    """A running request's vLLM `priority`: comparisons ask the policy which of two requests is
+    its KV-pressure victim (larger = preempted first). `later > earlier` when the policy would
+    pick `later` from [earlier, later], so ties go to the most recently admitted request, as
+    `Policy.victim` breaks them. A raising `victim` falls back to the latest arrival."""
+
+    __slots__ = ("seq", "sched")
+
+    def __init__(self, seq: EngineSeq, sched: "PreschedScheduler") -> None:
+        self.seq, self.sched = seq, sched
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
+
+    def __gt__(self, other: "VictimKey") -> bool:
+        a, b = self.seq, other.seq
+        s = self.sched
+        v = s.guard.call("victim", None, s.ps.victim, [b, a], s._now)
+        if v is None:
+            return a.arrival >= b.arrival
+        return v is a
+
+    def __lt__(self, other: "VictimKey") -> bool:
+        return other.__gt__(self)
+
+
+class PreschedScheduler(Scheduler):
+    def __init__(self, *args, **kwargs) -> None:
+        check_vllm_version(vllm.__version__)
+        cfg = load_plugin_config()
+        policy = build_policy(cfg)
+        super().__init__(*args, **kwargs)
+        if self.lora_config is not None or self.connector is not None:
+            raise PluginConfigError(
+                "presched's in-engine scheduler does not support LoRA or KV connectors "
+                "(--enable-lora / --kv-transfer-config); start vLLM without them"
+            )
+        self.ps_cfg, self.ps = cfg, policy
+        self.guard = Guard()
+        self.guard.on_error = self._save_stats
+        self.counts = {"arrivals": 0, "pred_xargs": 0, "pred_predictor": 0, "pred_none": 0,
+                       "bad_xargs": 0, "preempt_for": 0, "finished": 0, "aborted": 0}  # fmt: skip
+        self._seqs: dict[str, EngineSeq] = {}
+        self._now = time.time()
+        num_blocks = int(self.kv_cache_config.num_blocks)
+        # one block is vLLM's null block, never handed to a request
+        self.usable_blocks = num_blocks - 1
+        self.engine_info = EngineInfo(
+            kv_tokens=self.usable_blocks * self.block_size, block_size=self.block_size,
+            max_num_seqs=self.max_num_running_reqs,
+            max_num_batched_tokens=self.max_num_scheduled_tokens,
+        )  # fmt: skip
+        try:
+            policy.attach(self.engine_info)
+        except ValueError as e:
+            raise PluginConfigError(f"params: {e}") from None
+        self._preemptive = type(policy).preempt_for is not Policy.preempt_for
+        self._admits = type(policy).admit is not Policy.admit
+        # vLLM's priority mode routes its KV-pressure victim through request.priority (VictimKey)
+        self.policy = SchedulingPolicy.PRIORITY
+        self.waiting = PolicyRequestQueue(policy, self._seq_of, self._clock, self.guard,
+                                          self._admitted, self._requeued)  # fmt: skip
+        mc = self.vllm_config.model_config
+        self.model_name = (mc.served_model_name if isinstance(mc.served_model_name, str)
+                           else (mc.served_model_name or [mc.model])[0])  # fmt: skip
+        self.predictor = None
+        if cfg.predictor is not None:
+            self.predictor = EnginePredictor(cfg.predictor, cfg.tokenizer or mc.tokenizer,
+                                             self.model_name)  # fmt: skip
+        self._tokenizer = None
+        if cfg.store_prompts:
+            self._tokenizer = (self.predictor.tokenizer if self.predictor else
+                               _load_tokenizer(cfg.tokenizer or mc.tokenizer))  # fmt: skip
+        self.records = RecordWriter(cfg.records) if cfg.records is not None else None
+        self.min_free_blocks = self.usable_blocks
+        log.info("presched in-engine scheduler: policy %s, %s KV tokens (%d usable blocks of "
+                 "%d), max_num_seqs %d", policy.describe(), self.engine_info.kv_tokens, num_blocks - 1,
+                 self.block_size, self.max_num_running_reqs)  # fmt: skip
+        self._save_stats()
+
+    # --- seqs ---------------------------------------------------------------------------------
+    def _clock(self) -> float:
+        return self._now
+
+    def _seq_of(self, vreq, create: bool = True) -> EngineSeq | None:
+        seq = self._seqs.get(vreq.request_id)
+        if seq is None and create:  # not through add_request (never expected): adopt it
+            seq = self._new_seq(vreq)
+        return seq
+
+    def _new_seq(self, vreq) -> EngineSeq:
+        est, source = None, None
+        try:
+            est = from_xargs(xargs_of(vreq))
+            source = "xargs" if est is not None else None
+        except BadPrediction as e:
+            self.counts["bad_xargs"] += 1
+            log.warning("presched: request %s: %s; predicting it as if it had none",
+                        vreq.request_id, e)  # fmt: skip
+        if est is None and self.predictor is not None:
+            est = self.guard.call("predictor", None, self.predictor.predict, vreq.request_id,
+                                  vreq.prompt_token_ids)  # fmt: skip
+            source = "predictor" if est is not None else None
+        self.counts[f"pred_{source or 'none'}"] += 1
+        seq = EngineSeq(vreq, est, source)
+        self._seqs[vreq.request_id] = seq
+        return seq
+
+    def _sync(self, seq: EngineSeq) -> None:
+        """Bring the seq's token count up to the vLLM request's; `on_tokens` with the delta."""
+        n = seq.vreq.num_output_tokens
+        d = n - seq.generated
+        if d > 0:
+            if seq.first_token is None:
+                seq.first_token = self._now
+            seq.generated = n
+            self.guard.call("on_tokens", None, self.ps.on_tokens, seq, d, self._now)
+
+    # --- hooks called by the queue --------------------------------------------------------------
+    def _admitted(self, seq: EngineSeq) -> None:
+        """The queue handed `seq` to vLLM's admission (it allocated its blocks just before)."""
+        vreq = seq.vreq
+        if vreq.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            return  # popped to be skipped (blocked), not admitted
+        vreq.priority = VictimKey(seq, self)
+        if seq.first_scheduled is None:
+            seq.first_scheduled = self._now
+        self.guard.call("on_schedule", None, self.ps.on_schedule, seq, self._now)
+
+    def _requeued(self, seq: EngineSeq) -> None:
+        """`seq` was preempted (recompute) and goes back to the waiting queue."""
+        self._sync(seq)
+        seq.preemptions = int(seq.vreq.num_preemptions)
+        self.guard.call("on_preempt", None, self.ps.on_preempt, seq, self._now)
+
+    def _gate(self, seq: EngineSeq) -> bool:
+        if not self._admits:
+            return True
+        running = [self._seqs[r.request_id] for r in self.running if r.request_id in self._seqs]
+        return self.guard.call("admit", True, self.ps.admit, seq, running, self._now)
+
+    # --- vLLM's Scheduler methods -------------------------------------------------------------
+    def add_request(self, request) -> None:
+        if request.request_id not in self.requests:
+            self._now = time.time()
+            seq = self._new_seq(request)
+            self.counts["arrivals"] += 1
+            self.guard.call("on_arrival", None, self.ps.on_arrival, seq, self._now)
+        super().add_request(request)
+
+    def schedule(self, *args, **kwargs):
+        self._now = time.time()
+        for r in self.running:
+            seq = self._seqs.get(r.request_id)
+            if seq is not None:
+                seq.computed = r.num_computed_tokens  # type: ignore[attr-defined]
+        if self._preemptive and self.waiting:
+            self._preempt_for_head()
+        self.waiting.gate = self._gate
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            self.waiting.gate = None
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        if free < self.min_free_blocks:
+            self.min_free_blocks = free
+        return out
+
+    def _blocked(self, head: EngineSeq) -> bool:
+        if len(self.running) >= self.max_num_active_reqs:
+            return True
+        n = min(head.vreq.num_tokens, self.max_num_scheduled_tokens)
+        need = -(-n // self.block_size)
+        return need > self.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def _preempt_for_head(self) -> None:
+        """Preempt running requests the policy names for the waiting head (module doc)."""
+        head_req = self.waiting.peek_request()
+        head = self._seqs.get(head_req.request_id)
+        while head is not None and self.running and self._blocked(head):
+            running = [self._seqs[r.request_id] for r in self.running if r.request_id in self._seqs]
+            victim = self.guard.call("preempt_for", None, self.ps.preempt_for, head, running,
+                                     self._now)  # fmt: skip
+            if victim is None or victim.vreq not in self.running:
+                return
+            self.counts["preempt_for"] += 1
+            self.running.remove(victim.vreq)
+            self._preempt_request(victim.vreq, time.monotonic())
+            new_head = self.waiting.peek_request()
+            if new_head is not head.vreq:
+                return  # the victim ranks first now: let vLLM admit in order
+
+    def _preempt_request(self, request, timestamp, drop_stale_output: bool = False) -> None:
+        seq = self._seqs.get(request.request_id)
+        if seq is not None:
+            seq.recomputed_tokens += request.num_computed_tokens
+        super()._preempt_request(request, timestamp, drop_stale_output=drop_stale_output)
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        self._now = time.time()
+        out = super().update_from_output(scheduler_output, model_runner_output)
+        for rid in scheduler_output.num_scheduled_tokens:
+            seq = self._seqs.get(rid)
+            if seq is not None:
+                self._sync(seq)
+        return out
+
+    def _free_request(self, request, delay_free_blocks: bool = False):
+        seq = self._seqs.pop(request.request_id, None)
+        if seq is not None:
+            self._finish(seq, request)
+        return super()._free_request(request, delay_free_blocks=delay_free_blocks)
+
+    def _finish(self, seq: EngineSeq, request) -> None:
+        self._now = time.time()
+        self._sync(seq)
+        seq.finish = self._now
+        seq.preemptions = int(request.num_preemptions)
+        status = request.status
+        aborted = status == RequestStatus.FINISHED_ABORTED
+        self.counts["aborted" if aborted else "finished"] += 1
+        if aborted:
+            self.guard.call("on_cancel", None, self.ps.on_cancel, seq, self._now)
+        else:
+            self.guard.call("on_finish", None, self.ps.on_finish, seq, self._now)
+        if self.records is not None:
+            prompt = None
+            if self._tokenizer is not None:
+                prompt = self._tokenizer.decode(list(request.prompt_token_ids or ()),
+                                                skip_special_tokens=True)  # fmt: skip
+            self.records.write(record_row(seq, status.name, self.model_name, prompt))
+        self._save_stats()
+
+    def _save_stats(self) -> None:
+        """Rewrite the stats file (config `stats`): at start, after each freed request and after
+        each policy error."""
+        path = self.ps_cfg.stats
+        if path is None:
+            return
+        stats = {"policy": self.ps.describe(), "policy_errors": dict(self.guard.errors),
+                 "policy_errors_total": self.guard.total, **self.counts,
+                 "running": len(self.running), "waiting": len(self.waiting),
+                 "kv_blocks_free": self.kv_cache_manager.block_pool.get_num_free_blocks(),
+                 "kv_blocks_usable": self.usable_blocks,
+                 "kv_blocks_free_min": self.min_free_blocks,
+                 "block_size": self.block_size}  # fmt: skip
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(stats, f)
+        os.replace(tmp, path)
+
+    def shutdown(self) -> None:
+        self._save_stats()
+        if self.records is not None:
+            self.records.close()
+        super().shutdown()
+
+
+def _load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)

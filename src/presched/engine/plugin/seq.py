@@ -1,0 +1,88 @@
+"""`EngineSeq`: a vLLM `Request` seen through presched's `SeqView` (schedule/interface.py).
+
+One per request, made when vLLM hands the request to the scheduler (`add_request`) and kept
+until it is freed. The attributes policies read are plain fields, refreshed by the scheduler:
+
+    request          presched `Request` (id, prompt_tokens, arrival, max_tokens, tenant;
+                     output_tokens = `presched_target` from vllm_xargs when given)
+    arrival          vLLM's arrival time (unix seconds, set by the API server)
+    prompt_tokens    len(prompt_token_ids)
+    generated        output tokens so far (kept across preemptions: vLLM recomputes them)
+    estimate         a `RequestEstimate` (vllm_xargs or the in-engine predictor) or None
+    first_scheduled  time it was first admitted to the running batch
+    first_token      time its first output token came back from the model
+    preemptions      how often the engine preempted it (vLLM's `num_preemptions`)
+    target           ORACLE ONLY: `presched_target` from vllm_xargs, else max_tokens when the
+                     request ignores EOS (it then generates exactly that many), else max_tokens
+                     (an upper bound; documented in docs/engine-plugin.md)
+
+Also kept for the request record: `recomputed_tokens` (tokens prefilled again after
+preemptions), `finish`, `vreq` (the vLLM request).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from presched.workload.request import Request
+
+XARG_TARGET = "presched_target"
+XARG_TENANT = "presched_tenant"
+
+
+class EngineSeq:
+    __slots__ = ("vreq", "request", "arrival", "prompt_tokens", "generated", "estimate",
+                 "first_scheduled", "first_token", "preemptions", "target", "recomputed_tokens",
+                 "finish", "pred_source", "computed")  # fmt: skip
+
+    def __init__(self, vreq: Any, estimate: Any = None, pred_source: str | None = None) -> None:
+        self.vreq = vreq
+        xargs = xargs_of(vreq)
+        prompt = len(vreq.prompt_token_ids or ()) or 1
+        max_tokens = int(vreq.max_tokens)
+        target = _positive_int(xargs.get(XARG_TARGET))
+        arrival = float(vreq.arrival_time)
+        self.request = Request(
+            id=str(vreq.request_id), prompt_tokens=prompt,
+            arrival=arrival if math.isfinite(arrival) and arrival >= 0 else 0.0,
+            output_tokens=target, max_tokens=max_tokens,
+            tenant=str(xargs.get(XARG_TENANT) or "default"),
+        )  # fmt: skip
+        self.arrival = arrival
+        self.prompt_tokens = prompt
+        self.generated = int(vreq.num_output_tokens)
+        self.estimate = estimate
+        self.pred_source = pred_source
+        self.first_scheduled: float | None = None
+        self.first_token: float | None = None
+        self.preemptions = int(vreq.num_preemptions)
+        self.target = min(target, max_tokens) if target is not None else max_tokens
+        self.recomputed_tokens = 0
+        self.finish: float | None = None
+        self.computed = 0  # vLLM's num_computed_tokens, refreshed at each schedule()
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    def __repr__(self) -> str:
+        return f"EngineSeq({self.id!r}, generated={self.generated}, preemptions={self.preemptions})"
+
+
+def xargs_of(vreq: Any) -> dict:
+    sp = getattr(vreq, "sampling_params", None)
+    extra = getattr(sp, "extra_args", None) if sp is not None else None
+    return extra if isinstance(extra, dict) else {}
+
+
+def _positive_int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v)
+    return v if isinstance(v, int) and 0 < v < 2**31 else None
+
+

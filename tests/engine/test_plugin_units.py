@@ -1,0 +1,102 @@
+"""The in-engine scheduler's pure parts, without vllm: the version pin, config errors that name
+the field, predictions read from vllm_xargs, the CLI flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from presched.engine.plugin.flags import plugin_from_args
+from presched.engine.plugin.config import PluginConfigError, build_policy, load_plugin_config
+from presched.engine.plugin.estimates import BadPrediction, from_xargs, lognormal_quantiles
+from presched.engine.plugin.version import PINNED_VLLM, VLLMVersionError, check_vllm_version
+from presched.predict.estimate import LEVELS
+
+
+def test_other_vllm_versions_are_refused_naming_both():
+    check_vllm_version(PINNED_VLLM)
+    check_vllm_version(PINNED_VLLM + "+cpu")
+    for other in ("0.31.1", "0.32.1", "0.32", "1.0.0"):
+        with pytest.raises(VLLMVersionError) as e:
+            check_vllm_version(other)
+        assert other in str(e.value) and PINNED_VLLM in str(e.value)
+
+
+def _cfg(data) -> dict:
+    return {"PRESCHED_PLUGIN_CONFIG": json.dumps(data)}
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"policy": "nope"}, "policy"),
+    ({"policy": "mlfq", "params": {"num_levels": 0}}, "params.num_levels"),
+    ({"policy": "kv-admission", "params": {"quantile": 2}}, "params.quantile"),
+    ({"policy": "sjf", "params": {"stat": "q42"}}, "params.stat"),
+    ({"policy": "sjf", "params": {"bogus": 1}}, "params"),
+    ({"policy": "sjf", "parmas": {}}, "parmas"),
+    ({"policy": "sjf", "predictor": "/no/such/model.npz"}, "predictor"),
+    ({"policy": "sjf", "imports": ["no_such_module_xyz"]}, "imports"),
+])  # fmt: skip
+def test_bad_config_names_the_field(data, field):
+    with pytest.raises(PluginConfigError) as e:
+        build_policy(load_plugin_config(_cfg(data)))
+    assert str(e.value).startswith(field + ":") or str(e.value).startswith(field + " "), str(e.value)
+
+
+def test_config_from_a_file_and_default(tmp_path):
+    assert load_plugin_config({}).policy == "fcfs"
+    p = tmp_path / "plugin.yaml"
+    p.write_text("policy: srpt\nparams: {c_frac: 1.0}\n")
+    cfg = load_plugin_config({"PRESCHED_PLUGIN_CONFIG": str(p)})
+    assert build_policy(cfg).c_frac == 1.0
+    with pytest.raises(PluginConfigError, match="neither a JSON object nor an existing file"):
+        load_plugin_config({"PRESCHED_PLUGIN_CONFIG": str(tmp_path / "missing.yaml")})
+
+
+def test_xargs_quantiles_and_mean_q90():
+    est = from_xargs({"presched_quantiles": [5] * 11})
+    assert est.quantile(0.5) == 5 and est.point == 5
+    assert from_xargs({}) is None
+    # mean + q90 (what `presched serve --send-prediction` sends): a log-normal with both
+    q = lognormal_quantiles(100.0, 200.0)
+    sigma = (math.log(q[LEVELS.index(0.9)]) - math.log(q[LEVELS.index(0.5)])) / 1.2816
+    mu = math.log(q[LEVELS.index(0.5)])
+    assert math.exp(mu + sigma**2 / 2) == pytest.approx(100.0, rel=1e-3)
+    assert q[LEVELS.index(0.9)] == pytest.approx(200.0, rel=1e-3)
+    assert q == sorted(q)
+    big = lognormal_quantiles(100.0, 1000.0)  # beyond any log-normal of mean 100: the widest
+    assert big[LEVELS.index(0.9)] == pytest.approx(100.0 * math.exp(1.2816**2 / 2), rel=1e-3)
+    # the presched estimate built from them keeps the mean (its tail model differs slightly)
+    est = from_xargs({"presched_pred_mean": 100.0, "presched_pred_q90": 200.0})
+    assert est.mean == pytest.approx(100.0, rel=0.05)
+
+
+@pytest.mark.parametrize("xargs,field", [
+    ({"presched_quantiles": [1, 2]}, "presched_quantiles"),
+    ({"presched_quantiles": [1] * 10 + ["x"]}, "presched_quantiles[10]"),
+    ({"presched_quantiles": [1] * 10 + [float("nan")]}, "presched_quantiles[10]"),
+    ({"presched_pred_mean": -3}, "presched_pred_mean"),
+    ({"presched_pred_mean": 10, "presched_pred_q90": True}, "presched_pred_q90"),
+])  # fmt: skip
+def test_bad_xargs_name_the_field(xargs, field):
+    with pytest.raises(BadPrediction, match=r"vllm_xargs\." + field.replace("[", r"\[").replace("]", r"\]") + ":"):
+        from_xargs(xargs)
+
+
+def _ns(**kw):
+    base = dict(scheduler="vllm", policy=None, param=[], predictor=None, records=None,
+                plugin_stats=None, plugin_config=None)  # fmt: skip
+    return argparse.Namespace(**(base | kw))
+
+
+def test_launch_flags():
+    assert plugin_from_args(_ns()) is None
+    with pytest.raises(ValueError, match="--policy needs --scheduler presched"):
+        plugin_from_args(_ns(policy="sjf"))
+    got = plugin_from_args(_ns(scheduler="presched", policy="mlfq",
+                               param=["preempt=true", "within=mean", "base_quantum=64"]))  # fmt: skip
+    assert got == {"policy": "mlfq", "params": {"preempt": True, "within": "mean", "base_quantum": 64}}
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        plugin_from_args(_ns(scheduler="presched", param=["preempt"]))
