@@ -34,7 +34,7 @@ def _cfg(data) -> dict:
     ({"policy": "mlfq", "params": {"num_levels": 0}}, "params.num_levels"),
     ({"policy": "kv-admission", "params": {"quantile": 2}}, "params.quantile"),
     ({"policy": "sjf", "params": {"stat": "q42"}}, "params.stat"),
-    ({"policy": "sjf", "params": {"bogus": 1}}, "params"),
+    ({"policy": "sjf", "params": {"bogus": 1}}, "params.bogus"),
     ({"policy": "sjf", "parmas": {}}, "parmas"),
     ({"policy": "sjf", "predictor": "/no/such/model.npz"}, "predictor"),
     ({"policy": "sjf", "imports": ["no_such_module_xyz"]}, "imports"),

@@ -90,6 +90,7 @@ def build_policy(cfg: PluginConfig):
     """The configured policy object; errors name `policy` or `params.<field>`."""
     from presched.registry import UnknownNameError
     from presched.schedule import POLICIES
+    from presched.schedule.params import ParamsError
 
     for name in cfg.imports:
         _import(name)
@@ -99,14 +100,10 @@ def build_policy(cfg: PluginConfig):
         raise PluginConfigError(f"policy: {e}") from None
     try:
         return factory(**cfg.params)
-    except TypeError as e:  # an unknown keyword
+    except ParamsError as e:  # the policy's typed parameters: dotted paths under params
+        raise PluginConfigError(str(e.under("params"))) from None
+    except (TypeError, ValueError) as e:
         raise PluginConfigError(f"params: {e}") from None
-    except ValueError as e:  # policies say "field 'x': ..."
-        msg = str(e)
-        if msg.startswith("field '"):
-            field, rest = msg[len("field '"):].split("'", 1)
-            raise PluginConfigError(f"params.{field}{rest}") from None
-        raise PluginConfigError(f"params: {msg}") from None
 
 
 def parse_plugin_config(data: dict) -> PluginConfig:
