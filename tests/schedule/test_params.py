@@ -122,6 +122,8 @@ def test_docs_config_tables_are_generated_from_the_models(page):
 def test_every_policy_and_router_with_params_has_its_table_in_the_docs():
     text = "".join(p.read_text(encoding="utf-8") for p in PAGES)
     for name in POLICIES.names():
+        if not POLICIES.get(name).__module__.startswith("presched."):
+            continue  # registered by a test (tests/engine/faulty_policy.py, in the same process)
         if params_model(name).model_fields:
             assert f"<!-- params: {name} -->\n{params_table(name)}\n<!-- /params -->" in text, name
     for name in ("least-work", "p2c-work", "short-long"):  # least-work-oracle: least-work's
