@@ -82,3 +82,15 @@ def test_readme_sample_is_the_output_of_presched_bench(tmp_path):
     out = mod.run_bench(tmp_path / "out")  # the default command, no files needed
     assert mod.sample_in(README.read_text()) == out, "run `python scripts/readme_sample.py`"
     assert (tmp_path / "out" / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ci_runs_the_readmes_two_commands_as_written():
+    # .ci/run must be the README's quickstart and test command, not a variant of them: the first
+    # two bash blocks of the README, each line verbatim, in that order
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    quickstart, test_command = (b.strip() for b in blocks[:2])
+    assert test_command == "scripts/test"
+    ci = [ln.strip() for ln in (ROOT / ".ci/run").read_text(encoding="utf-8").splitlines()
+          if ln.strip() and not ln.lstrip().startswith("#")]
+    assert quickstart in ci and test_command in ci
+    assert ci.index(quickstart) < ci.index(test_command) == len(ci) - 1
