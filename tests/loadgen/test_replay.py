@@ -301,10 +301,11 @@ def test_non_streaming_and_chat(stub_server):
     assert [r["output_tokens"] for r in res.rows] == [4, 6]
     assert [r["events"] for r in res.rows] == [4, 6]
     # the gaps between the chat deltas: 8 of them, each after the first token (the stub's 10 ms a
-    # token is a floor of their sum; how much more a busy machine adds is not asserted)
+    # token is a floor of their sum, less the event loop's timer slack, up to ~1 ms a sleep: CI
+    # measured 76.5 ms for 80; how much more a busy machine adds is not asserted)
     assert res.itl[0].size == 8
     assert res.summary["mean_itl_ms"] == pytest.approx(res.itl[0].mean() * 1e3)
-    assert sum(r["e2el_s"] - r["ttft_s"] for r in res.rows) >= 8 * 0.01 - 0.002
+    assert sum(r["e2el_s"] - r["ttft_s"] for r in res.rows) >= 8 * (0.01 - 0.001)
 
 
 def test_stream_without_usage_counts_events_and_flags_it(stub_server):
