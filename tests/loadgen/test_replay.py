@@ -300,12 +300,13 @@ def test_non_streaming_and_chat(stub_server):
     res = run_replay(_reqs([4, 6]), ReplayConfig(url=url, endpoint="chat"))
     assert [r["output_tokens"] for r in res.rows] == [4, 6]
     assert [r["events"] for r in res.rows] == [4, 6]
-    # the gaps between the chat deltas: 8 of them, each after the first token (the stub's 10 ms a
-    # token is a floor of their sum, less the event loop's timer slack, up to ~1 ms a sleep: CI
-    # measured 76.5 ms for 80; how much more a busy machine adds is not asserted)
-    assert res.itl[0].size == 8
+    # the gaps between the chat deltas: 8 of them, each after the first token. Their sum lies
+    # inside each request's decode time (first token to end); wall-clock floors are not asserted:
+    # a shared CI machine's timer slack put 80 ms of stub sleeps at 71.6 ms.
+    assert res.itl[0].size == 8 and (res.itl[0] > 0).all()
     assert res.summary["mean_itl_ms"] == pytest.approx(res.itl[0].mean() * 1e3)
-    assert sum(r["e2el_s"] - r["ttft_s"] for r in res.rows) >= 8 * (0.01 - 0.001)
+    decode_s = sum(r["e2el_s"] - r["ttft_s"] for r in res.rows)
+    assert 0 < res.itl[0].sum() <= decode_s + 1e-6
 
 
 def test_stream_without_usage_counts_events_and_flags_it(stub_server):
