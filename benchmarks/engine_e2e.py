@@ -54,13 +54,17 @@ each on its own engine started with the same flags, all pinned to the engine's C
 time; the replay goes straight to it):
 
   plugin-fcfs       the plugin with `fcfs`: its overhead against direct-fcfs (vLLM's own FCFS)
-  plugin-default    the default policy, `mlfq-preempt+sjf` (mlfq, preempt, within=mean), with the
+  plugin-default    the recommended policy, `mlfq-preempt+sjf` (presched.bench.config's
+                    RECOMMENDED_PARAMS: within=mean, preempt, recompute_weight 8, base_quantum 128), with the
                     predictor loaded in the engine (it predicts from the prompt decoded from the
                     token ids; text-gbm there needs scripts/engine/install.sh's lightgbm)
+  plugin-mlfq-np    the same mlfq without preemption (within=mean, base_quantum 128): the best
+                    predictive candidate of the simulator calibrated on this engine
   plugin-oracle     `srpt-oracle` on the forced lengths (max_tokens with ignore_eos): the limit
 
 simulated with the same policies. Figures (suffix _code with --source azure-code, _conv else):
-`engine_plugin_overhead_pct` (plugin-fcfs / direct-fcfs - 1 on mean E2E, %), `engine_fcfs_over_
+`engine_plugin_overhead_pct` (direct-fcfs / plugin-fcfs - 1 on output tok/s, %; `_mean_e2e_pct`: on
+mean E2E), `engine_fcfs_over_
 default_mean_e2e_*`, `engine_gain_capture_*` ((FCFS - default) / (FCFS - plugin-oracle) on mean
 E2E, median of repeats), `engine_default_p99_vs_fcfs_*` (P99 E2E), `engine_inengine_sim_error_pct`
 (median over the plugin configurations of the simulator's |error| on mean E2E, speed fitted),
@@ -127,6 +131,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from presched.bench.capacity import saturated_throughput
+from presched.bench.config import RECOMMENDED, RECOMMENDED_PARAMS
 from presched.bench.runner import arrivals_at_load
 from presched.engine import affinity, launch
 from presched.engine.calibrate import Calibration, calibrate, parse_histograms
@@ -154,16 +159,21 @@ CONFIGS: dict[str, tuple[list[str] | None, str]] = {
     # presched's in-engine scheduler (docs/engine-plugin.md): one more engine each, same flags
     "plugin-fcfs": (None, "fcfs"),
     "plugin-default": (None, "mlfq-preempt+sjf"),
+    "plugin-mlfq-np": (None, "mlfq-np"),
     "plugin-oracle": (None, "srpt-oracle"),
 }
+# the recommended policy without its preemption: the best predictive candidate of the simulator
+# calibrated on this engine (8 slots, CPU prefill: a recompute costs more than it gains here)
+MLFQ_NO_PREEMPT = {"within": "mean", "preempt": False, "base_quantum": 128}
 # the plugin config of each in-engine configuration ({pred}: the predictor file)
 PLUGINS: dict[str, dict[str, Any]] = {
     "plugin-fcfs": {"policy": "fcfs"},
-    "plugin-default": {"policy": "mlfq", "params": {"preempt": True, "within": "mean"}, "predictor": "{pred}"},
+    "plugin-default": {"policy": RECOMMENDED, "params": dict(RECOMMENDED_PARAMS), "predictor": "{pred}"},
+    "plugin-mlfq-np": {"policy": "mlfq", "params": MLFQ_NO_PREEMPT, "predictor": "{pred}"},
     "plugin-oracle": {"policy": "srpt-oracle"},
 }
 # simulated policy name -> (registered policy, its params)
-SIM_POLICIES = {"mlfq-preempt+sjf": ("mlfq", {"preempt": True, "within": "mean"})}
+SIM_POLICIES = {"mlfq-preempt+sjf": (RECOMMENDED, dict(RECOMMENDED_PARAMS)), "mlfq-np": ("mlfq", MLFQ_NO_PREEMPT)}
 DEFAULT_CONFIGS = ("direct-fcfs", "passthrough", "gateway-sjf", "gateway-oracle", "gateway-fcfs")
 KEYS = ("completed", "failed", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "short_p99_e2el_ms",
         "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "output_throughput", "request_throughput",
@@ -462,31 +472,55 @@ def summarize_runs(runs: list[dict]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def paired_ratio(runs: list[dict], a: str, b: str, key: str = "mean_e2el_ms") -> float:
-    """Median over repeats of (a's figure / b's figure) within the same repeat."""
+def paired_ratios(runs: list[dict], a: str, b: str, key: str = "mean_e2el_ms") -> list[float]:
+    """Per repeat, a's figure / b's figure within that repeat."""
     by = {(r["config"], r["repeat"]): r["summary"][key] for r in runs}
     reps = sorted({r["repeat"] for r in runs})
-    return med([by[(a, k)] / by[(b, k)] for k in reps if (a, k) in by and (b, k) in by])
+    return [by[(a, k)] / by[(b, k)] for k in reps if (a, k) in by and (b, k) in by]
+
+
+def paired_ratio(runs: list[dict], a: str, b: str, key: str = "mean_e2el_ms") -> float:
+    """Median over repeats of (a's figure / b's figure) within the same repeat."""
+    return med(paired_ratios(runs, a, b, key))
+
+
+def captures(runs: list[dict], policy: str) -> list[float]:
+    """Per repeat, (FCFS - policy) / (FCFS - plugin-oracle) on mean E2E (FCFS: stock vLLM)."""
+    by = {(r["config"], r["repeat"]): r["summary"]["mean_e2el_ms"] for r in runs}
+    out = []
+    for k in sorted({r["repeat"] for r in runs}):
+        if all((c, k) in by for c in ("direct-fcfs", policy, "plugin-oracle")):
+            f, d, o = by[("direct-fcfs", k)], by[(policy, k)], by[("plugin-oracle", k)]
+            if f != o:
+                out.append((f - d) / (f - o))
+    return out
+
+
+def inengine_spreads(runs: list[dict], source: str) -> dict[str, list[float]]:
+    """Each in-engine figure per repeat (its spread: a median inside it is not a gain)."""
+    sfx = "_code" if source == "azure-code" else "_conv"
+    return {
+        # the issue's definition: stock FCFS output tok/s over the plugin's (fcfs), - 1, in %
+        "engine_plugin_overhead_pct": [100 * (x - 1) for x in
+                                       paired_ratios(runs, "direct-fcfs", "plugin-fcfs", "output_throughput")],
+        "engine_plugin_overhead_mean_e2e_pct": [100 * (x - 1) for x in paired_ratios(runs, "plugin-fcfs", "direct-fcfs")],
+        f"engine_fcfs_over_default_mean_e2e{sfx}": paired_ratios(runs, "direct-fcfs", "plugin-default"),
+        f"engine_gain_capture{sfx}": captures(runs, "plugin-default"),
+        f"engine_default_p99_vs_fcfs{sfx}": paired_ratios(runs, "plugin-default", "direct-fcfs", "p99_e2el_ms"),
+        f"engine_gateway_sjf_over_default_mean_e2e{sfx}": paired_ratios(runs, "gateway-sjf", "plugin-default"),
+        f"engine_fcfs_over_mlfq_np_mean_e2e{sfx}": paired_ratios(runs, "direct-fcfs", "plugin-mlfq-np"),
+        f"engine_gain_capture_mlfq_np{sfx}": captures(runs, "plugin-mlfq-np"),
+        f"engine_plugin_fcfs_over_oracle_mean_e2e{sfx}": paired_ratios(runs, "plugin-fcfs", "plugin-oracle"),
+    }
 
 
 def inengine_figures(runs: list[dict], summary: dict, source: str) -> dict[str, float | None]:
-    """The in-engine scheduler's figures (module doc); none without its configurations."""
-    sfx = "_code" if source == "azure-code" else "_conv"
-    by = {(r["config"], r["repeat"]): r["summary"] for r in runs}
-    capture = [(f["mean_e2el_ms"] - d["mean_e2el_ms"]) / (f["mean_e2el_ms"] - o["mean_e2el_ms"])
-               for k in sorted({r["repeat"] for r in runs})
-               if all((c, k) in by for c in ("direct-fcfs", "plugin-default", "plugin-oracle"))
-               for f, d, o in [(by[("direct-fcfs", k)], by[("plugin-default", k)], by[("plugin-oracle", k)])]
-               if f["mean_e2el_ms"] != o["mean_e2el_ms"]]  # fmt: skip
+    """The in-engine scheduler's figures (module doc): medians over repeats; none without its
+    configurations."""
     errs = [summary[c]["sim_mean_e2e_abs_error_pct"] for c in PLUGINS if c in summary]
-    return {
-        "engine_plugin_overhead_pct": 100 * (paired_ratio(runs, "plugin-fcfs", "direct-fcfs") - 1),
-        f"engine_fcfs_over_default_mean_e2e{sfx}": paired_ratio(runs, "direct-fcfs", "plugin-default"),
-        f"engine_gain_capture{sfx}": med(capture),
-        f"engine_default_p99_vs_fcfs{sfx}": paired_ratio(runs, "plugin-default", "direct-fcfs", "p99_e2el_ms"),
-        "engine_inengine_sim_error_pct": med(errs),
-        f"engine_gateway_sjf_over_default_mean_e2e{sfx}": paired_ratio(runs, "gateway-sjf", "plugin-default"),
-    }
+    figs = {k: med(v) for k, v in inengine_spreads(runs, source).items()}
+    figs["engine_inengine_sim_error_pct"] = med(errs)
+    return figs
 
 
 def figures_of(runs: list[dict], summary: dict, sims: list[dict], source: str = "azure-conv") -> dict[str, float]:
@@ -783,7 +817,8 @@ def main() -> None:
     meta["prompt_tokens_engine"] = [r.prompt_tokens for r in sim_reqs]
     for r in runs:
         compact(r, meta["request_ids"])
-    result = {"meta": meta, "figures": figures, "summary": summary, "sim": sims,
+    spreads = inengine_spreads(runs, args.source) if args.in_engine else {}
+    result = {"meta": meta, "figures": figures, "figure_per_repeat": spreads, "summary": summary, "sim": sims,
               "calibrations": [c.to_dict() for c in cals], "runs": runs,
               "engine_log_tail": engine_log}  # fmt: skip
     stem = "engine_e2e" if args.source == "azure-conv" else f"engine_e2e-{args.source}"
@@ -794,6 +829,8 @@ def main() -> None:
     console.print(f"calibration: {cals[0].model.describe()}; fit MAPE {100 * cals[0].mape:.1f} %; "
                   f"client overhead {1e3 * cals[0].client_overhead_s:.1f} ms; wall {meta['wall_s']:.0f} s",
                   highlight=False)  # fmt: skip
+    for k, v in spreads.items():
+        console.print(f"{k} per repeat: " + ", ".join(f"{x:.3g}" for x in v), highlight=False)
     for k, v in figures.items():
         print(f"figure: {k} = {v:.4g}")
 

@@ -97,6 +97,30 @@ def test_paired_ratios_are_medians_of_per_repeat_ratios(bench):
     assert math.isnan(bench.paired_ratio(runs, "direct-fcfs", "gateway-oracle"))  # not run
 
 
+def test_inengine_figures_per_repeat_and_medians(bench):
+    # per repeat: stock FCFS, plugin fcfs, default, no-preempt mlfq, oracle (mean E2E ms, tok/s)
+    table = [(100, 100, 80, 90, 60, 1000, 990), (120, 110, 100, 100, 70, 900, 950), (90, 95, 95, 85, 50, 1100, 1100)]
+    runs = []
+    for k, (f, pf, d, n, o, tf, tp) in enumerate(table):
+        for c, e2e, tok in (("direct-fcfs", f, tf), ("plugin-fcfs", pf, tp), ("plugin-default", d, 1),
+                            ("plugin-mlfq-np", n, 1), ("plugin-oracle", o, 1)):
+            runs.append({"config": c, "repeat": k, "summary": {"mean_e2el_ms": e2e, "p99_e2el_ms": 2 * e2e,
+                                                               "output_throughput": tok}})
+    summary = {c: {"sim_mean_e2e_abs_error_pct": e} for c, e in (("plugin-fcfs", 1.0), ("plugin-default", 5.0),
+                                                                ("plugin-mlfq-np", 2.0), ("plugin-oracle", 9.0))}
+    spread = bench.inengine_spreads(runs, "azure-code")
+    # capture = (FCFS - policy) / (FCFS - oracle), each repeat: 20/40, 20/50, -5/40
+    assert spread["engine_gain_capture_code"] == pytest.approx([0.5, 0.4, -0.125])
+    assert spread["engine_gain_capture_mlfq_np_code"] == pytest.approx([0.25, 0.4, 0.125])
+    # overhead on output tok/s: stock over plugin, - 1
+    assert spread["engine_plugin_overhead_pct"] == pytest.approx([100 * (1000 / 990 - 1), 100 * (900 / 950 - 1), 0.0])
+    figs = bench.inengine_figures(runs, summary, "azure-code")
+    assert figs["engine_gain_capture_code"] == pytest.approx(0.4)
+    assert figs["engine_fcfs_over_default_mean_e2e_code"] == pytest.approx(1.2)  # median of 1.25, 1.2, 0.947
+    assert figs["engine_default_p99_vs_fcfs_code"] == pytest.approx(100 / 120)
+    assert figs["engine_inengine_sim_error_pct"] == pytest.approx(3.5)  # median of 1, 5, 2, 9
+
+
 def _decode_model(per_factor, jumps=()):
     """A stand-in for the simulator's decode s/token as a function of the speed factor: linear,
     plus steps where batches regroup (the jumps a 16-request run shows)."""
