@@ -59,6 +59,7 @@ from presched.sim.result import SimResult
 from presched.sim.seq import Seq
 from presched.sim.setup import build_cluster
 from presched.sim.steptime import MeasuredConfig, StepTimeConfig, load_mlenergy
+from presched.sim.steptime.deployment import deployment_config, representable
 from presched.workload.paths import data_dir
 from presched.workload.request import Request
 
@@ -67,21 +68,43 @@ DEFAULT_OUT = HERE / "results"
 
 TASK = "lm-arena-chat"
 GPU = "H100"
-MODELS = {  # ML.ENERGY model id -> presched model preset
+MODELS = {  # the Llama-3.1 H100 tables (existing figures): ML.ENERGY model id -> short name
     "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
     "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
 }
 SHORT = {"meta-llama/Llama-3.1-8B-Instruct": "8b", "meta-llama/Llama-3.1-70B-Instruct": "70b"}
-HARDWARE = {"H100": "h100-sxm"}
 
-# ML.ENERGY's sweeps (configs/vllm/lm-arena-chat/<model>/H100/sweeps.yaml, num_requests 1024 in
-# configs/vllm/lm-arena-chat/benchmark.yaml): requests sent = 1024 * num_request_repeats.
+# ML.ENERGY's sweeps for lm-arena-chat (ml-energy/benchmark c1d6557,
+# configs/vllm/lm-arena-chat/<model>/<GPU>/sweeps.yaml; num_requests 1024 in benchmark.yaml):
+# requests sent = 1024 * num_request_repeats; listed: the max_num_seqs with repeats > 1.
 ML_ENERGY_BASE_REQUESTS = 1024
-ML_ENERGY_REPEATS = {
-    "meta-llama/Llama-3.1-8B-Instruct": {256: 2, 384: 2, 512: 2, 768: 3, 1024: 3},
-    "meta-llama/Llama-3.1-70B-Instruct": {512: 2, 768: 2, 1024: 2, 1536: 3, 2048: 3},
+ML_ENERGY_REPEATS: dict[tuple[str, str], dict[int, int]] = {
+    ("meta-llama/Llama-3.1-8B-Instruct", "H100"): {256: 2, 384: 2, 512: 2, 768: 3, 1024: 3},
+    ("meta-llama/Llama-3.1-8B-Instruct", "B200"): {128: 2, 256: 2, 512: 3, 1024: 4, 2048: 8,
+                                                   4096: 16},
+    ("meta-llama/Llama-3.1-70B-Instruct", "H100"): {512: 2, 768: 2, 1024: 2, 1536: 3, 2048: 3},
+    ("meta-llama/Llama-3.1-70B-Instruct", "B200"): {512: 2, 1024: 2, 1536: 3, 2048: 3, 3072: 5},
+    ("meta-llama/Llama-3.3-70B-Instruct", "H100"): {512: 2, 768: 2, 1024: 2, 1536: 3, 2048: 3},
+    ("meta-llama/Llama-3.3-70B-Instruct", "B200"): {512: 2, 1024: 2, 1536: 2, 2048: 3, 3072: 4},
+    ("meta-llama/Llama-3.1-405B-Instruct", "B200"): {768: 2, 1024: 2, 2048: 3, 3072: 4, 4096: 6},
+    ("meta-llama/Llama-3.1-405B-Instruct-FP8", "B200"): {768: 2, 1024: 2},
+    ("meta-llama/Llama-3.1-405B-Instruct-FP8", "H100"): {},
+    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "H100"): {512: 2, 768: 2, 1024: 2},
+    ("meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8", "H100"): {512: 2, 768: 2, 1024: 2,
+                                                                    1536: 3, 2048: 3},
+    ("google/gemma-3-12b-it", "H100"): {}, ("google/gemma-3-12b-it", "B200"): {},
+    ("google/gemma-3-27b-it", "H100"): {}, ("google/gemma-3-27b-it", "B200"): {},
+    ("Qwen/Qwen3-30B-A3B-Instruct-2507", "H100"): {256: 2, 512: 2, 768: 2, 1024: 2, 1536: 3},
+    ("Qwen/Qwen3-30B-A3B-Instruct-2507", "B200"): {256: 2, 512: 2, 768: 2, 1024: 2, 1536: 3,
+                                                   2048: 4},
+    ("Qwen/Qwen3-235B-A22B-Instruct-2507", "B200"): {512: 2, 1024: 2, 1536: 3, 2048: 3, 3072: 4,
+                                                     4096: 6},
+    ("Qwen/Qwen3-8B", "B200"): {256: 2, 512: 2, 1024: 4, 1536: 4, 2048: 6},
+    ("Qwen/Qwen3-14B", "B200"): {512: 2, 1024: 2, 2048: 3, 4096: 7},
+    ("Qwen/Qwen3-32B", "B200"): {256: 2, 384: 2, 512: 2},
+    ("deepseek-ai/DeepSeek-V3.1", "B200"): {768: 2, 1024: 2, 2048: 3, 3072: 4},
 }
-MAX_NUM_BATCHED_TOKENS = 8192  # monolithic.config.yaml of both models
+MAX_NUM_BATCHED_TOKENS = 8192  # monolithic.config.yaml of every model
 MAX_OUTPUT_TOKENS = 4096  # benchmark.yaml max_output_tokens (the histograms end there)
 MAX_MODEL_LEN = 20480  # monolithic.config.yaml
 
@@ -108,29 +131,22 @@ PROMPTS = {
 CENTRAL = "short"
 
 
-def ml_energy_num_requests(model_id: str, max_num_seqs: int) -> int:
-    """Requests ML.ENERGY sent for this configuration (1024 x num_request_repeats)."""
-    return ML_ENERGY_BASE_REQUESTS * ML_ENERGY_REPEATS.get(model_id, {}).get(max_num_seqs, 1)
-
-
-def model_preset(config: MeasuredConfig) -> str:
-    try:
-        return MODELS[config.model_id]
-    except KeyError:
-        raise ValueError(
-            f"no presched model preset for {config.model_id!r}; known: {', '.join(MODELS)}"
-        ) from None
+def ml_energy_num_requests(model_id: str, max_num_seqs: int, gpu: str = GPU) -> int:
+    """Requests ML.ENERGY sent for this configuration (1024 x num_request_repeats). A sweep not
+    in `ML_ENERGY_REPEATS` is assumed to repeat like most of them: x2 from max_num_seqs 512,
+    x3 from 1536."""
+    table = ML_ENERGY_REPEATS.get((model_id, gpu))
+    if table is None:
+        repeats = 3 if max_num_seqs >= 1536 else 2 if max_num_seqs >= 512 else 1
+    else:
+        repeats = table.get(max_num_seqs, 1)
+    return ML_ENERGY_BASE_REQUESTS * repeats
 
 
 def step_time_config(config: MeasuredConfig, **overrides: Any) -> StepTimeConfig:
-    """The roofline preset for this deployment (`overrides`: roofline knobs, e.g. calibrated)."""
-    try:
-        hardware = HARDWARE[config.gpu_model]
-    except KeyError:
-        raise ValueError(f"no hardware preset for GPU {config.gpu_model!r}") from None
-    return StepTimeConfig(
-        model=model_preset(config), hardware=hardware, tp=config.tensor_parallel, **overrides
-    )
+    """The roofline preset for this deployment (`overrides`: roofline knobs, e.g. calibrated);
+    NotRepresentableError (naming the field) for what the model cannot describe."""
+    return deployment_config(config, **overrides)
 
 
 def draw_output_lengths(config: MeasuredConfig, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -253,6 +269,12 @@ def run_saturated(
     }
 
 
+def family(config: MeasuredConfig) -> str:
+    """Scoring family: 'moe' (any GPU), else 'dense-<gpu>' (dense-h100, dense-b200, ...)."""
+    return "moe" if step_time_config(config).model_spec().is_moe else (
+        f"dense-{config.gpu_model.lower()}")
+
+
 def _err(sim: float, meas: float) -> float:
     return 100.0 * (sim - meas) / meas
 
@@ -275,21 +297,33 @@ def compare(
     if isinstance(prompts, str):
         prompts = PROMPTS[prompts]
     N = config.max_num_seqs
-    n = num_requests if num_requests is not None else ml_energy_num_requests(config.model_id, N)
+    n = num_requests if num_requests is not None else ml_energy_num_requests(
+        config.model_id, N, config.gpu_model)
     st = step_time_config(config, **(step_overrides or {}))
+    # with dp data-parallel ranks, simulate one rank: its share of max_num_seqs and requests
+    dp = config.data_parallel
     sim_cfg = SimConfig(
-        engine=EngineConfig(max_num_seqs=N, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS),
+        engine=EngineConfig(max_num_seqs=config.max_num_seqs_per_rank,
+                            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS),
         step_time=st,
-    )
-    reqs = make_requests(config, n, prompts, seed)
+    )  # fmt: skip
+    reqs = make_requests(config, n // dp, prompts, seed)
     m = run_saturated(reqs, sim_cfg, poll=poll)
+    if dp > 1:  # ranks are alike: deployment throughput and batch are dp times a rank's
+        m["throughput_steady"] *= dp
+        m["throughput_all"] *= dp
+        m["avg_batch_steady"] *= dp
     rec = m["result"].records
     t0, t1 = m["window"]
     out = {
         "model_id": config.model_id,
         "model": SHORT.get(config.model_id, config.model_id),
         "gpu": config.gpu_model,
-        "tp": config.tensor_parallel,
+        "tp": config.vllm_tp,
+        "ep": config.expert_parallel,
+        "dp": dp,
+        "num_gpus": config.num_gpus,
+        "family": family(config),
         "max_num_seqs": N,
         "num_requests": n,
         "prompts": prompts.name,
@@ -409,19 +443,37 @@ VARIANTS = {  # name -> (prompt assumption, calibrated knobs?)
 }
 
 
-def load_configs(data: Path) -> list[MeasuredConfig]:
-    """H100 configurations of both models; `data` is the shared data folder or the
-    mlenergy-leaderboard-llm folder itself."""
+def data_root(data: Path) -> Path:
+    """The folder of ML.ENERGY files: `data` itself, or its mlenergy-leaderboard-llm folder."""
     sub = data / "mlenergy-leaderboard-llm"
-    root = sub if sub.is_dir() else data
+    return sub if sub.is_dir() else data
+
+
+def load_configs(data: Path) -> list[MeasuredConfig]:
+    """H100 lm-arena-chat configurations of the two Llama-3.1 models (the legacy tables)."""
+    root = data_root(data)
     out: list[MeasuredConfig] = []
     for model_id in MODELS:
         out += load_mlenergy(root, model=model_id, gpu=GPU, task=TASK)
     return sorted(out, key=lambda c: (list(MODELS).index(c.model_id), c.max_num_seqs))
 
 
+def config_key(c: MeasuredConfig) -> str:
+    return f"{c.model_id}|{c.task}|{c.gpu_model}|{c.num_gpus}|{c.max_num_seqs}"
+
+
 def mape(rows: list[dict], key: str) -> float:
     return float(np.mean([abs(r[key]) for r in rows])) if rows else math.nan
+
+
+def quick_subset(configs: list[MeasuredConfig]) -> list[MeasuredConfig]:
+    """--quick: the smallest max_num_seqs of every (model, GPU, GPU count)."""
+    best: dict[tuple, MeasuredConfig] = {}
+    for c in configs:
+        k = (c.model_id, c.task, c.gpu_model, c.num_gpus)
+        if k not in best or c.max_num_seqs < best[k].max_num_seqs:
+            best[k] = c
+    return sorted(best.values(), key=config_key)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -429,61 +481,110 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--data", type=Path, default=None,
-                    help="shared data folder, or the mlenergy-leaderboard-llm folder "
-                         "(default: presched.workload.paths.data_dir())")
+                    help="any folder of ML.ENERGY model files (<org>__<model>__<task>.json, "
+                         "searched recursively), or the shared data folder holding "
+                         "mlenergy-leaderboard-llm (default: presched.workload.paths.data_dir())")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--task", default=None, help="only this task (default: every task)")
     ap.add_argument("--no-calibration", action="store_true",
-                    help="skip the calibrated variant (default preset only)")
+                    help="skip the calibrated Llama-3.1 variant")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: smallest max_num_seqs per deployment, 160 requests each, "
+                         "no long-prompt or calibrated variants")
     args = ap.parse_args(argv)
 
     from rich.progress import Progress
 
-    configs = load_configs(args.data or data_dir())
-    fit_on = [c for c in configs if SHORT[c.model_id] == "8b"]
-    variants = [v for v in VARIANTS if not (args.no_calibration and VARIANTS[v][1])]
-    runs = [(c, v) for v in variants for c in configs]
+    sys.path.insert(0, str(HERE))
+    import steptime_lomo as lomo
+
+    root = data_root(args.data or data_dir())
+    every = load_mlenergy(root, task=args.task)
+    refused = {config_key(c): why for c in every if (why := representable(c)) is not None}
+    ok = [c for c in every if config_key(c) not in refused]
+    expressible = {"total": len(every), "ok": len(ok), "fraction": len(ok) / len(every),
+                   "refused": refused}  # fmt: skip
+    runs_on = quick_subset(ok) if args.quick else ok
+    n_req = 160 if args.quick else None
+    by_key = {config_key(c): c for c in runs_on}
+    legacy = [c for c in runs_on if c.model_id in MODELS and c.gpu_model == GPU
+              and c.task == TASK]  # fmt: skip
+    variants = ["default"] if args.quick else [
+        v for v in VARIANTS if not (args.no_calibration and VARIANTS[v][1])]
+    fit_on = [c for c in legacy if SHORT[c.model_id] == "8b"]
     rows: list[dict[str, Any]] = []
     calib: dict[str, Any] | None = None
     t_start = time.perf_counter()
+
+    def run(c: MeasuredConfig, variant: str, knobs: dict | None) -> dict:
+        prompts = VARIANTS.get(variant, (CENTRAL, False))[0]
+        row = compare(c, prompts=prompts, seed=args.seed, step_overrides=knobs,
+                      num_requests=n_req)  # fmt: skip
+        return row | {"variant": variant, "key": config_key(c)}
+
     with Progress(transient=False) as progress:
-        task = progress.add_task("configurations", total=len(runs))
-        if "calibrated" in variants:
-            fit_task = progress.add_task("calibrating on 8B (Gauss-Newton)", total=4)
+        task = progress.add_task("default knobs", total=len(runs_on))
+        for c in runs_on:
+            progress.update(task, description=f"default: {c.model_id} {c.gpu_model} "
+                                              f"N={c.max_num_seqs}")  # fmt: skip
+            rows.append(run(c, "default", None))
+            progress.advance(task)
+        default_rows = list(rows)
+        if "calibrated" in variants and fit_on:
+            fit_task = progress.add_task("calibrating on 8B H100 (Gauss-Newton)", total=4)
             calib = calibrate(fit_on, seed=args.seed,
                               on_iteration=lambda it: progress.advance(fit_task))
             progress.update(fit_task, completed=4)
-        for c, v in runs:
-            prompts, calibrated = VARIANTS[v]
-            progress.update(task, description=f"{v}: {SHORT[c.model_id]} N={c.max_num_seqs}")
-            row = compare(c, prompts=prompts, seed=args.seed,
-                          step_overrides=calib["knobs"] if calibrated and calib else None)
-            row["variant"] = v
-            rows.append(row)
-            progress.advance(task)
+        extra = [(c, v) for v in variants if v != "default" for c in legacy
+                 if v != "calibrated" or calib]  # fmt: skip
+        if extra:
+            task2 = progress.add_task("Llama-3.1 variants", total=len(extra))
+            for c, v in extra:
+                rows.append(run(c, v, calib["knobs"] if VARIANTS[v][1] else None))
+                progress.advance(task2)
+        folds_task = progress.add_task("leave one model out", total=None)
+        lomo_rows, folds = lomo.leave_one_model_out(
+            default_rows, by_key, lambda c, k: run(c, "lomo", k), PROMPTS[CENTRAL].mean,
+            on_fold=lambda fam, m: progress.update(folds_task, description=f"lomo {fam}: {m}"))
     wall = time.perf_counter() - t_start
 
     args.out.mkdir(parents=True, exist_ok=True)
-    figures = headline(rows)
+    legacy_rows = [r for r in rows if r["model"] in SHORT.values() and r["gpu"] == GPU]
+    figures = {"steptime_expressible_fraction": expressible["fraction"]}
+    figures |= lomo.family_figures(default_rows, lomo_rows)
+    figures |= headline(legacy_rows)
     payload = {
-        "generated_by": "python benchmarks/steptime_vs_mlenergy.py",
-        "source": "ML.ENERGY leaderboard v3 (mlenergy-leaderboard-llm), task lm-arena-chat, H100",
+        "generated_by": "python benchmarks/steptime_vs_mlenergy.py"
+                        + (" --quick" if args.quick else ""),
+        "source": f"ML.ENERGY leaderboard v3 files under {root}",
         "prompt_assumptions": {k: vars(v) | {"mean": v.mean} for k, v in PROMPTS.items()},
         "variants": {k: {"prompts": p, "calibrated": c} for k, (p, c) in VARIANTS.items()},
+        "expressible": expressible,
         "calibration": calib,
+        "lomo_folds": folds,
         "figures": figures,
         "wall_s": wall,
-        "rows": rows,
+        "rows": rows + lomo_rows,
     }
-    (args.out / "steptime_vs_mlenergy.json").write_text(json.dumps(payload, indent=1) + "\n")
-    (args.out / "steptime_vs_mlenergy.md").write_text(markdown(rows, calib))
-    plot(rows, args.out / "steptime_vs_mlenergy.png")
-    print(f"wrote {args.out}/steptime_vs_mlenergy.{{json,md,png}} ({len(rows)} runs, {wall:.0f} s)")
+    name = "steptime_vs_mlenergy" + ("_quick" if args.quick else "")
+    (args.out / f"{name}.json").write_text(json.dumps(payload, indent=1) + "\n")
+    md = (markdown(legacy_rows, calib) if legacy_rows else "")
+    md += lomo.family_markdown(default_rows, lomo_rows, folds, expressible)
+    (args.out / f"{name}.md").write_text(md)
+    if legacy_rows:
+        plot(legacy_rows, args.out / f"{name}.png")
+    lomo.plot_families(default_rows, lomo_rows, args.out / f"{name}_families.png")
+    print(f"wrote {args.out}/{name}.{{json,md,png}} ({len(rows) + len(lomo_rows)} runs, "
+          f"{wall:.0f} s)")
+    for why in sorted(refused.values()):
+        print(f"not expressible: {why}")
     if calib:
         print("calibrated on 8B: " + ", ".join(f"{k} = {v * 1e6:.1f} us"
                                                  for k, v in calib["knobs"].items()))
-    for name, value in figures.items():
-        print(f"figure: {name} = {value:.1f}")
+    for name_, value in figures.items():
+        print(f"figure: {name_} = {value:.3f}" if name_ == "steptime_expressible_fraction"
+              else f"figure: {name_} = {value:.1f}")
     return 0
 
 

@@ -121,6 +121,13 @@ class StepTimeConfig(Config):
         ge=0,
         description="Roofline: seconds per prefill token outside the roofline.",
     )
+    collective_latency: float | None = Field(
+        default=None,
+        ge=0,
+        le=1.0,
+        description="Roofline: seconds of fixed latency per all-reduce / all-to-all (None: the "
+        "hardware's interconnect_latency).",
+    )
     coefficients: FittedCoefficients | None = Field(
         default=None,
         description="Fitted: the six coefficients inline (seconds; see docs/steptime.md).",
@@ -202,6 +209,7 @@ def roofline_from_config(cfg: StepTimeConfig) -> RooflineStepModel:
         step_overhead=cfg.step_overhead,
         overhead_per_decode=cfg.overhead_per_decode,
         overhead_per_prefill_token=cfg.overhead_per_prefill_token,
+        collective_latency=cfg.collective_latency,
     )
 
 

@@ -198,3 +198,39 @@ def get_hardware(name: str) -> HardwareSpec:
     except KeyError:
         known = ", ".join(sorted(HARDWARE_PRESETS))
         raise UnknownNameError(f"unknown hardware preset {name!r}; known: {known}") from None
+
+
+# Hugging Face model ids (as ML.ENERGY and vLLM name them) -> preset. Fine-tunes and
+# instruct/thinking/coder variants share their base model's config.json shape.
+HF_MODEL_IDS: dict[str, str] = {
+    "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b",
+    "meta-llama/Llama-3.2-3B-Instruct": "llama-3.2-3b",
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Llama-3.3-70B-Instruct": "llama-3.3-70b",
+    "meta-llama/Llama-3.1-405B-Instruct": "llama-3.1-405b",
+    "meta-llama/Llama-3.1-405B-Instruct-FP8": "llama-3.1-405b-fp8",
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct": "llama-4-scout",
+    "meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8": "llama-4-maverick-fp8",
+    "google/gemma-3-12b-it": "gemma-3-12b",
+    "google/gemma-3-27b-it": "gemma-3-27b",
+    "Qwen/Qwen3-8B": "qwen3-8b",
+    "Qwen/Qwen3-14B": "qwen3-14b",
+    "Qwen/Qwen3-32B": "qwen3-32b",
+    "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b",
+    "Qwen/Qwen3-30B-A3B-Thinking-2507": "qwen3-30b-a3b",
+    "Qwen/Qwen3-Coder-30B-A3B-Instruct": "qwen3-30b-a3b",
+    "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b",
+    "Qwen/Qwen3-235B-A22B-Thinking-2507": "qwen3-235b-a22b",
+    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": "qwen3-235b-a22b-fp8",
+    "Qwen/Qwen3-235B-A22B-Thinking-2507-FP8": "qwen3-235b-a22b-fp8",
+    "deepseek-ai/DeepSeek-V3": "deepseek-v3",
+    "deepseek-ai/DeepSeek-V3.1": "deepseek-v3",
+    "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",
+    "openai/gpt-oss-20b": "gpt-oss-20b",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
+}
+
+# GPU names as ML.ENERGY writes them (gpu_model) -> hardware preset.
+GPU_NAMES: dict[str, str] = {"A100": "a100-80gb", "H100": "h100-sxm", "H200": "h200",
+                             "B200": "b200"}  # fmt: skip

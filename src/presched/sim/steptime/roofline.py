@@ -28,7 +28,8 @@ T = P + B tokens, and S = ep if ep > 1 else tp (ways the routed experts are spli
     step_time = step_overhead + overhead_per_decode * B + overhead_per_prefill_token * P
                 + t_comm + max(t_compute, t_memory)
 
-For a dense GQA model without sliding windows (all Llama-3.x presets) this is the original
+`collective_latency`, when given, replaces the hardware's interconnect_latency. For a dense
+GQA model without sliding windows (all Llama-3.x presets) this is the original
 formula: FLOPs = 2 * num_params * T / tp + 4 * L * H * d * (pairs + C) / tp, bytes =
 weight_bytes / tp + kv_tok * (Cp + C + T).
 
@@ -85,6 +86,7 @@ class RooflineStepModel(StepTimeModel):
         overhead_per_prefill_token: float = DEFAULT_OVERHEAD_PER_PREFILL_TOKEN,
         ep: int = 1,
         dp: int = 1,
+        collective_latency: float | None = None,
     ) -> None:
         model.check_parallel(tp, ep, dp)
         for name, value in (
@@ -97,6 +99,7 @@ class RooflineStepModel(StepTimeModel):
             ("step_overhead", step_overhead),
             ("overhead_per_decode", overhead_per_decode),
             ("overhead_per_prefill_token", overhead_per_prefill_token),
+            ("collective_latency", 0.0 if collective_latency is None else collective_latency),
         ):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}: got {value!r}, expected a finite number of seconds >= 0")
@@ -137,7 +140,9 @@ class RooflineStepModel(StepTimeModel):
         else:
             self._t_expert_flops = self._t_per_expert = 0.0
         # communication
-        bw, lat = hardware.interconnect_bandwidth, hardware.interconnect_latency
+        bw = hardware.interconnect_bandwidth
+        lat = hardware.interconnect_latency if collective_latency is None else collective_latency
+        self.collective_latency = float(lat)
         self._t_comm_fixed = self._t_comm_per_token = 0.0
         if tp > 1:
             n_allreduce = 2 * m.num_layers
