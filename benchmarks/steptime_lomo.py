@@ -6,6 +6,12 @@ For each family and each model m in it, the roofline knobs `KNOBS` are fitted on
 other models and the simulator is then run, with those knobs, on m's configurations: every
 reported error is out of sample. A family with one model has no out-of-sample score.
 
+Which knobs are fitted is itself chosen without the held-out model: each fold runs an inner
+leave-one-model-out on its training models for each candidate set in `KNOB_SETS` (base:
+step_overhead, overhead_per_decode, memory_efficiency, collective_latency; then
++compute_efficiency; then +overhead_per_layer) and keeps the set with the smallest inner median
+error (base when fewer than 3 training models).
+
 The fit needs thousands of evaluations, too many for full simulations, so it uses a surrogate
 calibrated by one full simulation per configuration (the default knobs' run):
 
@@ -32,10 +38,22 @@ from scipy.optimize import least_squares
 from presched.sim.steptime import MeasuredConfig, RooflineStepModel, StepTimeConfig
 from presched.sim.steptime.deployment import deployment_config
 
-KNOBS = ("step_overhead", "overhead_per_decode", "memory_efficiency", "collective_latency")
-SCALE = np.array([1e-3, 1e-6, 1.0, 1e-6])  # fitted in ms, us, 1, us
-LOWER = np.array([0.0, 0.0, 0.2, 0.0])
-UPPER = np.array([20.0, 300.0, 1.0, 300.0])
+# knob -> (unit it is fitted in, lower, upper bound in that unit)
+KNOB_RANGES = {
+    "step_overhead": (1e-3, 0.0, 20.0),  # ms
+    "overhead_per_decode": (1e-6, 0.0, 300.0),  # us
+    "memory_efficiency": (1.0, 0.2, 1.0),
+    "collective_latency": (1e-6, 0.0, 300.0),  # us
+    "compute_efficiency": (1.0, 0.1, 1.0),
+    "overhead_per_layer": (1e-6, 0.0, 300.0),  # us
+}
+BASE_KNOBS = ("step_overhead", "overhead_per_decode", "memory_efficiency", "collective_latency")
+KNOB_SETS = {  # candidates; each fold picks one by an inner leave-one-model-out on its training set
+    "base": BASE_KNOBS,
+    "+compute": BASE_KNOBS + ("compute_efficiency",),
+    "+compute+layer": BASE_KNOBS + ("compute_efficiency", "overhead_per_layer"),
+}
+KNOBS = tuple(KNOB_RANGES)
 FIGURE_OF_FAMILY = {"dense-h100": "dense", "moe": "moe", "dense-b200": "b200"}
 
 
@@ -73,26 +91,60 @@ def decode_surrogate(config: MeasuredConfig, knobs: dict[str, float], mean_promp
     return r.step_time(0, 0, 0, b, c)
 
 
-def fit_knobs(rows: list[dict], configs: dict[str, MeasuredConfig], mean_prompt: float,
-              x0: dict[str, float] | None = None) -> dict[str, float]:  # fmt: skip
-    """Knobs minimising the surrogate's soft-l1 log error on `rows` (default-knob runs; each
-    row's `key` indexes `configs`)."""
+def _rho(row: dict, configs: dict, mean_prompt: float) -> float:
     base = default_knobs()
-    rho = np.array([r["simulated"]["median_itl_ms"] / 1e3
-                    / decode_surrogate(configs[r["key"]], base, mean_prompt) for r in rows])
+    return (row["simulated"]["median_itl_ms"] / 1e3
+            / decode_surrogate(configs[row["key"]], base, mean_prompt))  # fmt: skip
+
+
+def surrogate_itl(row: dict, configs: dict, knobs: dict[str, float], mean_prompt: float) -> float:
+    """The surrogate's median ITL (seconds) of a default-knob row under `knobs`."""
+    return _rho(row, configs, mean_prompt) * decode_surrogate(configs[row["key"]], knobs,
+                                                               mean_prompt)  # fmt: skip
+
+
+def fit_knobs(rows: list[dict], configs: dict[str, MeasuredConfig], mean_prompt: float,
+              free: tuple[str, ...] = BASE_KNOBS) -> dict[str, float]:  # fmt: skip
+    """Knobs (`free` fitted, the others at their defaults) minimising the surrogate's soft-l1
+    log error on `rows` (default-knob runs; each row's `key` indexes `configs`)."""
+    base = default_knobs()
+    rho = np.array([_rho(r, configs, mean_prompt) for r in rows])
     meas = np.array([r["measured"]["median_itl_ms"] / 1e3 for r in rows])
     cs = [configs[r["key"]] for r in rows]
+    scale = np.array([KNOB_RANGES[k][0] for k in free])
+    lower = np.array([KNOB_RANGES[k][1] for k in free])
+    upper = np.array([KNOB_RANGES[k][2] for k in free])
+
+    def knobs_of(x: np.ndarray) -> dict[str, float]:
+        return base | dict(zip(free, (x * scale).tolist()))
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        k = dict(zip(KNOBS, (x * SCALE).tolist()))
-        sim = np.array([decode_surrogate(c, k, mean_prompt) for c in cs])
+        sim = np.array([decode_surrogate(c, knobs_of(x), mean_prompt) for c in cs])
         return np.log(rho * sim / meas)
 
-    start = np.array([(x0 or base)[k] for k in KNOBS]) / SCALE
-    start = np.clip(start, LOWER + 1e-9, UPPER - 1e-9)
-    sol = least_squares(residuals, start, bounds=(LOWER, UPPER), loss="soft_l1", f_scale=0.1,
+    start = np.clip(np.array([base[k] for k in free]) / scale, lower + 1e-6, upper - 1e-6)
+    sol = least_squares(residuals, start, bounds=(lower, upper), loss="soft_l1", f_scale=0.1,
                         x_scale=np.maximum(np.abs(start), 1e-2), max_nfev=200)  # fmt: skip
-    return dict(zip(KNOBS, (sol.x * SCALE).tolist()))
+    return knobs_of(sol.x)
+
+
+def select_knob_set(rows: list[dict], configs: dict, mean_prompt: float) -> tuple[str, dict]:
+    """The `KNOB_SETS` entry with the smallest median |surrogate error| in a leave-one-model-out
+    over `rows` alone (nested inside the outer fold: the held-out model is never seen); 'base'
+    when `rows` hold fewer than 3 models. Returns (name, {name: inner median |err| %})."""
+    models = sorted({r["model_id"] for r in rows})
+    if len(models) < 3:
+        return "base", {}
+    scores = {}
+    for name, free in KNOB_SETS.items():
+        errs = []
+        for m in models:
+            knobs = fit_knobs([r for r in rows if r["model_id"] != m], configs, mean_prompt, free)
+            errs += [100 * abs(surrogate_itl(r, configs, knobs, mean_prompt)
+                               / (r["measured"]["median_itl_ms"] / 1e3) - 1)
+                     for r in rows if r["model_id"] == m]  # fmt: skip
+        scores[name] = float(np.median(errs))
+    return min(scores, key=scores.get), scores
 
 
 def leave_one_model_out(
@@ -115,8 +167,10 @@ def leave_one_model_out(
             if on_fold:
                 on_fold(fam, m)
             train = [r for r in fam_rows if r["model_id"] != m]
-            knobs = fit_knobs(train, configs, mean_prompt)
-            folds.append({"family": fam, "held_out": m, "knobs": knobs,
+            knob_set, inner = select_knob_set(train, configs, mean_prompt)
+            knobs = fit_knobs(train, configs, mean_prompt, KNOB_SETS[knob_set])
+            folds.append({"family": fam, "held_out": m, "knobs": knobs, "knob_set": knob_set,
+                          "inner_median_abs_err_pct": inner,
                           "trained_on": sorted({r["model_id"] for r in train})})
             for r in fam_rows:
                 if r["model_id"] == m:
@@ -154,8 +208,8 @@ def family_markdown(default_rows: list[dict], lomo_rows: list[dict], folds: list
         "family's other models):",
         "",
         "| family | model | GPUs (tp/ep) | configs | default | out of sample | fold knobs "
-        "(step ms, per-decode us, mem eff, collective us) |",
-        "|---|---|---|---|---|---|---|",
+        "(step ms, per-decode us, mem eff, collective us, compute eff, per-layer us) | set |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     fold_of = {(f["family"], f["held_out"]): f for f in folds}
     for fam in sorted({r["family"] for r in default_rows}):
@@ -164,11 +218,15 @@ def family_markdown(default_rows: list[dict], lomo_rows: list[dict], folds: list
             o = [r for r in lomo_rows if r["family"] == fam and r["model_id"] == m]
             par = ", ".join(sorted({f"{r['num_gpus']}x {r['gpu']} ({r['tp']}/{r['ep']})"
                                     for r in d}))  # fmt: skip
-            k = (fold_of.get((fam, m)) or {}).get("knobs")
+            fold = fold_of.get((fam, m)) or {}
+            k = fold.get("knobs")
             ks = (f"{k['step_overhead'] * 1e3:.2f}, {k['overhead_per_decode'] * 1e6:.1f}, "
-                  f"{k['memory_efficiency']:.2f}, {k['collective_latency'] * 1e6:.1f}") if k else "-"
+                  f"{k['memory_efficiency']:.2f}, {k['collective_latency'] * 1e6:.1f}, "
+                  f"{k['compute_efficiency']:.2f}, {k['overhead_per_layer'] * 1e6:.1f}"
+                  ) if k else "-"  # fmt: skip
             oo = f"{median_abs(o):.1f}%" if o else "-"
-            lines.append(f"| {fam} | {m} | {par} | {len(d)} | {median_abs(d):.1f}% | {oo} | {ks} |")
+            lines.append(f"| {fam} | {m} | {par} | {len(d)} | {median_abs(d):.1f}% | {oo} | {ks} "
+                         f"| {fold.get('knob_set', '-')} |")  # fmt: skip
     lines.append("")
     return "\n".join(lines)
 

@@ -194,3 +194,16 @@ def test_monotone_in_tokens_for_every_family(p, b, bump, which, r):
     else:
         bigger[0] += bump
     assert r.step_time(*bigger) >= r.step_time(*shape)
+
+
+def test_fixed_cost_knobs_add_their_closed_forms():
+    m = get_model("llama-3.1-70b")
+    base = RooflineStepModel(m, H100, tp=4)
+    layer = RooflineStepModel(m, H100, tp=4, overhead_per_layer=10e-6)
+    slow = RooflineStepModel(m, H100, tp=4, collective_latency=25e-6)
+    for shape in ((0, 0, 0, 16, 16 * 500), (512, 512 * 513 / 2, 512, 8, 8 * 900)):
+        assert layer.step_time(*shape) - base.step_time(*shape) == pytest.approx(80 * 10e-6)
+        # two all-reduces per layer, each 20 us slower
+        assert slow.step_time(*shape) - base.step_time(*shape) == pytest.approx(2 * 80 * 20e-6)
+    with pytest.raises(ValueError, match="^collective_latency: got -1"):
+        RooflineStepModel(m, H100, tp=4, collective_latency=-1)

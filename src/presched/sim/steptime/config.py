@@ -128,6 +128,13 @@ class StepTimeConfig(Config):
         description="Roofline: seconds of fixed latency per all-reduce / all-to-all (None: the "
         "hardware's interconnect_latency).",
     )
+    overhead_per_layer: float = Field(
+        default=0.0,
+        ge=0,
+        le=1e-3,
+        description="Roofline: seconds per transformer layer per step outside the roofline "
+        "(kernel launches, synchronisation); 0 by default.",
+    )
     coefficients: FittedCoefficients | None = Field(
         default=None,
         description="Fitted: the six coefficients inline (seconds; see docs/steptime.md).",
@@ -210,6 +217,7 @@ def roofline_from_config(cfg: StepTimeConfig) -> RooflineStepModel:
         overhead_per_decode=cfg.overhead_per_decode,
         overhead_per_prefill_token=cfg.overhead_per_prefill_token,
         collective_latency=cfg.collective_latency,
+        overhead_per_layer=cfg.overhead_per_layer,
     )
 
 

@@ -28,9 +28,10 @@ T = P + B tokens, and S = ep if ep > 1 else tp (ways the routed experts are spli
     step_time = step_overhead + overhead_per_decode * B + overhead_per_prefill_token * P
                 + t_comm + max(t_compute, t_memory)
 
-`collective_latency`, when given, replaces the hardware's interconnect_latency. For a dense
-GQA model without sliding windows (all Llama-3.x presets) this is the original
-formula: FLOPs = 2 * num_params * T / tp + 4 * L * H * d * (pairs + C) / tp, bytes =
+`collective_latency`, when given, replaces the hardware's interconnect_latency, and
+`overhead_per_layer` * L (0 by default) adds per-layer fixed costs (launches, synchronisation)
+to t_comm. For a dense GQA model without sliding windows (all Llama-3.x presets) this is the
+original formula: FLOPs = 2 * num_params * T / tp + 4 * L * H * d * (pairs + C) / tp, bytes =
 weight_bytes / tp + kv_tok * (Cp + C + T).
 
 Simplifications: the step sees only sums of contexts, so a sliding-window layer's decode reads
@@ -87,6 +88,7 @@ class RooflineStepModel(StepTimeModel):
         ep: int = 1,
         dp: int = 1,
         collective_latency: float | None = None,
+        overhead_per_layer: float = 0.0,
     ) -> None:
         model.check_parallel(tp, ep, dp)
         for name, value in (
@@ -100,6 +102,7 @@ class RooflineStepModel(StepTimeModel):
             ("overhead_per_decode", overhead_per_decode),
             ("overhead_per_prefill_token", overhead_per_prefill_token),
             ("collective_latency", 0.0 if collective_latency is None else collective_latency),
+            ("overhead_per_layer", overhead_per_layer),
         ):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}: got {value!r}, expected a finite number of seconds >= 0")
@@ -110,6 +113,7 @@ class RooflineStepModel(StepTimeModel):
         self.step_overhead = float(step_overhead)
         self.overhead_per_decode = float(overhead_per_decode)
         self.overhead_per_prefill_token = float(overhead_per_prefill_token)
+        self.overhead_per_layer = float(overhead_per_layer)
 
         m, eff = model, self.compute_efficiency
         dense_rate = hardware.flops_for(m.weight_dtype) * eff  # FLOP/s per GPU
@@ -143,7 +147,8 @@ class RooflineStepModel(StepTimeModel):
         bw = hardware.interconnect_bandwidth
         lat = hardware.interconnect_latency if collective_latency is None else collective_latency
         self.collective_latency = float(lat)
-        self._t_comm_fixed = self._t_comm_per_token = 0.0
+        self._t_comm_fixed = self.overhead_per_layer * m.num_layers
+        self._t_comm_per_token = 0.0
         if tp > 1:
             n_allreduce = 2 * m.num_layers
             self._t_comm_fixed += n_allreduce * lat
