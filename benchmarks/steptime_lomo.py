@@ -153,8 +153,13 @@ def leave_one_model_out(
     simulate: Callable[[MeasuredConfig, dict[str, float]], dict],
     mean_prompt: float,
     on_fold: Callable[[str, str], None] | None = None,
+    knob_set: str = "auto",
 ) -> tuple[list[dict], list[dict]]:
-    """Out-of-sample rows (`variant` 'lomo', with the fold's knobs) and one record per fold."""
+    """Out-of-sample rows (`variant` 'lomo', with the fold's knobs) and one record per fold.
+    `knob_set`: 'auto' (each fold picks by `select_knob_set`) or a `KNOB_SETS` name for all."""
+    if knob_set != "auto" and knob_set not in KNOB_SETS:
+        raise ValueError(f"knob_set: got {knob_set!r}, expected auto or one of "
+                         f"{', '.join(KNOB_SETS)}")  # fmt: skip
     rows, folds = [], []
     for fam in sorted({r["family"] for r in default_rows}):
         fam_rows = [r for r in default_rows if r["family"] == fam]
@@ -167,9 +172,10 @@ def leave_one_model_out(
             if on_fold:
                 on_fold(fam, m)
             train = [r for r in fam_rows if r["model_id"] != m]
-            knob_set, inner = select_knob_set(train, configs, mean_prompt)
-            knobs = fit_knobs(train, configs, mean_prompt, KNOB_SETS[knob_set])
-            folds.append({"family": fam, "held_out": m, "knobs": knobs, "knob_set": knob_set,
+            chosen, inner = (select_knob_set(train, configs, mean_prompt)
+                             if knob_set == "auto" else (knob_set, {}))  # fmt: skip
+            knobs = fit_knobs(train, configs, mean_prompt, KNOB_SETS[chosen])
+            folds.append({"family": fam, "held_out": m, "knobs": knobs, "knob_set": chosen,
                           "inner_median_abs_err_pct": inner,
                           "trained_on": sorted({r["model_id"] for r in train})})
             for r in fam_rows:

@@ -210,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task", default=None, help="only this task (default: every task)")
     ap.add_argument("--no-calibration", action="store_true",
                     help="skip the calibrated Llama-3.1 variant")
+    ap.add_argument("--knob-set", default="auto",
+                    choices=["auto", "base", "+compute", "+compute+layer"],
+                    help="knobs the leave-one-model-out folds fit: auto (each fold picks a set "
+                         "by an inner leave-one-model-out on its training models) or one set "
+                         "for every fold (steptime_lomo.KNOB_SETS)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: smallest max_num_seqs per deployment, 160 requests each, "
                          "no long-prompt or calibrated variants")
@@ -266,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         folds_task = progress.add_task("leave one model out", total=None)
         lomo_rows, folds = lomo.leave_one_model_out(
             default_rows, by_key, lambda c, k: run(c, "lomo", k), PROMPTS[CENTRAL].mean,
-            on_fold=lambda fam, m: progress.update(folds_task, description=f"lomo {fam}: {m}"))
+            on_fold=lambda fam, m: progress.update(folds_task, description=f"lomo {fam}: {m}"),
+            knob_set=args.knob_set)
     wall = time.perf_counter() - t_start
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -275,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     figures |= lomo.family_figures(default_rows, lomo_rows)
     figures |= headline(legacy_rows)
     payload = {
-        "generated_by": "python benchmarks/steptime_vs_mlenergy.py"
-                        + (" --quick" if args.quick else ""),
+        "generated_by": "python benchmarks/steptime_vs_mlenergy.py " + " ".join(argv or sys.argv[1:]),
+        "knob_set": args.knob_set,
         "source": f"ML.ENERGY leaderboard v3 files under {root}",
         "prompt_assumptions": {k: vars(v) | {"mean": v.mean} for k, v in PROMPTS.items()},
         "variants": {k: {"prompts": p, "calibrated": c} for k, (p, c) in VARIANTS.items()},
