@@ -144,7 +144,13 @@ def test_inline_hf_config_in_the_step_time_config():
     del bad["vocab_size"]
     with pytest.raises(ValidationError) as e:
         StepTimeConfig.model_validate({"model": {"name": "x", "hf_config": bad}})
-    assert "hf_config.vocab_size: missing" in format_validation_error(e.value, "steptime")
+    msg = format_validation_error(e.value, "steptime")
+    assert msg.startswith("steptime.model: Value error, hf_config.vocab_size: missing")
+    assert len(msg.splitlines()) == 1  # one problem, one line (not one per union member)
+    with pytest.raises(ValidationError) as e:  # an inline ModelSpec: its own field named
+        StepTimeConfig.model_validate({"model": {**BASE, "num_experts": 4}})
+    assert "steptime.model: Value error, experts_per_token: got 0" in format_validation_error(
+        e.value, "steptime")
 
 
 @pytest.mark.parametrize("kw,field", [

@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from presched.config import Config
 from presched.sim.steptime.base import StepTimeModel
@@ -144,6 +144,24 @@ class StepTimeConfig(Config):
         description="Fitted: JSON file with the coefficients, as written by "
         "FittedStepModel.save / to_dict.",
     )
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _pick_model_kind(cls, v: object) -> object:
+        """A mapping with `hf_config` is config.json fields, any other mapping a ModelSpec; one
+        error per problem, naming the field inside `model` (not one per union member)."""
+        if not isinstance(v, dict):
+            return v
+        kind = HFModelSpec if "hf_config" in v else ModelSpec
+        try:
+            return kind.model_validate(v)
+        except ValidationError as e:
+            problems = []
+            for err in e.errors():
+                where = ".".join(str(p) for p in err["loc"])
+                msg = err["msg"].removeprefix("Value error, ")
+                problems.append(f"{where}: {msg}" if where else msg)
+            raise ValueError("; ".join(problems)) from None
 
     @field_validator("model")
     @classmethod
