@@ -23,6 +23,7 @@ from presched.sim.steptime.fitted import (
     StepSample,
     typical_shapes,
 )
+from presched.sim.steptime.deployment import NotRepresentableError, deployment_config
 from presched.sim.steptime.dtypes import DTYPE_BYTES, DType
 from presched.sim.steptime.hf import HFModelSpec, spec_from_hf_config
 from presched.sim.steptime.memory import KVCacheDoesNotFitError, kv_cache_blocks
@@ -68,4 +69,6 @@ __all__ = [
     "load_mlenergy",
     "MeasuredConfig",
     "MLEnergyFormatError",
+    "deployment_config",
+    "NotRepresentableError",
 ]
