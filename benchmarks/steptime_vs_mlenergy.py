@@ -1,23 +1,33 @@
-"""Simulated vs measured: the roofline step-time preset against ML.ENERGY (Llama-3.1, H100).
+"""Simulated vs measured: the roofline step time against ML.ENERGY, every family in a folder.
 
-    python benchmarks/steptime_vs_mlenergy.py                  # all H100 configurations (~40 s)
-    python benchmarks/steptime_vs_mlenergy.py --data DIR --out DIR
-    python benchmarks/steptime_vs_mlenergy.py --no-calibration # default preset only (~10 s)
+    python benchmarks/steptime_vs_mlenergy.py                  # the shared folder (~8 min)
+    python benchmarks/steptime_vs_mlenergy.py --data DIR --out DIR   # any ML.ENERGY folder
+    python benchmarks/steptime_vs_mlenergy.py --quick          # smoke run (~10 s)
+    python benchmarks/steptime_vs_mlenergy.py --no-calibration # skip the Llama-3.1 refit
 
-For every Llama-3.1-8B-Instruct and Llama-3.1-70B-Instruct lm-arena-chat configuration that
-ML.ENERGY measured on H100 (one vLLM deployment each: max_num_seqs N, tensor parallel tp), the
-benchmark is re-run in the simulator the way ML.ENERGY ran it (mlenergy/benchmark, commit
-c1d6557; leaderboard data built with ml-energy/data v0.3.1):
+Every configuration in the folder (files `<org>__<model>__<task>.json`, any task) is first
+checked for being expressible (`presched.sim.steptime.deployment`: a model preset for its id, a
+hardware preset for its GPU, its TP/EP/DP, a KV cache that fits); the fraction is
+`steptime_expressible_fraction` and each refusal is printed with the field it names. Each
+expressible configuration (one vLLM deployment: max_num_seqs N, parallelism) is re-run in the
+simulator the way ML.ENERGY ran it (mlenergy/benchmark, commit c1d6557; leaderboard data built
+with ml-energy/data v0.3.1):
 
-- a saturated engine: every request is sent at t = 0 (request rate inf), `max_num_seqs = N`,
-  `max_num_batched_tokens = 8192`, chunked prefill, FCFS; the KV cache is sized from the model
-  and GPU like vLLM at `gpu_memory_utilization = 0.9`;
-- as many requests as ML.ENERGY sent: 1024 x num_request_repeats (`ml_energy_num_requests`);
+- a saturated engine: every request is sent at t = 0 (request rate inf), `max_num_seqs = N`
+  (per data-parallel rank: N / dp), `max_num_batched_tokens = 8192`, chunked prefill, FCFS; the
+  KV cache is sized from the model and GPU like vLLM at `gpu_memory_utilization = 0.9`;
+- as many requests as ML.ENERGY sent: 1024 x num_request_repeats (`ml_energy_num_requests`,
+  from its sweeps files; x2 from N = 512 and x3 from 1536 where a sweep is not listed);
 - output lengths drawn (seeded) from that configuration's own output-length histogram, uniform
   within a bin;
 - prompt lengths from an assumption (ML.ENERGY publishes none for lm-arena-chat): lognormal,
   sigma 1.0, median 150 tokens (mean ~250) by default, and median 500 (mean ~820) as the
   sensitivity case; see `PROMPTS` and docs/steptime.md.
+
+Scoring is out of sample (steptime_lomo.py): per family (dense H100, dense B200, MoE), the
+roofline knobs are fitted on the family's other models and the simulator is run with them on
+the held-out model (leave one model out); the figures are the median |ITL error| per family
+(`steptime_median_itl_err_pct_dense`, `_b200`, `_moe`; `..._default`: today's default knobs).
 
 The simulated run is then measured as ML.ENERGY measures it:
 
@@ -28,13 +38,15 @@ The simulated run is then measured as ML.ENERGY measures it:
   from the client's per-request ITL lists, ramp-up and ramp-down included); the median over the
   steady-state window only is reported beside it (`itl_steady`).
 
-Three variants per configuration: the default roofline preset with the central prompt
-assumption ("default") and with long prompts ("default-long"), and a "calibrated" preset whose
-`step_overhead` and `overhead_per_decode` are fitted (`calibrate`, Gauss-Newton on the log
-errors) to the 8B rows only, so that its 70B rows are out of sample.
+For the Llama-3.1 8B/70B H100 configurations (the original tables and figures) there are three
+variants: the default roofline preset with the central prompt assumption ("default") and with
+long prompts ("default-long"), and a "calibrated" preset whose `step_overhead` and
+`overhead_per_decode` are fitted (`calibrate`, Gauss-Newton on the log errors) to the 8B rows
+only, so that its 70B rows are out of sample.
 
 Signed error = (simulated - measured) / measured. Writes `steptime_vs_mlenergy.json`, `.md`
-and `.png` under `--out` (default benchmarks/results/) and ends with `figure: <name> = <value>`
+and `.png` (+ `_families.png`) under `--out` (default benchmarks/results/; `--quick` writes
+`steptime_vs_mlenergy_quick.*`) and ends with `figure: <name> = <value>`
 lines. The core is `compare(config, ...)`, importable (tests/benchmarks/).
 """
 
@@ -46,293 +58,36 @@ import math
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from presched.metrics import weighted_percentile
-from presched.sim import EngineConfig, SimConfig
-from presched.sim.itl import ItlLog
-from presched.sim.result import SimResult
-from presched.sim.seq import Seq
-from presched.sim.setup import build_cluster
 from presched.sim.steptime import MeasuredConfig, StepTimeConfig, load_mlenergy
+from presched.sim.steptime.deployment import representable
 from presched.workload.paths import data_dir
-from presched.workload.request import Request
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results"
+sys.path.insert(0, str(HERE))
+from steptime_saturated import (  # noqa: E402  (a sibling module of this script)
+    CENTRAL,
+    GPU,
+    ML_ENERGY_REPEATS,
+    MODELS,
+    PROMPTS,
+    SHORT,
+    TASK,
+    PromptAssumption,
+    compare,
+    make_requests,
+    ml_energy_num_requests,
+    run_saturated,
+    step_time_config,
+)
 
-TASK = "lm-arena-chat"
-GPU = "H100"
-MODELS = {  # ML.ENERGY model id -> presched model preset
-    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
-    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
-}
-SHORT = {"meta-llama/Llama-3.1-8B-Instruct": "8b", "meta-llama/Llama-3.1-70B-Instruct": "70b"}
-HARDWARE = {"H100": "h100-sxm"}
-
-# ML.ENERGY's sweeps (configs/vllm/lm-arena-chat/<model>/H100/sweeps.yaml, num_requests 1024 in
-# configs/vllm/lm-arena-chat/benchmark.yaml): requests sent = 1024 * num_request_repeats.
-ML_ENERGY_BASE_REQUESTS = 1024
-ML_ENERGY_REPEATS = {
-    "meta-llama/Llama-3.1-8B-Instruct": {256: 2, 384: 2, 512: 2, 768: 3, 1024: 3},
-    "meta-llama/Llama-3.1-70B-Instruct": {512: 2, 768: 2, 1024: 2, 1536: 3, 2048: 3},
-}
-MAX_NUM_BATCHED_TOKENS = 8192  # monolithic.config.yaml of both models
-MAX_OUTPUT_TOKENS = 4096  # benchmark.yaml max_output_tokens (the histograms end there)
-MAX_MODEL_LEN = 20480  # monolithic.config.yaml
-
-
-@dataclass(frozen=True)
-class PromptAssumption:
-    """Prompt lengths ~ lognormal(log(median), sigma), rounded, clipped to [min_tokens, cap]."""
-
-    name: str
-    median: float
-    sigma: float = 1.0
-    min_tokens: int = 8
-    cap: int = MAX_MODEL_LEN - MAX_OUTPUT_TOKENS
-
-    @property
-    def mean(self) -> float:
-        return self.median * math.exp(self.sigma**2 / 2)
-
-
-PROMPTS = {
-    "short": PromptAssumption("short", median=150.0),  # central case (mean ~250 tokens)
-    "long": PromptAssumption("long", median=500.0),  # sensitivity (mean ~820 tokens)
-}
-CENTRAL = "short"
-
-
-def ml_energy_num_requests(model_id: str, max_num_seqs: int) -> int:
-    """Requests ML.ENERGY sent for this configuration (1024 x num_request_repeats)."""
-    return ML_ENERGY_BASE_REQUESTS * ML_ENERGY_REPEATS.get(model_id, {}).get(max_num_seqs, 1)
-
-
-def model_preset(config: MeasuredConfig) -> str:
-    try:
-        return MODELS[config.model_id]
-    except KeyError:
-        raise ValueError(
-            f"no presched model preset for {config.model_id!r}; known: {', '.join(MODELS)}"
-        ) from None
-
-
-def step_time_config(config: MeasuredConfig, **overrides: Any) -> StepTimeConfig:
-    """The roofline preset for this deployment (`overrides`: roofline knobs, e.g. calibrated)."""
-    try:
-        hardware = HARDWARE[config.gpu_model]
-    except KeyError:
-        raise ValueError(f"no hardware preset for GPU {config.gpu_model!r}") from None
-    return StepTimeConfig(
-        model=model_preset(config), hardware=hardware, tp=config.tensor_parallel, **overrides
-    )
-
-
-def draw_output_lengths(config: MeasuredConfig, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Output lengths from the configuration's histogram: a bin by its count, uniform inside."""
-    edges = np.asarray(config.output_length_bins, dtype=float)
-    counts = np.asarray(config.output_length_counts, dtype=float)
-    if counts.sum() <= 0:
-        raise ValueError(f"{config.source}: empty output-length histogram")
-    b = rng.choice(len(counts), size=n, p=counts / counts.sum())
-    x = rng.uniform(edges[b], edges[b + 1])
-    return np.clip(np.floor(x), 1, MAX_OUTPUT_TOKENS).astype(np.int64)
-
-
-def draw_prompt_lengths(p: PromptAssumption, z: np.ndarray) -> np.ndarray:
-    """Prompt lengths from standard normals `z` (shared across assumptions: common numbers)."""
-    x = np.round(p.median * np.exp(p.sigma * z))
-    return np.clip(x, p.min_tokens, p.cap).astype(np.int64)
-
-
-def make_requests(
-    config: MeasuredConfig, num_requests: int, prompts: PromptAssumption, seed: int = 0
-) -> list[Request]:
-    """The benchmark's requests: all arriving at t = 0; seeded by (seed, max_num_seqs)."""
-    out_rng, prompt_rng = np.random.default_rng([seed, config.max_num_seqs]).spawn(2)
-    out = draw_output_lengths(config, num_requests, out_rng)
-    prompt = draw_prompt_lengths(prompts, prompt_rng.standard_normal(num_requests))
-    return [
-        Request(id=f"r{i}", prompt_tokens=int(p), output_tokens=int(o), arrival=0.0)
-        for i, (p, o) in enumerate(zip(prompt, out))
-    ]
-
-
-@dataclass
-class _Snapshot:
-    time: float
-    itl_entries: int
-    tokens: int
-
-
-def _slice_itl(log: ItlLog, start: int, stop: int | None = None) -> ItlLog:
-    out = ItlLog()
-    for name in ItlLog.__slots__:
-        getattr(out, name).extend(getattr(log, name)[start:stop])
-    return out
-
-
-def run_saturated(
-    requests: list[Request], sim_cfg: SimConfig, poll: float = 0.1
-) -> dict[str, Any]:
-    """Run `requests` (all arriving at t = 0) on one engine and measure ML.ENERGY's windows.
-
-    The engine is advanced `poll` simulated seconds at a time; the steady state starts at the
-    first poll after `max_num_seqs` requests have their first token and ends at the first poll
-    after `len(requests) - max_num_seqs - 1` have finished. Snapshots are taken at the engine's
-    clock (a step end), so token counts and times inside the window are exact; the window edges
-    are late by less than `poll` plus one step. Returns the SimResult, the window and the
-    figures (seconds, tokens/s).
-    """
-    if sim_cfg.num_instances != 1:
-        raise ValueError("run_saturated simulates one engine (num_instances = 1)")
-    if any(r.arrival != 0.0 for r in requests):
-        raise ValueError("run_saturated expects every request to arrive at t = 0")
-    n = len(requests)
-    N = sim_cfg.engine.max_num_seqs
-    need_start, need_end = min(N, n), n - N - 1
-    if need_end < 1:
-        raise ValueError(
-            f"{n} requests for max_num_seqs {N}: need more than {N + 1} for a steady state"
-        )
-    wall = time.perf_counter()
-    cluster = build_cluster(sim_cfg)
-    inst = cluster.instances[0]
-    seqs = [Seq(r, i) for i, r in enumerate(requests)]
-    inst.advance(0.0)
-    for s in seqs:
-        inst.add(s, 0.0)
-
-    def snap() -> _Snapshot:
-        return _Snapshot(inst.clock, len(inst.itl.count), sum(s.generated for s in seqs))
-
-    start = end = None
-    running: list[int] = []  # running requests at each poll inside the window
-    t = 0.0
-    while inst.num_outstanding and end is None:
-        t += poll
-        inst.advance(t)
-        if start is None:
-            if sum(s.first_token is not None for s in seqs) >= need_start:
-                start = snap()
-        elif len(inst.finished) >= need_end:
-            end = snap()
-        else:
-            running.append(inst.num_running)
-    if start is None or end is None or end.time <= start.time:
-        raise RuntimeError(f"no steady-state window found (start {start}, end {end})")
-    inst.advance(math.inf)
-    wall = time.perf_counter() - wall
-    result = SimResult.from_instances(seqs, [inst], wall)
-
-    gaps_all, w_all = result.itl.values()
-    steady = _slice_itl(inst.itl, start.itl_entries, end.itl_entries)
-    gaps_ss, w_ss = steady.values()
-    after = _slice_itl(inst.itl, end.itl_entries)
-    rec = result.records
-    return {
-        "result": result,
-        "window": (start.time, end.time),
-        "median_itl_all": weighted_percentile(gaps_all, w_all, 50),
-        "median_itl_steady": weighted_percentile(gaps_ss, w_ss, 50),
-        "throughput_steady": (end.tokens - start.tokens) / (end.time - start.time),
-        "throughput_all": float(rec.output_tokens.sum() / rec.finish.max()),
-        "avg_batch_steady": float(np.mean(running)) if running else float(inst.num_running),
-        "tokens_steady": end.tokens - start.tokens,
-        "gaps_all": int(w_all.sum()),
-        "gaps_steady": int(w_ss.sum()),
-        "gaps_after_window": after.num_gaps,
-        "duration": float(rec.finish.max()),
-        "preemptions": result.num_preemptions,
-        "num_blocks": result.num_blocks[0],
-    }
-
-
-def _err(sim: float, meas: float) -> float:
-    return 100.0 * (sim - meas) / meas
-
-
-def compare(
-    config: MeasuredConfig,
-    *,
-    prompts: PromptAssumption | str = CENTRAL,
-    num_requests: int | None = None,
-    step_overrides: dict[str, Any] | None = None,
-    seed: int = 0,
-    poll: float = 0.1,
-) -> dict[str, Any]:
-    """Simulate one measured ML.ENERGY configuration and compare (see module doc).
-
-    `num_requests` defaults to what ML.ENERGY sent; `step_overrides` are roofline knobs passed
-    to `StepTimeConfig` (None = the default preset). Returns a JSON-able dict: configuration,
-    measured and simulated figures, signed % errors (`*_err_pct`) and the steady window.
-    """
-    if isinstance(prompts, str):
-        prompts = PROMPTS[prompts]
-    N = config.max_num_seqs
-    n = num_requests if num_requests is not None else ml_energy_num_requests(config.model_id, N)
-    st = step_time_config(config, **(step_overrides or {}))
-    sim_cfg = SimConfig(
-        engine=EngineConfig(max_num_seqs=N, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS),
-        step_time=st,
-    )
-    reqs = make_requests(config, n, prompts, seed)
-    m = run_saturated(reqs, sim_cfg, poll=poll)
-    rec = m["result"].records
-    t0, t1 = m["window"]
-    out = {
-        "model_id": config.model_id,
-        "model": SHORT.get(config.model_id, config.model_id),
-        "gpu": config.gpu_model,
-        "tp": config.tensor_parallel,
-        "max_num_seqs": N,
-        "num_requests": n,
-        "prompts": prompts.name,
-        "prompt_median": prompts.median,
-        "prompt_sigma": prompts.sigma,
-        "mean_prompt_tokens": float(rec.prompt_tokens.mean()),
-        "mean_output_tokens": float(rec.output_tokens.mean()),
-        "step_time": {k: v for k, v in st.model_dump().items() if v is not None},
-        "measured": {
-            "median_itl_ms": config.median_itl * 1e3,
-            "output_throughput": config.output_throughput,
-            "avg_batch_size": config.avg_batch_size,
-            "avg_output_len": config.avg_output_len,
-        },
-        "simulated": {
-            "median_itl_ms": m["median_itl_all"] * 1e3,
-            "median_itl_steady_ms": m["median_itl_steady"] * 1e3,
-            "output_throughput": m["throughput_steady"],
-            "output_throughput_whole_run": m["throughput_all"],
-            "avg_batch_size": m["avg_batch_steady"],
-            "preemptions": m["preemptions"],
-            "kv_blocks": m["num_blocks"],
-        },
-        "window": {
-            "start_s": t0,
-            "end_s": t1,
-            "duration_s": m["duration"],
-            "tokens": m["tokens_steady"],
-            "gaps_total": m["gaps_all"],
-            "gaps_in_window": m["gaps_steady"],
-            "gaps_after_window": m["gaps_after_window"],
-            # the last admission (the waiting queue empties): the window must not pass it by much
-            "last_admission_s": float(rec.first_scheduled.max()),
-        },
-        "wall_s": m["result"].wall_seconds,
-    }
-    meas, sim = out["measured"], out["simulated"]
-    out["itl_err_pct"] = _err(sim["median_itl_ms"], meas["median_itl_ms"])
-    out["itl_steady_err_pct"] = _err(sim["median_itl_steady_ms"], meas["median_itl_ms"])
-    out["throughput_err_pct"] = _err(sim["output_throughput"], meas["output_throughput"])
-    out["avg_batch_err_pct"] = _err(sim["avg_batch_size"], meas["avg_batch_size"])
-    return out
-
+__all__ = ["PromptAssumption", "make_requests", "ml_energy_num_requests", "run_saturated",
+           "step_time_config", "ML_ENERGY_REPEATS"]  # re-exported for tests and notebooks
 
 # ---------------------------------------------------------------------------------------------
 # Calibration: refit the roofline's two overhead knobs to the 8B measurements
@@ -409,19 +164,37 @@ VARIANTS = {  # name -> (prompt assumption, calibrated knobs?)
 }
 
 
-def load_configs(data: Path) -> list[MeasuredConfig]:
-    """H100 configurations of both models; `data` is the shared data folder or the
-    mlenergy-leaderboard-llm folder itself."""
+def data_root(data: Path) -> Path:
+    """The folder of ML.ENERGY files: `data` itself, or its mlenergy-leaderboard-llm folder."""
     sub = data / "mlenergy-leaderboard-llm"
-    root = sub if sub.is_dir() else data
+    return sub if sub.is_dir() else data
+
+
+def load_configs(data: Path) -> list[MeasuredConfig]:
+    """H100 lm-arena-chat configurations of the two Llama-3.1 models (the legacy tables)."""
+    root = data_root(data)
     out: list[MeasuredConfig] = []
     for model_id in MODELS:
         out += load_mlenergy(root, model=model_id, gpu=GPU, task=TASK)
     return sorted(out, key=lambda c: (list(MODELS).index(c.model_id), c.max_num_seqs))
 
 
+def config_key(c: MeasuredConfig) -> str:
+    return f"{c.model_id}|{c.task}|{c.gpu_model}|{c.num_gpus}|{c.max_num_seqs}"
+
+
 def mape(rows: list[dict], key: str) -> float:
     return float(np.mean([abs(r[key]) for r in rows])) if rows else math.nan
+
+
+def quick_subset(configs: list[MeasuredConfig]) -> list[MeasuredConfig]:
+    """--quick: the smallest max_num_seqs of every (model, GPU, GPU count)."""
+    best: dict[tuple, MeasuredConfig] = {}
+    for c in configs:
+        k = (c.model_id, c.task, c.gpu_model, c.num_gpus)
+        if k not in best or c.max_num_seqs < best[k].max_num_seqs:
+            best[k] = c
+    return sorted(best.values(), key=config_key)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -429,61 +202,115 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--data", type=Path, default=None,
-                    help="shared data folder, or the mlenergy-leaderboard-llm folder "
-                         "(default: presched.workload.paths.data_dir())")
+                    help="any folder of ML.ENERGY model files (<org>__<model>__<task>.json, "
+                         "searched recursively), or the shared data folder holding "
+                         "mlenergy-leaderboard-llm (default: presched.workload.paths.data_dir())")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--task", default=None, help="only this task (default: every task)")
     ap.add_argument("--no-calibration", action="store_true",
-                    help="skip the calibrated variant (default preset only)")
+                    help="skip the calibrated Llama-3.1 variant")
+    ap.add_argument("--knob-set", default="auto",
+                    choices=["auto", "base", "+compute", "+compute+layer"],
+                    help="knobs the leave-one-model-out folds fit: auto (each fold picks a set "
+                         "by an inner leave-one-model-out on its training models) or one set "
+                         "for every fold (steptime_lomo.KNOB_SETS)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: smallest max_num_seqs per deployment, 160 requests each, "
+                         "no long-prompt or calibrated variants")
     args = ap.parse_args(argv)
 
     from rich.progress import Progress
 
-    configs = load_configs(args.data or data_dir())
-    fit_on = [c for c in configs if SHORT[c.model_id] == "8b"]
-    variants = [v for v in VARIANTS if not (args.no_calibration and VARIANTS[v][1])]
-    runs = [(c, v) for v in variants for c in configs]
+    import steptime_lomo as lomo
+
+    root = data_root(args.data or data_dir())
+    every = load_mlenergy(root, task=args.task)
+    refused = {config_key(c): why for c in every if (why := representable(c)) is not None}
+    ok = [c for c in every if config_key(c) not in refused]
+    expressible = {"total": len(every), "ok": len(ok), "fraction": len(ok) / len(every),
+                   "refused": refused}  # fmt: skip
+    runs_on = quick_subset(ok) if args.quick else ok
+    n_req = 160 if args.quick else None
+    by_key = {config_key(c): c for c in runs_on}
+    legacy = [c for c in runs_on if c.model_id in MODELS and c.gpu_model == GPU
+              and c.task == TASK]  # fmt: skip
+    variants = ["default"] if args.quick else [
+        v for v in VARIANTS if not (args.no_calibration and VARIANTS[v][1])]
+    fit_on = [c for c in legacy if SHORT[c.model_id] == "8b"]
     rows: list[dict[str, Any]] = []
     calib: dict[str, Any] | None = None
     t_start = time.perf_counter()
+
+    def run(c: MeasuredConfig, variant: str, knobs: dict | None) -> dict:
+        prompts = VARIANTS.get(variant, (CENTRAL, False))[0]
+        row = compare(c, prompts=prompts, seed=args.seed, step_overrides=knobs,
+                      num_requests=n_req)  # fmt: skip
+        return row | {"variant": variant, "key": config_key(c)}
+
     with Progress(transient=False) as progress:
-        task = progress.add_task("configurations", total=len(runs))
-        if "calibrated" in variants:
-            fit_task = progress.add_task("calibrating on 8B (Gauss-Newton)", total=4)
+        task = progress.add_task("default knobs", total=len(runs_on))
+        for c in runs_on:
+            progress.update(task, description=f"default: {c.model_id} {c.gpu_model} "
+                                              f"N={c.max_num_seqs}")  # fmt: skip
+            rows.append(run(c, "default", None))
+            progress.advance(task)
+        default_rows = list(rows)
+        if "calibrated" in variants and fit_on:
+            fit_task = progress.add_task("calibrating on 8B H100 (Gauss-Newton)", total=4)
             calib = calibrate(fit_on, seed=args.seed,
                               on_iteration=lambda it: progress.advance(fit_task))
             progress.update(fit_task, completed=4)
-        for c, v in runs:
-            prompts, calibrated = VARIANTS[v]
-            progress.update(task, description=f"{v}: {SHORT[c.model_id]} N={c.max_num_seqs}")
-            row = compare(c, prompts=prompts, seed=args.seed,
-                          step_overrides=calib["knobs"] if calibrated and calib else None)
-            row["variant"] = v
-            rows.append(row)
-            progress.advance(task)
+        extra = [(c, v) for v in variants if v != "default" for c in legacy
+                 if v != "calibrated" or calib]  # fmt: skip
+        if extra:
+            task2 = progress.add_task("Llama-3.1 variants", total=len(extra))
+            for c, v in extra:
+                rows.append(run(c, v, calib["knobs"] if VARIANTS[v][1] else None))
+                progress.advance(task2)
+        folds_task = progress.add_task("leave one model out", total=None)
+        lomo_rows, folds = lomo.leave_one_model_out(
+            default_rows, by_key, lambda c, k: run(c, "lomo", k), PROMPTS[CENTRAL].mean,
+            on_fold=lambda fam, m: progress.update(folds_task, description=f"lomo {fam}: {m}"),
+            knob_set=args.knob_set)
     wall = time.perf_counter() - t_start
 
     args.out.mkdir(parents=True, exist_ok=True)
-    figures = headline(rows)
+    legacy_rows = [r for r in rows if r["model"] in SHORT.values() and r["gpu"] == GPU]
+    figures = {"steptime_expressible_fraction": expressible["fraction"]}
+    figures |= lomo.family_figures(default_rows, lomo_rows)
+    figures |= headline(legacy_rows)
     payload = {
-        "generated_by": "python benchmarks/steptime_vs_mlenergy.py",
-        "source": "ML.ENERGY leaderboard v3 (mlenergy-leaderboard-llm), task lm-arena-chat, H100",
+        "generated_by": "python benchmarks/steptime_vs_mlenergy.py " + " ".join(argv or sys.argv[1:]),
+        "knob_set": args.knob_set,
+        "source": f"ML.ENERGY leaderboard v3 files under {root}",
         "prompt_assumptions": {k: vars(v) | {"mean": v.mean} for k, v in PROMPTS.items()},
         "variants": {k: {"prompts": p, "calibrated": c} for k, (p, c) in VARIANTS.items()},
+        "expressible": expressible,
         "calibration": calib,
+        "lomo_folds": folds,
         "figures": figures,
         "wall_s": wall,
-        "rows": rows,
+        "rows": rows + lomo_rows,
     }
-    (args.out / "steptime_vs_mlenergy.json").write_text(json.dumps(payload, indent=1) + "\n")
-    (args.out / "steptime_vs_mlenergy.md").write_text(markdown(rows, calib))
-    plot(rows, args.out / "steptime_vs_mlenergy.png")
-    print(f"wrote {args.out}/steptime_vs_mlenergy.{{json,md,png}} ({len(rows)} runs, {wall:.0f} s)")
+    name = "steptime_vs_mlenergy" + ("_quick" if args.quick else "")
+    (args.out / f"{name}.json").write_text(json.dumps(payload, indent=1) + "\n")
+    md = (markdown(legacy_rows, calib) if legacy_rows else "")
+    md += lomo.family_markdown(default_rows, lomo_rows, folds, expressible)
+    (args.out / f"{name}.md").write_text(md)
+    if legacy_rows:
+        plot(legacy_rows, args.out / f"{name}.png")
+    lomo.plot_families(default_rows, lomo_rows, args.out / f"{name}_families.png")
+    print(f"wrote {args.out}/{name}.{{json,md,png}} ({len(rows) + len(lomo_rows)} runs, "
+          f"{wall:.0f} s)")
+    for why in sorted(refused.values()):
+        print(f"not expressible: {why}")
     if calib:
         print("calibrated on 8B: " + ", ".join(f"{k} = {v * 1e6:.1f} us"
                                                  for k, v in calib["knobs"].items()))
-    for name, value in figures.items():
-        print(f"figure: {name} = {value:.1f}")
+    for name_, value in figures.items():
+        print(f"figure: {name_} = {value:.3f}" if name_ == "steptime_expressible_fraction"
+              else f"figure: {name_} = {value:.1f}")
     return 0
 
 

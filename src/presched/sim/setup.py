@@ -77,7 +77,7 @@ class SimConfig(Config):
             return engine.num_blocks
         st = self.step_time
         return kv_cache_blocks(
-            st.model_spec(), st.hardware_spec(), tp=st.tp,
+            st.model_spec(), st.hardware_spec(), tp=st.tp, ep=st.ep,
             gpu_memory_utilization=engine.gpu_memory_utilization,
             block_size=engine.block_size,
         )  # fmt: skip

@@ -74,7 +74,7 @@ def test_fitted_inline_and_from_file(tmp_path):
     "data,path,text",
     [
         ({"model": "llama-9"}, "steptime.model",
-         "unknown model preset 'llama-9'; known: llama-3.1-405b"),
+         "unknown model preset 'llama-9'; known: deepseek-v3, gemma-3-12b"),
         ({"hardware": "tpu"}, "steptime.hardware",
          "unknown hardware preset 'tpu'; known: a100-80gb"),
         ({"tp": 3}, "steptime.tp", "3 does not divide num_heads=32"),

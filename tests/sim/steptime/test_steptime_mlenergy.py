@@ -69,9 +69,30 @@ def _good() -> dict:
     conf = {"gpu_model": "H100", "num_gpus": 1, "max_num_seqs": 8, "avg_batch_size": 7.9,
             "median_itl_ms": 7.0, "p90_itl_ms": 8.0, "p99_itl_ms": 9.0,
             "output_throughput_tokens_per_sec": 1000.0, "avg_output_len": 12.0,
-            "parallelization": {"tensor_parallel": 1}, "output_length_distribution": hist}
+            "parallelization": {"tensor_parallel": 1, "expert_parallel": 1, "data_parallel": 1,
+                                "notes": ""},
+            "output_length_distribution": hist}
     return {"model_id": "org/model", "task": "task", "output_length_distribution": hist,
             "configurations": [conf, dict(copy.deepcopy(conf), max_num_seqs=16)]}
+
+
+def test_parallelism_read_as_vllm_ran_it(tmp_path):
+    data = _good()
+    c0, c1 = data["configurations"]
+    c0.update(num_gpus=8, parallelization={"tensor_parallel": 1, "expert_parallel": 8,
+                                           "data_parallel": 1})  # ML.ENERGY's EP record
+    c1.update(num_gpus=4, max_num_seqs=64, parallelization={
+        "tensor_parallel": 1, "expert_parallel": 4, "data_parallel": 4})  # DP attention + EP
+    a, b = load_mlenergy(_write(tmp_path, data))
+    assert (a.tensor_parallel, a.vllm_tp, a.expert_parallel, a.data_parallel) == (1, 8, 8, 1)
+    assert (b.vllm_tp, b.expert_parallel, b.data_parallel, b.max_num_seqs_per_rank) == (1, 4, 4, 16)
+
+
+def test_real_moe_files_load_with_expert_parallelism(mlenergy_dir):
+    recs = load_mlenergy(mlenergy_dir, model="Llama-4-Scout-17B-16E-Instruct")
+    assert {(r.num_gpus, r.expert_parallel, r.vllm_tp) for r in recs} == {(4, 4, 4), (8, 8, 8)}
+    every = load_mlenergy(mlenergy_dir)
+    assert len(every) == 146 and all(r.vllm_tp * r.data_parallel == r.num_gpus for r in every)
 
 
 def test_synthetic_file_round_trip(tmp_path):
@@ -95,6 +116,21 @@ def test_synthetic_file_round_trip(tmp_path):
          r"configurations\[1\]\.output_length_distribution\.bins"),
         (lambda d: d["configurations"][0]["parallelization"].update(tensor_parallel=0),
          r"configurations\[0\]\.parallelization\.tensor_parallel"),
+        (lambda d: d["configurations"][0].pop("parallelization"),
+         r"configurations\[0\]\.parallelization: missing"),
+        (lambda d: d["configurations"][0]["parallelization"].pop("expert_parallel"),
+         r"configurations\[0\]\.parallelization\.expert_parallel: missing"),
+        (lambda d: d["configurations"][0]["parallelization"].update(pipeline_parallel=2),
+         r"configurations\[0\]\.parallelization\.pipeline_parallel: not representable"),
+        (lambda d: d["configurations"][0]["parallelization"].update(tensor_parallel=2),
+         r"configurations\[0\]\.parallelization\.tensor_parallel: tp 2 x dp 1 = 2 GPUs, "
+         r"but num_gpus is 1"),
+        (lambda d: d["configurations"][0].update(num_gpus=8, parallelization={
+            "tensor_parallel": 1, "expert_parallel": 4, "data_parallel": 1}),
+         r"configurations\[0\]\.parallelization\.expert_parallel: 4 on 8 GPUs"),
+        (lambda d: d["configurations"][0].update(num_gpus=4, max_num_seqs=10, parallelization={
+            "tensor_parallel": 1, "expert_parallel": 4, "data_parallel": 4}),
+         r"configurations\[0\]\.max_num_seqs: 10 is not divisible by data_parallel 4"),
         (lambda d: d.pop("model_id"), r"field model_id: missing"),
         (lambda d: d.update(configurations={}), r"field configurations: got dict"),
     ],

@@ -23,17 +23,20 @@ from presched.sim.steptime.fitted import (
     StepSample,
     typical_shapes,
 )
+from presched.sim.steptime.deployment import NotRepresentableError, deployment_config
+from presched.sim.steptime.dtypes import DTYPE_BYTES, DType
+from presched.sim.steptime.hf import HFModelSpec, spec_from_hf_config
 from presched.sim.steptime.memory import KVCacheDoesNotFitError, kv_cache_blocks
 from presched.sim.steptime.mlenergy import MeasuredConfig, MLEnergyFormatError, load_mlenergy
+from presched.sim.steptime.moe import expected_distinct_experts
 from presched.sim.steptime.roofline import RooflineStepModel
-from presched.sim.steptime.specs import (
+from presched.sim.steptime.presets import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
-    HardwareSpec,
-    ModelSpec,
     get_hardware,
     get_model,
 )
+from presched.sim.steptime.specs import HardwareSpec, ModelSpec
 
 STEP_MODELS: Registry[StepTimeModel] = Registry("step-time model")
 STEP_MODELS.register("roofline")(roofline_from_config)
@@ -51,6 +54,11 @@ __all__ = [
     "StepSample",
     "typical_shapes",
     "ModelSpec",
+    "HFModelSpec",
+    "spec_from_hf_config",
+    "expected_distinct_experts",
+    "DType",
+    "DTYPE_BYTES",
     "HardwareSpec",
     "MODEL_PRESETS",
     "HARDWARE_PRESETS",
@@ -61,4 +69,6 @@ __all__ = [
     "load_mlenergy",
     "MeasuredConfig",
     "MLEnergyFormatError",
+    "deployment_config",
+    "NotRepresentableError",
 ]

@@ -1,9 +1,10 @@
 """`StepTimeConfig`: which step-time model the simulator uses, and `build_step_model`.
 
     kind: roofline                # or: fitted
-    model: llama-3.1-8b           # preset name (specs.MODEL_PRESETS) or an inline ModelSpec
-    hardware: h100-sxm            # preset name (specs.HARDWARE_PRESETS) or an inline HardwareSpec
-    tp: 1
+    model: llama-3.1-8b           # preset name (presets.MODEL_PRESETS), an inline ModelSpec,
+                                  # or {name: x, hf_config: {<config.json fields>}}
+    hardware: h100-sxm            # preset name (presets.HARDWARE_PRESETS) or an inline HardwareSpec
+    tp: 1                         # tensor parallel; ep (expert parallel), dp (DP attention ranks)
     compute_efficiency: 0.5       # roofline knobs (ignored by kind: fitted)
     memory_efficiency: 0.8
     step_overhead: 0.00068
@@ -15,7 +16,7 @@
     coefficients: {a_prefill: 0.004, b_prefill: 2.6e-5, c_prefill: 1.1e-9,
                    a_decode: 0.007, b_decode: 4.7e-8, c_decode: 1.9e-5}
 
-`model`, `hardware` and `tp` describe the deployment for both kinds (the engine also uses them
+`model`, `hardware`, `tp`, `ep` and `dp` describe the deployment for both kinds (the engine also uses them
 to size the KV cache, see memory.py); a fitted model's time comes from its coefficients only.
 """
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from presched.config import Config
 from presched.sim.steptime.base import StepTimeModel
@@ -37,14 +38,20 @@ from presched.sim.steptime.roofline import (
     DEFAULT_STEP_OVERHEAD,
     RooflineStepModel,
 )
-from presched.sim.steptime.specs import (
+from presched.sim.steptime.hf import HFModelSpec
+from presched.sim.steptime.presets import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
-    HardwareSpec,
-    ModelSpec,
     get_hardware,
     get_model,
 )
+from presched.sim.steptime.specs import HardwareSpec, ModelSpec
+
+
+def _resolve_model(model: str | ModelSpec | HFModelSpec) -> ModelSpec:
+    if isinstance(model, str):
+        return get_model(model)
+    return model.to_spec() if isinstance(model, HFModelSpec) else model
 
 
 class StepTimeConfig(Config):
@@ -56,10 +63,11 @@ class StepTimeConfig(Config):
         "'fitted' (closed form a + b*tokens + c*tokens^2 / a + b*context + c*batch with "
         "calibrated coefficients).",
     )
-    model: str | ModelSpec = Field(
+    model: str | ModelSpec | HFModelSpec = Field(
         default="llama-3.1-8b",
-        description="Served model: a preset name (" + ", ".join(sorted(MODEL_PRESETS)) + ") "
-        "or an inline model spec.",
+        description="Served model: a preset name (" + ", ".join(sorted(MODEL_PRESETS)) + "), "
+        "an inline model spec, or {name, hf_config: <config.json fields>, weight_dtype, "
+        "expert_dtype, kv_dtype}.",
     )
     hardware: str | HardwareSpec = Field(
         default="h100-sxm",
@@ -70,6 +78,21 @@ class StepTimeConfig(Config):
         default=1,
         ge=1,
         description="Tensor-parallel GPUs per replica; must divide the model's attention heads.",
+    )
+    ep: int = Field(
+        default=1,
+        ge=1,
+        le=4096,
+        description="Expert-parallel GPUs (MoE only): routed experts are split whole over ep "
+        "GPUs, with an all-to-all per MoE layer; as in vLLM, ep > 1 must equal tp * dp.",
+    )
+    dp: int = Field(
+        default=1,
+        ge=1,
+        le=4096,
+        description="Data-parallel attention ranks sharing one expert-parallel group; the "
+        "simulated engine is one rank, and its MoE layers see dp times its tokens (ranks "
+        "balanced). Without experts, run dp independent instances instead.",
     )
     compute_efficiency: float = Field(
         default=DEFAULT_COMPUTE_EFFICIENCY,
@@ -98,6 +121,20 @@ class StepTimeConfig(Config):
         ge=0,
         description="Roofline: seconds per prefill token outside the roofline.",
     )
+    collective_latency: float | None = Field(
+        default=None,
+        ge=0,
+        le=1.0,
+        description="Roofline: seconds of fixed latency per all-reduce / all-to-all (None: the "
+        "hardware's interconnect_latency).",
+    )
+    overhead_per_layer: float = Field(
+        default=0.0,
+        ge=0,
+        le=1e-3,
+        description="Roofline: seconds per transformer layer per step outside the roofline "
+        "(kernel launches, synchronisation); 0 by default.",
+    )
     coefficients: FittedCoefficients | None = Field(
         default=None,
         description="Fitted: the six coefficients inline (seconds; see docs/steptime.md).",
@@ -107,6 +144,24 @@ class StepTimeConfig(Config):
         description="Fitted: JSON file with the coefficients, as written by "
         "FittedStepModel.save / to_dict.",
     )
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _pick_model_kind(cls, v: object) -> object:
+        """A mapping with `hf_config` is config.json fields, any other mapping a ModelSpec; one
+        error per problem, naming the field inside `model` (not one per union member)."""
+        if not isinstance(v, dict):
+            return v
+        kind = HFModelSpec if "hf_config" in v else ModelSpec
+        try:
+            return kind.model_validate(v)
+        except ValidationError as e:
+            problems = []
+            for err in e.errors():
+                where = ".".join(str(p) for p in err["loc"])
+                msg = err["msg"].removeprefix("Value error, ")
+                problems.append(f"{where}: {msg}" if where else msg)
+            raise ValueError("; ".join(problems)) from None
 
     @field_validator("model")
     @classmethod
@@ -131,12 +186,19 @@ class StepTimeConfig(Config):
     def _tp_shards_model(cls, v: int, info: ValidationInfo) -> int:
         model = info.data.get("model")
         if model is not None:  # None: `model` itself failed and is reported on its own
-            spec = get_model(model) if isinstance(model, str) else model
             try:
-                spec.check_tp(v)
+                _resolve_model(model).check_tp(v)
             except ValueError as e:
                 raise ValueError(str(e).removeprefix("tp: ")) from None
         return v
+
+    @model_validator(mode="after")
+    def _parallel_fits_model(self) -> "StepTimeConfig":
+        try:
+            self.model_spec().check_parallel(self.tp, self.ep, self.dp)
+        except ValueError as e:
+            raise ValueError(str(e)) from None  # message starts with the field (ep: / dp:)
+        return self
 
     @model_validator(mode="after")
     def _coefficients_match_kind(self) -> "StepTimeConfig":
@@ -151,8 +213,8 @@ class StepTimeConfig(Config):
         return self
 
     def model_spec(self) -> ModelSpec:
-        """The resolved `ModelSpec` (preset looked up by name)."""
-        return get_model(self.model) if isinstance(self.model, str) else self.model
+        """The resolved `ModelSpec` (preset looked up by name, HF config fields converted)."""
+        return _resolve_model(self.model)
 
     def hardware_spec(self) -> HardwareSpec:
         """The resolved `HardwareSpec` (preset looked up by name)."""
@@ -165,11 +227,15 @@ def roofline_from_config(cfg: StepTimeConfig) -> RooflineStepModel:
         cfg.model_spec(),
         cfg.hardware_spec(),
         tp=cfg.tp,
+        ep=cfg.ep,
+        dp=cfg.dp,
         compute_efficiency=cfg.compute_efficiency,
         memory_efficiency=cfg.memory_efficiency,
         step_overhead=cfg.step_overhead,
         overhead_per_decode=cfg.overhead_per_decode,
         overhead_per_prefill_token=cfg.overhead_per_prefill_token,
+        collective_latency=cfg.collective_latency,
+        overhead_per_layer=cfg.overhead_per_layer,
     )
 
 

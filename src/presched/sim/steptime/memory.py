@@ -3,11 +3,12 @@
 vLLM (V1, `gpu_memory_utilization` mode) gives each GPU of a tp-way group the budget
 
     budget_per_gpu = gpu_memory_utilization * mem_capacity          (bytes)
-                     - weight_bytes / tp                             (its weight shard)
+                     - weight_bytes_per_gpu(tp, ep)                  (its weight shard)
                      - activation_reserve_bytes                      (profiled peak activations,
                                                                       CUDA graphs, non-torch)
 
-and fills it with KV blocks of `block_size` tokens, each token taking
+(routed experts split ep ways under expert parallelism, else tp ways) and fills it with KV
+blocks of `block_size` tokens, each token taking
 `kv_bytes_per_token / min(tp, num_kv_heads)` bytes on that GPU. Every GPU holds the same block
 ids, so the engine's block count is the per-GPU count:
 
@@ -41,13 +42,17 @@ def kv_cache_blocks(
     gpu_memory_utilization: float = 0.9,
     block_size: int = 16,
     activation_reserve_bytes: float = DEFAULT_ACTIVATION_RESERVE_BYTES,
+    ep: int = 1,
 ) -> int:
     """Number of KV blocks (of `block_size` tokens) the engine gets; see the module docstring.
 
     Raises ValueError naming the argument for a bad value, and KVCacheDoesNotFitError when the
     weight shard and reserve exceed `gpu_memory_utilization * mem_capacity` on one GPU.
     """
-    model.check_tp(tp)
+    if ep == 1:
+        model.check_tp(tp)
+    else:  # the expert group spans tp * dp GPUs; the KV cache is per attention rank
+        model.check_parallel(tp, ep, ep // tp if ep % tp == 0 else 1)
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(
             f"gpu_memory_utilization: got {gpu_memory_utilization!r}, expected a number in (0, 1]"
@@ -59,7 +64,7 @@ def kv_cache_blocks(
             f"activation_reserve_bytes: got {activation_reserve_bytes!r}, expected >= 0"
         )
     usable = gpu_memory_utilization * hardware.mem_capacity
-    weights = model.weight_bytes / tp
+    weights = model.weight_bytes_per_gpu(tp, ep)
     budget = usable - weights - activation_reserve_bytes
     block_bytes = model.kv_bytes_per_token_per_gpu(tp) * block_size
     if budget < block_bytes:

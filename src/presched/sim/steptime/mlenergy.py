@@ -9,6 +9,22 @@ length and its own output-length histogram (bins: len(counts) + 1 edges, in toke
 `load_mlenergy(path, model=..., gpu=..., task=...)` reads one file or every model file under a
 directory and returns `MeasuredConfig` records in seconds. The data directory is an argument;
 nothing here knows where the data lives.
+
+Parallelism. `parallelization` must give `tensor_parallel`, `expert_parallel` and
+`data_parallel` (integers >= 1; `notes` is ignored, any other key is refused). They are read
+into the deployment vLLM actually ran (`vllm_tp`, `expert_parallel`, `data_parallel`):
+
+- ep = 1: tp * dp must equal num_gpus.
+- ep > 1: vLLM's expert-parallel group is every GPU, so ep must equal num_gpus. ML.ENERGY's
+  data builder (ml-energy/data, records/runs.py `_load_parallelization`) records tp = 1 for an
+  expert-parallel run whose config gives no tensor-parallel-size, while its launcher
+  (ml-energy/benchmark, llm/benchmark.py) starts vLLM with `--tensor-parallel-size num_gpus`
+  unless the config uses data parallelism; so tp = 1, dp = 1, ep = num_gpus is read as
+  vllm_tp = num_gpus. Otherwise tp * dp must equal num_gpus.
+- With dp > 1 the launcher splits max_num_seqs over the replicas: max_num_seqs must be divisible
+  by dp (`max_num_seqs_per_rank`).
+
+Anything else raises MLEnergyFormatError naming the field; nothing is read as tp = 1 silently.
 """
 
 from __future__ import annotations
@@ -33,6 +49,7 @@ class MeasuredConfig:
     gpu_model: str
     num_gpus: int
     tensor_parallel: int
+    """As recorded in the file (see the module docstring for what vLLM ran)."""
     max_num_seqs: int
     avg_batch_size: float
     median_itl: float
@@ -46,6 +63,15 @@ class MeasuredConfig:
     output_length_counts: tuple[int, ...]
     source: str
     """File the record came from."""
+    expert_parallel: int = 1
+    data_parallel: int = 1
+    vllm_tp: int = 1
+    """Tensor-parallel size per data-parallel rank that vLLM ran with (module docstring)."""
+
+    @property
+    def max_num_seqs_per_rank(self) -> int:
+        """max_num_seqs of one data-parallel rank (the launcher splits it over dp ranks)."""
+        return self.max_num_seqs // self.data_parallel
 
 
 def load_mlenergy(
@@ -132,23 +158,21 @@ def _read_file(path: Path) -> list[MeasuredConfig]:
         if not isinstance(c, dict):
             raise MLEnergyFormatError(f"{where}: field {field}: expected an object")
         ctx = f"{where}: field {field}."
-        par = c.get("parallelization", {})
-        if not isinstance(par, dict):
-            raise MLEnergyFormatError(f"{ctx}parallelization: expected an object")
-        tp = par.get("tensor_parallel", 1)
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise MLEnergyFormatError(
-                f"{ctx}parallelization.tensor_parallel: got {tp!r}, expected an integer >= 1"
-            )
+        num_gpus = _int(c, "num_gpus", ctx)
+        max_num_seqs = _int(c, "max_num_seqs", ctx)
+        tp, ep, dp, vllm_tp = _parallelism(c, ctx, num_gpus, max_num_seqs)
         bins, counts = _histogram(c, ctx)
         out.append(
             MeasuredConfig(
                 model_id=model_id,
                 task=task,
                 gpu_model=_get(c, "gpu_model", str, ctx),
-                num_gpus=_int(c, "num_gpus", ctx),
+                num_gpus=num_gpus,
                 tensor_parallel=tp,
-                max_num_seqs=_int(c, "max_num_seqs", ctx),
+                expert_parallel=ep,
+                data_parallel=dp,
+                vllm_tp=vllm_tp,
+                max_num_seqs=max_num_seqs,
                 avg_batch_size=_pos(c, "avg_batch_size", ctx),
                 median_itl=_pos(c, "median_itl_ms", ctx) / 1e3,
                 p90_itl=_pos(c, "p90_itl_ms", ctx) / 1e3,
@@ -161,6 +185,39 @@ def _read_file(path: Path) -> list[MeasuredConfig]:
             )
         )
     return out
+
+
+PARALLEL_FIELDS = ("tensor_parallel", "expert_parallel", "data_parallel")
+
+
+def _parallelism(c: dict, ctx: str, num_gpus: int, max_num_seqs: int) -> tuple[int, int, int, int]:
+    """(tp as recorded, ep, dp, tp vLLM ran with); module docstring for the rules."""
+    par = _get(c, "parallelization", dict, ctx)
+    pctx = f"{ctx}parallelization."
+    for key in par:
+        if key not in PARALLEL_FIELDS and key != "notes":
+            raise MLEnergyFormatError(f"{pctx}{key}: not representable (only "
+                                      f"{', '.join(PARALLEL_FIELDS)} are modelled)")  # fmt: skip
+    tp, ep, dp = (_int(par, k, pctx) for k in PARALLEL_FIELDS)
+    if ep > 1:
+        if ep != num_gpus:
+            raise MLEnergyFormatError(
+                f"{pctx}expert_parallel: {ep} on {num_gpus} GPUs; vLLM's expert-parallel group "
+                f"is every GPU (ep = num_gpus)"
+            )
+        vllm_tp = num_gpus if (tp, dp) == (1, 1) else tp  # ML.ENERGY's launcher: TP = num_gpus
+    else:
+        vllm_tp = tp
+    if vllm_tp * dp != num_gpus:
+        raise MLEnergyFormatError(
+            f"{pctx}tensor_parallel: tp {tp} x dp {dp} = {tp * dp} GPUs, but num_gpus is "
+            f"{num_gpus} (pipeline or other parallelism is not representable)"
+        )
+    if max_num_seqs % dp:
+        raise MLEnergyFormatError(
+            f"{ctx}max_num_seqs: {max_num_seqs} is not divisible by data_parallel {dp}"
+        )
+    return tp, ep, dp, vllm_tp
 
 
 def _fmt(where: str, key: str) -> str:

@@ -1,0 +1,172 @@
+"""Model families: presets from config.json values against the model cards, dtypes, MLA, MoE
+parameter split, the inline config.json path and its refusals (each naming the field)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from presched.config import format_validation_error
+from presched.sim.steptime import MODEL_PRESETS, StepTimeConfig, get_model
+from presched.sim.steptime.hf import spec_from_hf_config
+from presched.sim.steptime.specs import ModelSpec
+
+LLAMA_8B_CONFIG = dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+                       num_key_value_heads=8, head_dim=128, intermediate_size=14336,
+                       vocab_size=128256)  # fmt: skip
+
+
+# (preset, total params, active params) from the model cards; rel tolerance
+@pytest.mark.parametrize("name,total,active,rel", [
+    ("qwen3-8b", 8.2e9, 8.2e9, 0.01),
+    ("qwen3-14b", 14.8e9, 14.8e9, 0.01),
+    ("qwen3-32b", 32.8e9, 32.8e9, 0.01),
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9, 0.02),
+    ("qwen3-235b-a22b", 235e9, 22e9, 0.01),
+    ("deepseek-v3", 671e9, 37e9, 0.02),
+    ("gpt-oss-20b", 20.9e9, 3.6e9, 0.17),  # card's active count leaves out one embedding
+    ("gpt-oss-120b", 116.8e9, 5.1e9, 0.12),
+    ("llama-4-scout", 109e9, 17e9, 0.02),  # cards include the ~1 B vision tower
+    ("llama-4-maverick-fp8", 400e9, 17e9, 0.02),
+    ("gemma-3-12b", 12.2e9, 12.2e9, 0.04),  # card includes the 0.4 B vision tower
+    ("gemma-3-27b", 27e9, 27e9, 0.02),
+])  # fmt: skip
+def test_presets_match_the_model_cards(name, total, active, rel):
+    m = get_model(name)
+    assert m.num_params == pytest.approx(total, rel=rel)
+    assert m.active_params == pytest.approx(active, rel=rel)
+    assert m.is_moe == (total != active)
+
+
+def test_hf_converter_reproduces_the_llama_preset():
+    m = spec_from_hf_config("x", LLAMA_8B_CONFIG)
+    ref = get_model("llama-3.1-8b")
+    assert m.num_params == pytest.approx(ref.num_params, rel=1e-3)
+    assert m.kv_bytes_per_token == ref.kv_bytes_per_token == 131072
+    assert m.active_params == m.num_params and m.routed_params == 0
+
+
+def test_fp8_halves_weight_bytes():
+    bf16 = spec_from_hf_config("405b", dict(
+        num_hidden_layers=126, hidden_size=16384, num_attention_heads=128, num_key_value_heads=8,
+        head_dim=128, intermediate_size=53248, vocab_size=128256))  # fmt: skip
+    fp8 = get_model("llama-3.1-405b-fp8")
+    assert fp8.weight_bytes == pytest.approx(0.5 * bf16.weight_bytes, rel=1e-12)
+    assert fp8.kv_bytes_per_token == bf16.kv_bytes_per_token  # KV stays BF16
+    assert get_model("qwen3-235b-a22b-fp8").weight_bytes == pytest.approx(
+        0.5 * get_model("qwen3-235b-a22b").weight_bytes, rel=1e-12)
+
+
+def test_mxfp4_experts_and_bf16_rest():
+    m = get_model("gpt-oss-120b")
+    assert m.expert_dtype == "mxfp4" and m.weight_dtype == "bf16"
+    assert m.weight_bytes == pytest.approx(m.dense_params * 2 + m.routed_params * 4.25 / 8)
+    assert 60e9 < m.weight_bytes < 68e9  # the published checkpoint is ~65 GB
+    assert m.routed_expert_params == 3 * 2880 * 2880
+
+
+def test_nvfp4_and_fp8_kv_dtypes():
+    m = spec_from_hf_config("x", LLAMA_8B_CONFIG, weight_dtype="nvfp4", kv_dtype="fp8")
+    assert m.weight_bytes == pytest.approx(m.num_params * 4.5 / 8)
+    assert m.kv_bytes_per_token == 131072 / 2
+
+
+def test_mla_kv_bytes_from_the_latent():
+    m = get_model("deepseek-v3")
+    assert m.attention == "mla"
+    assert m.kv_bytes_per_layer == (512 + 64) * 2
+    assert m.kv_bytes_per_token == 61 * 576 * 2  # 70,272 B, ~1/7 of a GQA-8 Llama-70B token
+    assert m.kv_shards(8) == 1 and m.kv_bytes_per_token_per_gpu(8) == m.kv_bytes_per_token
+    assert m.moe_layers == 58 and m.num_shared_experts == 1
+
+
+def test_sliding_layers_counted_from_the_pattern():
+    assert get_model("gemma-3-27b").num_sliding_layers == 62 - 10
+    assert get_model("gemma-3-12b").num_sliding_layers == 40
+    assert get_model("gpt-oss-120b").num_sliding_layers == 18
+    assert get_model("llama-4-scout").sliding_window == 8192
+
+
+def test_moe_split_adds_up():
+    m = get_model("qwen3-30b-a3b")
+    assert m.routed_params == 48 * 128 * 3 * 2048 * 768
+    assert m.dense_params + m.routed_params == m.num_params
+    assert m.active_params == m.dense_params + 48 * 8 * 3 * 2048 * 768
+    assert m.weight_bytes_per_gpu(tp=1, ep=4) == pytest.approx(
+        m.dense_params * 2 + m.routed_params * 2 / 4)
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"num_hidden_layers": None}, "hf_config.num_hidden_layers: missing"),
+    ({"hidden_size": "big"}, "hf_config.hidden_size: got 'big'"),
+    ({"num_experts": 8, "num_experts_per_tok": 9}, "hf_config.num_experts_per_tok: 9 exceeds"),
+    ({"num_experts": 8}, "hf_config.num_experts_per_tok: missing"),
+    ({"num_attention_heads": 30}, "num_kv_heads=8 must divide num_heads=30"),
+    ({"kv_lora_rank": 512}, "hf_config.qk_rope_head_dim: missing"),
+])  # fmt: skip
+def test_hf_config_refusals_name_the_field(change, field):
+    cfg = {k: v for k, v in {**LLAMA_8B_CONFIG, **change}.items() if v is not None}
+    with pytest.raises(ValueError) as e:
+        spec_from_hf_config("x", cfg)
+    assert field in str(e.value)
+
+
+BASE = dict(name="m", num_params=10e9, num_layers=8, hidden_size=1024, num_heads=8,
+            num_kv_heads=8, head_dim=128, vocab_size=1000)  # fmt: skip
+
+
+@pytest.mark.parametrize("change,field", [
+    (dict(num_experts=8, experts_per_token=2), "moe_intermediate_size: missing"),
+    (dict(num_experts=8, experts_per_token=0, moe_intermediate_size=64), "experts_per_token: got 0"),
+    (dict(num_experts=64, experts_per_token=2, moe_intermediate_size=8192), "num_params:"),
+    (dict(experts_per_token=2), "experts_per_token: set but num_experts is 0"),
+    (dict(expert_dtype="fp8"), "expert_dtype: set but num_experts is 0"),
+    (dict(attention="mla", kv_lora_rank=512), "qk_rope_head_dim: missing"),
+    (dict(kv_lora_rank=512), "kv_lora_rank: set but attention is 'gqa'"),
+    (dict(num_sliding_layers=2), "sliding_window: missing"),
+    (dict(num_sliding_layers=9, sliding_window=4), "num_sliding_layers: got 9"),
+    (dict(num_ssm_layers=4), "ssm_state_bytes: missing"),
+    (dict(num_ssm_layers=4, ssm_state_bytes=1e6, num_attention_layers=6), "num_attention_layers:"),
+    (dict(weight_dtype="int3"), "weight_dtype"),
+])  # fmt: skip
+def test_inconsistent_model_spec_refused_naming_the_field(change, field):
+    with pytest.raises(ValidationError) as e:
+        ModelSpec(**{**BASE, **change})
+    assert field in str(e.value)
+
+
+def test_inline_hf_config_in_the_step_time_config():
+    cfg = StepTimeConfig.model_validate(
+        {"model": {"name": "my-llama", "hf_config": {**LLAMA_8B_CONFIG, "rope_theta": 5e5}},
+         "hardware": "b200"})  # fmt: skip
+    assert cfg.model_spec().num_params == pytest.approx(8.03e9, rel=1e-3)
+    bad = {**LLAMA_8B_CONFIG}
+    del bad["vocab_size"]
+    with pytest.raises(ValidationError) as e:
+        StepTimeConfig.model_validate({"model": {"name": "x", "hf_config": bad}})
+    msg = format_validation_error(e.value, "steptime")
+    assert msg.startswith("steptime.model: Value error, hf_config.vocab_size: missing")
+    assert len(msg.splitlines()) == 1  # one problem, one line (not one per union member)
+    with pytest.raises(ValidationError) as e:  # an inline ModelSpec: its own field named
+        StepTimeConfig.model_validate({"model": {**BASE, "num_experts": 4}})
+    assert "steptime.model: Value error, experts_per_token: got 0" in format_validation_error(
+        e.value, "steptime")
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(model="llama-3.1-8b", ep=2, dp=2), "ep: 2 > 1 but model 'llama-3.1-8b' has no experts"),
+    (dict(model="qwen3-30b-a3b", ep=3, dp=3), "ep: 3 does not divide num_experts=128"),
+    (dict(model="qwen3-30b-a3b", tp=2, ep=8), "ep: 8 != tp * dp = 2"),
+    (dict(model="qwen3-30b-a3b", ep=0), "ep"),
+])  # fmt: skip
+def test_parallelism_refusals_name_the_field(kw, field):
+    with pytest.raises(ValidationError) as e:
+        StepTimeConfig(**kw)
+    assert field in str(e.value)
+    StepTimeConfig(model="qwen3-30b-a3b", tp=2, ep=8, dp=4)  # a consistent one
+
+
+def test_every_preset_builds_a_step_model():
+    for name in MODEL_PRESETS:
+        cfg = StepTimeConfig(model=name)
+        assert cfg.model_spec().name == name
