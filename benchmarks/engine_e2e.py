@@ -133,7 +133,7 @@ from rich.table import Table
 from presched.bench.capacity import saturated_throughput
 from presched.bench.config import RECOMMENDED, RECOMMENDED_PARAMS
 from presched.bench.runner import arrivals_at_load
-from presched.engine import affinity, launch
+from presched.engine import affinity, launch, models, venv
 from presched.engine.calibrate import Calibration, calibrate, parse_histograms
 from presched.loadgen.replay import ReplayConfig, run_replay
 from presched.loadgen.result import nan_to_none
@@ -204,7 +204,7 @@ def predictor_file(kind: str, console: Console) -> Path:
     retrained when the cached file is of another model-file format (an older presched)."""
     from presched.predict.base import ModelFileError, load_predictor
 
-    path = launch.cache_dir() / "predictors" / f"{kind}-castillo.npz"
+    path = venv.cache_dir() / "predictors" / f"{kind}-castillo.npz"
     if path.exists():
         try:
             load_predictor(path)
@@ -681,7 +681,7 @@ def main() -> None:
     for need in ("direct-fcfs", "gateway-sjf"):
         if need not in args.configs:
             ap.error(f"--configs: {need} is needed for the headline figures")
-    ok, why = launch.engine_available()
+    ok, why = venv.engine_available()
     if not ok:
         raise SystemExit(f"error: the real vLLM engine is unavailable: {why}")
     cal_kw: dict[str, Any] = {}  # calibrate's defaults: 3 repeats, shapes up to the budget
@@ -698,7 +698,7 @@ def main() -> None:
     console = Console(width=190)
     wall = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    model_dir = launch.ensure_tiny_llama()
+    model_dir = models.ensure_tiny_llama()
     count_engine, _ = counter(model_dir / "tokenizer.json")
     reqs = workload(args, count_engine)
     served = reqs[0].model  # the CASTILLO model's name: the predictor conditions on it

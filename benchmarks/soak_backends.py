@@ -123,10 +123,10 @@ class Proc:
     def start(self, timeout: float = 60.0) -> None:
         self.starts += 1
         if self.kind == "engine":
-            from presched.engine import launch
+            from presched.engine import launch, models
 
             self.engine = launch.start_engine(
-                launch.ensure_tiny_llama(), port=self.port, served_name=self.model,
+                models.ensure_tiny_llama(), port=self.port, served_name=self.model,
                 log_path=self.workdir / f"{self.name}-{self.starts}.log", **self.engine_kwargs)  # fmt: skip
             self.proc = self.engine.proc
             return

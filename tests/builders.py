@@ -232,9 +232,9 @@ def printed_figures(stdout: str) -> dict[str, float]:
 
 def require_engine() -> None:
     """Skip the test without the engine venv (scripts/engine/install.sh); in CI, fail it."""
-    from presched.engine import launch
+    from presched.engine import venv
 
-    ok, why = launch.engine_available()
+    ok, why = venv.engine_available()
     if ok:
         return
     msg = f"real vLLM engine unavailable: {why}"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from builders import require_engine
 
-from presched.engine import launch
+from presched.engine import launch, models
 
 TINY_ENGINE_SEQS = 4
 
@@ -43,7 +43,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def tiny_model() -> Path:
     """The tiny random Llama folder (see presched.engine.tiny_llama)."""
     require_engine()
-    return launch.ensure_tiny_llama()
+    return models.ensure_tiny_llama()
 
 
 @pytest.fixture(scope="session")

