@@ -9,7 +9,8 @@ import pytest
 
 from presched.schedule.fcfs import FCFS
 from presched.serve.config import ServeConfig, TenantConfig
-from presched.serve.gateway import Gateway, GatewayError, PolicyError
+from presched.serve.errors import GatewayError, PolicyError
+from presched.serve.gateway import Gateway
 from presched.serve.tenants import QueueShares
 from presched.workload.request import Request
 

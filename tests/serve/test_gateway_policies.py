@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from presched.schedule.registry import POLICIES
 from presched.serve.config import ServeConfig
-from presched.serve.gateway import Gateway, GatewayError
+from presched.serve.errors import GatewayError
+from presched.serve.gateway import Gateway
 from presched.serve.probe import probe_estimate
 from presched.workload.request import Request
 

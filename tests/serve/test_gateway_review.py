@@ -19,7 +19,8 @@ from starlette.requests import Request as HTTPRequest
 
 from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.serve.config import ServeConfig
-from presched.serve.gateway import Gateway, GatewayError
+from presched.serve.errors import GatewayError
+from presched.serve.gateway import Gateway
 from presched.serve.predictions import PredictBatcher
 from presched.serve.probe import probe_estimate
 from presched.serve.request_body import Done, parse_body, read_body

@@ -44,7 +44,8 @@ from starlette.routing import Route
 from presched.serve.asgi import RawASGI, until_disconnect
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
-from presched.serve.gateway import Gateway, GatewayError
+from presched.serve.errors import GatewayError
+from presched.serve.gateway import Gateway
 from presched.serve.guard import Guard, http_error
 from presched.serve.metrics import GatewayMetrics
 from presched.serve.outcome import Outcome, crash_row, log_row

@@ -3,7 +3,7 @@ one front; an Envoy ext_proc front can call the same object).
 
 Life of a request (who calls what):
 
-    seq = gw.accept(request, target)      # app: after parsing; predicts, may raise QueueFull
+    seq = gw.accept(request, target)      # app: after parsing; predicts; GatewayError 429 / 503
     backend = await gw.wait(seq)          # queue mode: until the policy releases it to a slot
     ... app sends it to backend.url; per stream event seq.on_token(gw.now()), gw.tokens(seq, k)
     gw.finish(seq, output_tokens)         # or gw.failed(seq) before the first byte (retried on
@@ -41,29 +41,13 @@ from presched.schedule.registry import POLICIES
 from presched.schedule.routers import ROUTERS
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
+from presched.serve.errors import GatewayError, PolicyError
 from presched.serve.probe import attach_error, check_policy
 from presched.serve.seq import GatewaySeq
 from presched.serve.tenants import QueueShares
 from presched.workload.request import Request
 
 _log = logging.getLogger("presched.serve")
-
-
-class GatewayError(Exception):
-    """A request the gateway cannot serve: `status` is the HTTP status, the message says why."""
-
-    def __init__(self, status: int, message: str, *, kind: str = "server_error",
-                 param: str | None = None, retry_after: float | None = None) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.kind, self.param, self.retry_after = status, kind, param, retry_after
-
-
-class PolicyError(GatewayError):
-    """A policy hook raised for this request: it was dropped from the queue (500)."""
-
-    def __init__(self, policy: str, hook: str, e: Exception) -> None:
-        why = f"{type(e).__name__}: {e}"
-        super().__init__(500, f"scheduling policy {policy!r} failed in {hook}: {why}")
 
 
 class Gateway:

@@ -25,7 +25,8 @@ from typing import Any
 
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
-from presched.serve.gateway import Gateway, GatewayError
+from presched.serve.errors import GatewayError
+from presched.serve.gateway import Gateway
 from presched.serve.outcome import Outcome
 from presched.serve.request_body import error_response
 from presched.serve.seq import GatewaySeq
