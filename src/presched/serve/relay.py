@@ -119,7 +119,7 @@ class Relay:
                     out.finish_reason = _text_or_none(choices[0].get("finish_reason"))
             seq.first_token = seq.last_token = now
         out.status = resp.status_code
-        out.tokens = _usage_tokens(usage)
+        out.tokens = usage_tokens(usage)
         if resp.status_code != 200:
             out.error = data[:500].decode("utf-8", "replace")
         headers = _headers(seq, resp.headers.get("content-type", "application/json"))
@@ -148,7 +148,7 @@ class Relay:
                 relay = []
                 before = seq.generated
                 for ev in events:
-                    if _inspect(ev, seq, out, clock) or not injected:
+                    if inspect_event(ev, seq, out, clock) or not injected:
                         relay.append(ev)
                 if seq.generated > before:
                     self.gw.tokens(seq, seq.generated - before)
@@ -195,7 +195,7 @@ def _headers(seq: GatewaySeq, content_type: str) -> list[tuple[bytes, bytes]]:
             (b"x-presched-queue-wait-ms", f"{wait * 1e3:.3f}".encode())]  # fmt: skip
 
 
-def _inspect(ev: bytes, seq: GatewaySeq, out: Outcome, clock) -> bool:
+def inspect_event(ev: bytes, seq: GatewaySeq, out: Outcome, clock) -> bool:
     """Account one SSE event of the backend's stream; False for the usage-only event (which the
     gateway asked for itself and may hide)."""
     ev = ev.lstrip(b"\r\n")  # a leading empty line (a CRLF split between two reads)
@@ -214,7 +214,7 @@ def _inspect(ev: bytes, seq: GatewaySeq, out: Outcome, clock) -> bool:
     choices = choices if isinstance(choices, list) else None
     usage = obj.get("usage")
     if isinstance(usage, dict) and usage:
-        out.tokens = _usage_tokens(usage)
+        out.tokens = usage_tokens(usage)
         if not choices:
             return False
     for c in choices or ():
@@ -229,7 +229,7 @@ def _inspect(ev: bytes, seq: GatewaySeq, out: Outcome, clock) -> bool:
     return True
 
 
-def _usage_tokens(usage: Any) -> int | None:
+def usage_tokens(usage: Any) -> int | None:
     """`completion_tokens` of a backend's usage object, if it is a count."""
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     return tokens if type(tokens) is int and tokens >= 0 else None

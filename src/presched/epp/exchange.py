@@ -1,0 +1,159 @@
+"""One ext_proc stream = one HTTP request through the proxy, start to end.
+
+    ex = Exchange(picker)
+    for msg in stream: responses = await ex.on(msg)      # `server.py` sends them back
+    ex.close()                                           # always (finally): the request ends once
+
+request headers (held) -> request body (until end of stream) -> admit: predict, tenant, route or
+queue (a refusal is an ImmediateResponse) -> released: the destination header / metadata
+(primary + fallbacks) and the rewritten body (include_usage, the prediction) -> response headers
+(status, the endpoint that served it) -> response body (usage counted, passed on) -> end: the
+endpoint's work released, the prediction error tracked, one log row.
+
+`close` is the one place a request ends: a stream that the proxy closes early (the client left,
+the endpoint died, the proxy gave up) ends there with 499 (response started) or 502 (routed,
+no response) and still frees its slot and writes its row.
+
+Requests that are not generations (GET /v1/models, /health, ...) go to the healthy endpoint with
+the least outstanding requests, unqueued and unlogged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from presched.epp import protocol as P
+from presched.epp.core import Admission, Picker, Refusal
+from presched.epp.response import ResponseTap
+
+GENERATION = {"/v1/completions": False, "/v1/chat/completions": True}
+_log = logging.getLogger("presched.epp")
+
+
+class Exchange:
+    def __init__(self, picker: Picker) -> None:
+        self.picker = picker
+        self.headers: dict[str, str] = {}
+        self.subset: set[str] | None = None
+        self.body = bytearray()
+        self.decided = False
+        self.adm: Admission | None = None
+        self.tap: ResponseTap | None = None
+        self.closed = False
+
+    async def on(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        kind = msg.WhichOneof("request")
+        if kind == "request_headers":
+            self.headers = P.headers_of(msg.request_headers)
+            self.subset = P.subset_hint(msg)
+            if msg.request_headers.end_of_stream:
+                return await self._decide(with_body=False)
+            return []
+        if kind == "request_body":
+            if self.decided:  # not expected: the body was complete before the decision
+                return [P.body("request", msg.request_body.body, msg.request_body.end_of_stream)]
+            self.body += msg.request_body.body
+            if len(self.body) > self.picker.cfg.max_body_bytes:
+                self.decided = True
+                return [P.immediate(413, f"request body exceeds {self.picker.cfg.max_body_bytes} bytes", param="body")]
+            if msg.request_body.end_of_stream:
+                return await self._decide(with_body=True)
+            return []
+        if kind == "request_trailers":
+            out = [] if self.decided else await self._decide(with_body=True)
+            return out + [P.trailers("request")]
+        if kind == "response_headers":
+            return [self._response_headers(msg)]
+        if kind == "response_body":
+            rb = msg.response_body
+            data = self.tap.chunk(rb.body, rb.end_of_stream) if self.tap is not None else rb.body
+            if rb.end_of_stream:
+                self.close()
+            return [P.body("response", data, rb.end_of_stream)]
+        if kind == "response_trailers":
+            if self.tap is not None and not self.tap.ended:
+                tail = self.tap.chunk(b"", True)
+                self.close()
+                return ([P.body("response", tail, False)] if tail else []) + [P.trailers("response")]
+            self.close()
+            return [P.trailers("response")]
+        return []
+
+    # --- the request ------------------------------------------------------------------------
+    async def _decide(self, with_body: bool) -> list[pb.ProcessingResponse]:
+        self.decided = True
+        path = self.headers.get(":path", "").split("?", 1)[0]
+        chat = GENERATION.get(path)
+        if chat is None or self.headers.get(":method", "POST") != "POST":
+            return self._other(with_body)
+        try:
+            self.adm = await self.picker.admit(self.headers, bytes(self.body), chat, self.subset)
+            dests = await self.picker.release(self.adm)
+        except Refusal as r:
+            if self.adm is not None:
+                self.adm.out.status, self.adm.out.error = r.status, r.message
+            return [P.immediate(r.status, r.message, r.kind, r.param, r.retry_after, r.body)]
+        payload, injected, extra = self.picker.upstream_body(self.adm)
+        seq = self.adm.seq
+        gw = self.picker.gw
+        self.tap = ResponseTap(seq, self.adm.out, bool(self.adm.body.get("stream")), injected, gw.now,
+                               self.picker.cfg.max_response_bytes, gw.tokens)  # fmt: skip
+        return [P.route(self.picker.cfg.destination_header, dests, extra), P.body("request", payload, True)]
+
+    def _other(self, with_body: bool) -> list[pb.ProcessingResponse]:
+        ok = [b for b in self.picker.gw.backends if b.healthy and b.index not in self.picker.gw.retired]
+        if self.subset is not None:
+            ok = [b for b in ok if b.name in self.subset]
+        if not ok:
+            return [P.immediate(503, "no eligible endpoint: no healthy endpoint in the pool", "server_error")]
+        ok.sort(key=lambda b: (b.num_outstanding, b.index))
+        dests = [b.name for b in ok[: 1 + self.picker.cfg.fallbacks]]
+        out = [P.route(self.picker.cfg.destination_header, dests, {})]
+        if with_body:
+            out.append(P.body("request", bytes(self.body), True))
+        return out
+
+    # --- the response -----------------------------------------------------------------------
+    def _response_headers(self, msg: pb.ProcessingRequest) -> pb.ProcessingResponse:
+        if self.adm is None or self.tap is None:
+            return P.plain_headers("response")
+        h = P.headers_of(msg.response_headers)
+        try:
+            status = int(h.get(":status", "0"))
+        except ValueError:
+            status = 0
+        served = P.served_endpoint(msg)
+        if served is not None:
+            self.picker.moved(self.adm, served)
+        self.tap.headers(status)
+        seq = self.adm.seq
+        wait = (seq.first_scheduled or seq.arrival) - seq.arrival
+        b = self.adm.out.backend
+        extra = {"x-request-id": seq.id, "x-presched-endpoint": b.name if b is not None else "",
+                 "x-presched-queue-wait-ms": f"{wait * 1e3:.3f}"}  # fmt: skip
+        if msg.response_headers.end_of_stream:
+            self.tap.chunk(b"", True)
+            self.close()
+        return P.plain_headers("response", extra)
+
+    def close(self) -> None:
+        """End the request (once): what happened goes to the core and the log."""
+        if self.closed:
+            return
+        self.closed = True
+        adm = self.adm
+        if adm is None:
+            return
+        if adm.out.status == 0 and self.tap is not None:
+            if self.tap.status:
+                adm.out.status = 499
+                adm.out.error = "the stream ended before the response did (the client or the endpoint left)"
+            elif adm.out.backend is not None:
+                adm.out.status = 502
+                adm.out.error = f"no response from endpoint {adm.out.backend.name} or its fallbacks"
+        try:
+            self.picker.end(adm)
+        except Exception:  # noqa: BLE001 - a bug here must not leave the stream hanging
+            _log.exception("request %s: ending it failed", adm.seq.id)

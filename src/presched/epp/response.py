@@ -1,0 +1,87 @@
+"""The response side of one request, as the proxy streams it through the picker: count the
+output tokens, find the true count in the engine's usage, and hand the bytes back.
+
+    tap = ResponseTap(seq, out, stream, injected, clock, max_response_bytes)
+    tap.headers(status)
+    data = tap.chunk(piece, end)      # what the client gets of `piece` (events held until whole)
+
+Streams (status 200, `stream: true`): the body is cut into whole server-sent events
+(`serve.sse.split_events`) and each is read by `serve.relay.inspect_event`, as the gateway reads
+it; the usage-only event the picker asked for itself (`injected`) is not passed on, so the
+client receives exactly what the engine would have sent it. Whole responses pass through at
+once; a copy (up to `max_response_bytes`) is parsed for `usage` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from presched.serve.outcome import Outcome
+from presched.serve.relay import inspect_event, usage_tokens
+from presched.serve.seq import GatewaySeq
+from presched.serve.sse import split_events
+
+
+class ResponseTap:
+    def __init__(self, seq: GatewaySeq, out: Outcome, stream: bool, injected: bool,
+                 clock: Callable[[], float], max_response_bytes: int,
+                 on_tokens: Callable[[GatewaySeq, int], None] | None = None) -> None:  # fmt: skip
+        self.seq, self.out, self.stream, self.injected = seq, out, stream, injected
+        self.clock, self.limit, self.on_tokens = clock, max_response_bytes, on_tokens
+        self.status = 0
+        self._buf = b""
+        self._whole = bytearray()
+        self.ended = False
+
+    def headers(self, status: int) -> None:
+        self.status = status
+        self.out.started = True
+
+    @property
+    def events(self) -> bool:
+        return self.stream and self.status == 200
+
+    def chunk(self, data: bytes, end: bool) -> bytes:
+        """The bytes to pass on for `data`; at `end` the request's outcome is complete."""
+        if not self.events:
+            if len(self._whole) + len(data) <= self.limit:
+                self._whole += data
+            if end:
+                self._end_whole()
+            return data
+        start = max(len(self._buf) - 3, 0)
+        self._buf += data
+        events, self._buf = split_events(self._buf, start)
+        keep = []
+        before = self.seq.generated
+        for ev in events:
+            if inspect_event(ev, self.seq, self.out, self.clock) or not self.injected:
+                keep.append(ev)
+        if self.on_tokens is not None and self.seq.generated > before:
+            self.on_tokens(self.seq, self.seq.generated - before)
+        if end:
+            keep.append(self._buf)
+            self._buf = b""
+            self.ended = True
+            self.out.status = 200
+        return b"".join(keep)
+
+    def _end_whole(self) -> None:
+        self.ended = True
+        self.out.status = self.status
+        now = self.clock()
+        if self.status != 200:
+            self.out.error = bytes(self._whole[:500]).decode("utf-8", "replace")
+            return
+        try:
+            parsed = json.loads(bytes(self._whole))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            parsed = None
+        if isinstance(parsed, dict):
+            self.out.tokens = usage_tokens(parsed.get("usage"))
+            choices = parsed.get("choices")
+            if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+                fr = choices[0].get("finish_reason")
+                self.out.finish_reason = fr[:100] if isinstance(fr, str) else None
+        self.seq.first_token = self.seq.last_token = now

