@@ -144,3 +144,11 @@ def test_client_disconnect_mid_stream_frees_the_slot_and_logs_once(stack):
     rows = [x for x in stack.rows() if x["id"] == rid]
     assert len(rows) == 1 and rows[0]["status"] == 499
     assert len(stack.rows()) == n_rows + 1
+
+
+def test_an_objective_names_its_targets_and_an_unknown_one_is_refused(stack):
+    r = post(stack.url, {"prompt": SHORT, "max_tokens": 2}, headers={"x-gateway-inference-objective": "nope"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x-gateway-inference-objective"
+    r = post(stack.url, {"prompt": SHORT, "max_tokens": 2}, headers={"x-gateway-inference-objective": "chat"})
+    assert r.status_code == 200
+    stack.idle()

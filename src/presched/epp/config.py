@@ -59,6 +59,13 @@ class FairnessTenant(Config):
     weight: float = Field(1.0, gt=0, le=1e6, allow_inf_nan=False, description="Share for fair policies (vtc) and of the queue.")
 
 
+class Objective(Config):
+    name: str = Field(..., min_length=1, max_length=253, description="The InferenceObjective's name, as sent in the objective header.")
+    ttft_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="Time-to-first-token target of its requests (seconds), read by the `slo` policy.")
+    tpot_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="Time-per-output-token target (seconds).")
+    e2e_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="End-to-end latency target (seconds), read by the `slo` policy.")
+
+
 class EppConfig(Config):
     host: str = Field("127.0.0.1", description="Address the ext_proc gRPC server listens on (0.0.0.0 in a pod).")
     port: int = Field(9002, ge=0, le=65535, description="Port of the ext_proc gRPC server (GIE's default is 9002); gRPC health is served on it too.")
@@ -73,6 +80,7 @@ class EppConfig(Config):
     tokenizer: Path | None = Field(None, description="A tokenizer.json to count prompt tokens exactly (default: o200k_base or ~4 characters per token).")
     send_prediction: bool = Field(True, description="Pass the prediction to the engine: header x-presched-predicted-tokens and vllm_xargs presched_pred_mean / presched_pred_q90 in the body.")
     tenants: list[FairnessTenant] = Field(default_factory=list, description="Fairness ids with weights; an id not listed shares the rest of the queue with weight 1.")
+    objectives: list[Objective] = Field(default_factory=list, description="Inference objectives: a request naming one in the objective header gets its latency targets (policy `slo` orders by them); a name not listed is refused (400).")
     max_queue: int = Field(10_000, ge=1, le=10_000_000, description="Most requests held in the picker; more get 429. Each tenant may fill only its share.")
     max_prompt_tokens: int = Field(32_768, ge=1, description="Longer prompts get 413.")
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="Larger request bodies get 413.")
@@ -82,6 +90,7 @@ class EppConfig(Config):
     connect_timeout_s: float = Field(2.0, gt=0, description="Timeout of a health check.")
     destination_header: str = Field("x-gateway-destination-endpoint", description="The header (and envoy.lb metadata key) that names the picked endpoint.")
     fairness_header: str = Field("x-gateway-inference-fairness-id", description="The header naming the request's tenant (fairness id).")
+    objective_header: str = Field("x-gateway-inference-objective", description="The header naming the request's inference objective.")
     prediction_header: str = Field("x-presched-predicted-tokens", description="The header that carries the predicted output tokens to the engine.")
     log: LogConfig = Field(default_factory=lambda: LogConfig(path=Path("presched-epp-requests.sqlite")), description="The request log (same format as `presched serve`'s).")
 
@@ -106,7 +115,7 @@ class EppConfig(Config):
             raise ValueError(f"unknown router {v!r}; known: {', '.join(ROUTERS.names())}")
         return v
 
-    @field_validator("destination_header", "fairness_header", "prediction_header")
+    @field_validator("destination_header", "fairness_header", "objective_header", "prediction_header")
     @classmethod
     def _header_name(cls, v: str) -> str:
         if not _HEADER.match(v):
@@ -123,6 +132,9 @@ class EppConfig(Config):
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenants: two tenants share a name")
+        names = [o.name for o in self.objectives]
+        if len(set(names)) != len(names):
+            raise ValueError("objectives: two objectives share a name")
         return self
 
     def gateway_config(self, endpoints: list[EndpointConfig] | None = None) -> ServeConfig:

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from presched.epp.config import EndpointConfig, EppConfig
+from presched.epp.config import EndpointConfig, EppConfig, Objective
 from presched.serve.backend import Backend
 from presched.serve.config import BackendConfig
 from presched.serve.errors import GatewayError
@@ -32,6 +32,7 @@ from presched.serve.tokens import counter
 from presched.workload.request import Request
 
 MAX_TENANT_CHARS = 128
+_NO_OBJECTIVE = Objective(name="-")
 
 
 class Refusal(Exception):
@@ -111,6 +112,10 @@ class PoolGateway(Gateway):
                 b.healthy = True  # so that set_health moves its queue
                 self.set_health(b, False)
         for addr, e in want.items():
+            back = next((b for b in self.backends if b.name == addr and b.index in self.retired), None)
+            if back is not None:  # it left and came back: its own index (and router state) again
+                self.retired.discard(back.index)
+                continue  # down until a health check passes
             if self.by_address(addr) is None:
                 bc = BackendConfig(url=f"http://{addr}", name=addr, model=e.model,
                                    max_in_flight=e.max_in_flight, kv_tokens=e.kv_tokens)  # fmt: skip
@@ -127,6 +132,7 @@ class Picker:
         self.predict = PredictBatcher(predictor, self.worker) if predictor is not None else None
         self.log = log
         self.rows = 0  # log rows written
+        self._objectives = {o.name: o for o in cfg.objectives}
 
     @property
     def models(self) -> list[str]:
@@ -140,8 +146,20 @@ class Picker:
                           "printable characters", param=self.cfg.fairness_header)  # fmt: skip
         return t or "default"
 
+    def objective_of(self, headers: dict[str, str]) -> Objective:
+        name = headers.get(self.cfg.objective_header, "").strip()
+        if not name:
+            return _NO_OBJECTIVE
+        o = self._objectives.get(name)
+        if o is None:
+            known = ", ".join(self._objectives) or "none configured"
+            raise Refusal(400, f"{self.cfg.objective_header}: unknown objective {name[:100]!r} (known: {known})",
+                          param=self.cfg.objective_header)  # fmt: skip
+        return o
+
     async def admit(self, headers: dict[str, str], raw: bytes, chat: bool, subset: set[str] | None) -> Admission:
         tenant = self.tenant_of(headers)
+        slo = self.objective_of(headers)
         if len(raw) > self.cfg.max_body_bytes:
             raise Refusal(413, f"request body of {len(raw)} bytes exceeds {self.cfg.max_body_bytes}", param="body")
         try:
@@ -160,7 +178,8 @@ class Picker:
         if chat and body.get("max_completion_tokens") is not None:
             max_tokens = body["max_completion_tokens"]
         req = Request(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}", prompt_tokens=n_prompt,
-                      tenant=tenant, model=body.get("model") or "", prompt=text, max_tokens=max_tokens)  # fmt: skip
+                      tenant=tenant, model=body.get("model") or "", prompt=text, max_tokens=max_tokens,
+                      slo_ttft=slo.ttft_s, slo_tpot=slo.tpot_s, slo_e2e=slo.e2e_s)  # fmt: skip
         if subset is not None and not any(b.name in subset for b in self.gw.backends if b.healthy):
             raise Refusal(503, "no eligible endpoint: none of the subset hint's endpoints is a healthy "
                           "member of the pool", kind="server_error")  # fmt: skip

@@ -11,8 +11,8 @@ queue (a refusal is an ImmediateResponse) -> released: the destination header / 
 endpoint's work released, the prediction error tracked, one log row.
 
 `close` is the one place a request ends: a stream that the proxy closes early (the client left,
-the endpoint died, the proxy gave up) ends there with 499 (response started) or 502 (routed,
-no response) and still frees its slot and writes its row.
+the endpoint died, the proxy gave up) ends there with 499 and still frees its slot and writes
+its row; an endpoint the proxy could not reach shows as Envoy's 503 on the response headers.
 
 Requests that are not generations (GET /v1/models, /health, ...) go to the healthy endpoint with
 the least outstanding requests, unqueued and unlogged.
@@ -146,13 +146,10 @@ class Exchange:
         adm = self.adm
         if adm is None:
             return
-        if adm.out.status == 0 and self.tap is not None:
-            if self.tap.status:
-                adm.out.status = 499
-                adm.out.error = "the stream ended before the response did (the client or the endpoint left)"
-            elif adm.out.backend is not None:
-                adm.out.status = 502
-                adm.out.error = f"no response from endpoint {adm.out.backend.name} or its fallbacks"
+        if adm.out.status == 0 and self.tap is not None:  # the proxy closed the stream early
+            adm.out.status = 499
+            adm.out.error = ("the stream ended before the response did (the client or the endpoint left)"
+                             if self.tap.status else "the stream ended before any response came")  # fmt: skip
         try:
             self.picker.end(adm)
         except Exception:  # noqa: BLE001 - a bug here must not leave the stream hanging

@@ -122,13 +122,13 @@ class LocalStack:
         self.envoy = E.start_envoy(path, self.envoy_log, base_id=self.ports["admin"])
         E.wait_ready(self.ports["admin"], self.envoy)
 
-    async def _start_stub(self) -> int:
+    async def _start_stub(self, port: int | None = None, i: int | None = None) -> int:
         import uvicorn
 
         from presched.serve.stub import StubEngine
 
         eng = StubEngine("tiny", self.token_s, self.stub_concurrency)
-        port = free_port()
+        port = port or free_port()
         srv = uvicorn.Server(uvicorn.Config(eng.app(), host="127.0.0.1", port=port, log_level="error",
                                             access_log=False, lifespan="off"))  # fmt: skip
         task = asyncio.get_running_loop().create_task(srv.serve())
@@ -138,8 +138,11 @@ class LocalStack:
             if task.done():
                 task.result()
             await asyncio.sleep(0.01)
-        self.engines.append(eng)
-        self._servers.append((srv, task))
+        if i is None:
+            self.engines.append(eng)
+            self._servers.append((srv, task))
+        else:
+            self.engines[i], self._servers[i] = eng, (srv, task)
         return port
 
     async def _start_picker(self, cfg: EppConfig) -> EppServer:
@@ -160,6 +163,11 @@ class LocalStack:
             await asyncio.wait_for(task, 10)
 
         self.call(down())
+
+    def restart_engine(self, i: int) -> None:
+        """Start engine `i` again on its port (a fresh stub)."""
+        port = int(self.picker.cfg.endpoints[i].address.rpartition(":")[2])
+        self.call(self._start_stub(port, i))
 
     def close(self) -> None:
         if self.envoy is not None:

@@ -1,0 +1,52 @@
+"""Config errors are refused at start with the field named; the endpoints file is re-read."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from pydantic import ValidationError
+
+from presched.epp.config import EppConfig
+from presched.epp.core import Picker
+from presched.epp.endpoints import Pool, read_endpoints
+
+
+def _err(**kw) -> str:
+    with pytest.raises(ValidationError) as e:
+        EppConfig.model_validate(kw)
+    return str(e.value)
+
+
+def test_bad_configs_name_the_field():
+    ep = [{"address": "127.0.0.1:8000"}]
+    assert "at least one endpoint" in _err()
+    msg = _err(endpoints=[{"address": "localhost:8000"}])
+    assert "address" in msg and "IP address" in msg
+    assert "expected ip:port" in _err(endpoints=[{"address": "10.0.0.1"}])
+    assert "fairness_header" in _err(endpoints=ep, fairness_header="X Bad")
+    assert "unknown policy 'nope'" in _err(endpoints=ep, policy="nope")
+    assert "unknown router" in _err(endpoints=ep, router="nope")
+    assert "listed twice" in _err(endpoints=ep * 2)
+
+
+def test_the_endpoints_file_is_reread_and_a_bad_edit_keeps_the_last_good_list(tmp_path):
+    f = tmp_path / "pool.yaml"
+    f.write_text("endpoints:\n  - {address: 127.0.0.1:18001}\n  - {address: 127.0.0.1:18002}\n")
+    cfg = EppConfig(endpoints_file=f, log={"path": None})
+    picker = Picker(cfg, endpoints=read_endpoints(f))
+    pool = Pool(cfg, picker)
+    gw = picker.gw
+    live = lambda: sorted(b.name for b in gw.backends if b.index not in gw.retired)  # noqa: E731
+    assert live() == ["127.0.0.1:18001", "127.0.0.1:18002"]
+    f.write_text("endpoints:\n  - {address: 127.0.0.1:18002}\n  - {address: 127.0.0.1:18003}\n")
+    os.utime(f, ns=(1, 2))  # a changed mtime even on a coarse clock
+    pool.reload()
+    assert live() == ["127.0.0.1:18002", "127.0.0.1:18003"]
+    f.write_text("endpoints:\n  - {address: nothost}\n")
+    os.utime(f, ns=(3, 4))
+    pool.reload()  # logged; the list in force stays
+    assert live() == ["127.0.0.1:18002", "127.0.0.1:18003"]
+    with pytest.raises(ValueError, match=r"endpoints\.0\.address"):
+        read_endpoints(f)
+    picker.close()

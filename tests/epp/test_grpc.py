@@ -1,0 +1,64 @@
+"""The picker's gRPC face, spoken to directly (a real gRPC client plays Envoy's side of the
+stream, for what a plain Envoy cannot send: the subset hint) and gRPC health."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def _exchange(port: int, body: dict, subset: list[str] | None = None, fairness: str | None = None):
+    hdrs = [(":method", "POST"), (":path", "/v1/completions"), ("content-type", "application/json")]
+    if fairness:
+        hdrs.append(("x-gateway-inference-fairness-id", fairness))
+    md = base_pb2.Metadata()
+    if subset is not None:
+        s = struct_pb2.Struct()
+        s.update({"x-gateway-destination-endpoint-subset": subset})
+        md.filter_metadata["envoy.lb.subset_hint"].CopyFrom(s)
+    first = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+            base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hdrs])),
+        metadata_context=md)  # fmt: skip
+    raw = json.dumps(body).encode()
+    msgs = [first, pb.ProcessingRequest(request_body=pb.HttpBody(body=raw[:5])),
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=raw[5:], end_of_stream=True))]
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        return list(pb_grpc.ExternalProcessorStub(ch).Process(iter(msgs), timeout=20))
+
+
+def test_destination_metadata_lists_fallbacks_and_the_subset_hint_restricts(stack):
+    addrs = [e.address for e in stack.st.picker.cfg.endpoints]
+    port = stack.st.ports["epp"]
+    out = _exchange(port, {"model": "tiny", "prompt": "hi", "max_tokens": 2})
+    head = out[0]
+    dest = {h.header.key: h.header.raw_value.decode() for h in head.request_headers.response.header_mutation.set_headers}
+    listed = head.dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"].string_value
+    primary = dest["x-gateway-destination-endpoint"]
+    assert listed.split(",")[0] == primary and sorted(listed.split(",")) == sorted(addrs)  # fallbacks: 2
+    assert out[1].request_body.response.body_mutation.streamed_response.end_of_stream
+    # the chunked body arrived whole and went back rewritten, with the prediction
+    sent = json.loads(out[1].request_body.response.body_mutation.streamed_response.body)
+    assert sent["prompt"] == "hi" and "presched_pred_mean" in sent["vllm_xargs"]
+    only = addrs[2]
+    out = _exchange(port, {"model": "tiny", "prompt": "hi", "max_tokens": 2}, subset=[only])
+    listed = out[0].dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"].string_value
+    assert listed == only
+    out = _exchange(port, {"model": "tiny", "prompt": "hi", "max_tokens": 2}, subset=["10.9.9.9:8000"])
+    imm = out[0].immediate_response
+    assert imm.status.code == 503 and json.loads(imm.body)["error"]["type"] == "server_error"
+    stack.idle()  # the two streams closed without a response: their slots are free again
+
+
+def test_grpc_health_liveness_readiness_and_the_service(stack):
+    with grpc.insecure_channel(f"127.0.0.1:{stack.st.ports['epp']}") as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        for svc in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            r = stub.Check(health_pb2.HealthCheckRequest(service=svc), timeout=5)
+            assert r.status == health_pb2.HealthCheckResponse.SERVING, svc
