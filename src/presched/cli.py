@@ -1,6 +1,7 @@
 """`presched` command line: `bench` (the main job), `simulate` (one run), `config` (every option),
 here; the commands that live beside their packages are registered on the same app at the end:
-`train`, `eval`, `predict` (`predict/cli.py`), `serve` (`serve/cli.py`), `replay` (`loadgen/cli.py`).
+`train`, `eval`, `predict` (`predict/cli.py`), `serve` (`serve/cli.py`), `replay` (`loadgen/cli.py`),
+`epp` (`epp/cli.py`).
 
 Every option's help text comes from the typed configs (`BenchConfig` and the configs it holds),
 so `presched config` and `--help` say the same thing the code checks. Bad input ends with a
@@ -291,12 +292,14 @@ from presched.predict.cli import eval_ as _eval  # noqa: E402
 from presched.predict.cli import predict as _predict  # noqa: E402
 from presched.predict.cli import train as _train  # noqa: E402
 from presched.serve.cli import serve as _serve  # noqa: E402
+from presched.epp.cli import epp as _epp  # noqa: E402 (grpc and Envoy's protos load when it runs)
 
 app.command("train")(_train)
 app.command("predict")(_predict)
 app.command("eval")(_eval)
 app.command("serve")(_serve)
 app.command("replay")(_replay)
+app.command("epp")(_epp)
 
 
 def main() -> None:

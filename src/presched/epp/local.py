@@ -37,7 +37,7 @@ class LocalStack:
     def __init__(self, cfg: dict[str, Any] | EppConfig | None = None, stubs: int = 2, token_s: float = 0.0,
                  predictor: Any = None, log: Any = None, workdir: Path | None = None,
                  baselines: tuple[str, ...] = (), stub_concurrency: int = 1_000_000,
-                 failure_mode_allow: bool = False) -> None:  # fmt: skip
+                 failure_mode_allow: bool = False, envoy_port: int | None = None) -> None:  # fmt: skip
         """`cfg`: EppConfig fields (endpoints filled in from the stubs when `stubs` > 0);
         `baselines`: also plain Envoy listeners over the same engines ('round-robin',
         'least-request'), for comparisons."""
@@ -48,6 +48,7 @@ class LocalStack:
         self.workdir = Path(workdir or self._tmp.name)
         self.baseline_names = baselines
         self.failure_mode_allow = failure_mode_allow
+        self.envoy_port = envoy_port
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="epp-local", daemon=True)
         self.engines: list = []
@@ -109,7 +110,7 @@ class LocalStack:
         cfg = EppConfig.model_validate(data)
         self.server = self.call(self._start_picker(cfg))
         self.ports["epp"] = self.server.port
-        self.ports["envoy"], self.ports["admin"] = free_port(), free_port()
+        self.ports["envoy"], self.ports["admin"] = self.envoy_port or free_port(), free_port()
         base = {}
         for name in self.baseline_names:
             self.ports[name] = free_port()
