@@ -50,3 +50,19 @@ def test_the_endpoints_file_is_reread_and_a_bad_edit_keeps_the_last_good_list(tm
     with pytest.raises(ValueError, match=r"endpoints\.0\.address"):
         read_endpoints(f)
     picker.close()
+
+
+def test_the_kubernetes_example_configures_a_valid_picker():
+    import yaml
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+    docs = {d["kind"]: d for f in sorted(root.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())}
+    cfg = EppConfig.model_validate(yaml.safe_load(docs["ConfigMap"]["data"]["epp.yaml"]))
+    pool = docs["InferencePool"]["spec"]
+    svc = docs["Service"]
+    assert pool["endpointPickerRef"]["name"] == svc["metadata"]["name"]
+    assert pool["endpointPickerRef"]["port"]["number"] == svc["spec"]["ports"][0]["port"] == cfg.port
+    probes = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert probes["readinessProbe"]["grpc"]["service"] == "readiness"
+    assert docs["HTTPRoute"]["spec"]["rules"][0]["backendRefs"][0]["name"] == docs["InferencePool"]["metadata"]["name"]
