@@ -31,6 +31,9 @@ achieved and p99 <= 100 ms. Lost: requests sent to a picker path in the E2E and 
 that got no answer, plus, over every picker run (the ramp's overloaded steps included, whose
 requests the client gave up on), log rows missing or duplicated against the requests sent.
 
+Restart: the picker is stopped and started again on its port during 6 s of open-loop load at
+40 req/s (`failure_mode_allow: false`): Envoy's answers while it is down are counted.
+
 Writes benchmarks/results/epp.json and .png; prints `figure: name = value` lines.
 """
 
@@ -92,7 +95,9 @@ def run_stack(spec: dict) -> None:
         if kind == "gateway":
             ports["gateway"] = st.call(_start_gateway(spec, pred, free_port()))
         print(json.dumps(ports), flush=True)
-        sys.stdin.read()
+        for line in sys.stdin:  # "restart": a fresh picker on the same port, under load
+            if line.strip() == "restart":
+                print(json.dumps({"down_s": st.restart_picker()}), flush=True)
         if kind == "gateway":
             st.call(_stop_gateway())
 
@@ -131,6 +136,11 @@ class Stack:
         if not line:
             raise RuntimeError(f"stack {spec['kind']} did not start")
         self.ports = json.loads(line)
+
+    def restart_picker(self) -> float:
+        self.proc.stdin.write("restart\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())["down_s"]
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -261,7 +271,7 @@ def main() -> None:
             lost += (blocks * per - len(picked))
             ramp = []
             max_rps = 0.0
-            for rate_step in ([50, 100, 150, 200] if a.quick else [50, 100, 150, 200, 300, 400]):
+            for rate_step in ([20, 50, 100, 150] if a.quick else [20, 50, 100, 150, 200, 300]):
                 dur = 3.0 if a.quick else 5.0
                 arr = poisson_arrivals(rate_step, dur, seed=rate_step)
                 body = json.dumps({"model": "stub", "prompt": "hello " * 60, "max_tokens": 16}).encode()
@@ -273,6 +283,12 @@ def main() -> None:
                     break
                 max_rps = rate_step
             result["ramp"], result["max_rps"] = ramp, max_rps
+        finally:
+            st.close()
+        st = Stack({"kind": "epp", "endpoints": addrs, "policy": "fcfs", "router": "least-requests",
+                    "max_in_flight": 1000})  # fmt: skip
+        try:  # its own stack, without a log: a fresh picker starts with its own books
+            result["restart"] = asyncio.run(_restart_under_load(st, 40.0, 6.0))
         finally:
             st.close()
         rows, distinct = log_rows(logp)
@@ -294,6 +310,19 @@ def main() -> None:
     _plot(result, out / "epp.png")
     for k, v in figs.items():
         print(f"figure: {k} = {v:.3f}" if isinstance(v, float) else f"figure: {k} = {v}")
+
+
+async def _restart_under_load(st: Stack, rate: float, dur: float) -> dict:
+    """Open-loop load on Envoy + picker while the picker restarts (failure_mode_allow false):
+    how many requests Envoy fails (its 500s) and how long the picker was down."""
+    arr = poisson_arrivals(rate, dur, seed=7)
+    body = json.dumps({"model": "stub", "prompt": "hello " * 60, "max_tokens": 16}).encode()
+    task = asyncio.create_task(_load(st.ports["envoy"], arr, body, dur))
+    await asyncio.sleep(dur / 3)
+    down = await asyncio.to_thread(st.restart_picker)
+    row = await task
+    return {"rate": rate, "duration_s": dur, "picker_down_s": down, "sent": row["sent"], "ok": row["ok"],
+            "errors": row["errors"]}  # fmt: skip
 
 
 async def _load(port: int, arrivals, body: bytes, dur: float) -> dict:

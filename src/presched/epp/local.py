@@ -151,6 +151,18 @@ class LocalStack:
         await server.start()
         return server
 
+    def restart_picker(self) -> float:
+        """Stop the picker and start a fresh one on the same port (its queues and books start
+        empty); the seconds it was not listening."""
+        import time
+
+        cfg = self.server.cfg.model_copy(update={"port": self.server.port})
+        old = self.server
+        t = time.monotonic()
+        self.call(old.stop(0))
+        self.server = self.call(self._start_picker(cfg))
+        return time.monotonic() - t
+
     def stop_engine(self, i: int) -> None:
         """Take engine `i` down at once: it stops listening and its open connections close."""
         srv, task = self._servers[i]

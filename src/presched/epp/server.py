@@ -63,6 +63,7 @@ class EppServer:
             await r
 
     async def start(self) -> None:
+        await self.picker.worker.run(self.picker.count, "warm up")  # loads the tokenizer now
         for s in HEALTH_SERVICES:
             await self._set(s, s != "readiness")
         await self.server.start()
