@@ -31,6 +31,9 @@ achieved and p99 <= 100 ms. Lost: requests sent to a picker path in the E2E and 
 that got no answer, plus, over every picker run (the ramp's overloaded steps included, whose
 requests the client gave up on), log rows missing or duplicated against the requests sent.
 
+Simulator: the same cluster and workload in `presched simulate` (`simulate` below), for what
+the gain should be.
+
 Restart: the picker is stopped and started again on its port during 6 s of open-loop load at
 40 req/s (`failure_mode_allow: false`): Envoy's answers while it is down are counted.
 
@@ -207,7 +210,15 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.9, help="offered load, fraction of the engines' capacity")
     ap.add_argument("--token-s", type=float, default=0.002)
     ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--sim-only", action="store_true", help="add the simulator's expectation to an existing results/epp.json")
     a = ap.parse_args()
+    if a.sim_only:
+        path = HERE / "results" / "epp.json"
+        result = json.loads(path.read_text())
+        result["simulator"] = simulate(result)
+        path.write_text(json.dumps(result, indent=1, default=float))
+        print(f"simulator: rr_over_presched_mean_e2e = {result['simulator']['rr_over_presched_mean_e2e']:.3f}")
+        return
     if a.stack:
         run_stack(json.loads(a.stack))
         return
@@ -299,6 +310,7 @@ def main() -> None:
         for p in engines:
             p.terminate()
             p.wait()
+    result["simulator"] = simulate(result)
     e = result["e2e"]
     figs = {"epp_added_p50_ms": result["overhead"]["envoy_epp_p50_ms"] - result["overhead"]["envoy_alone_p50_ms"],
             "epp_rr_over_presched_mean_e2e": e["envoy-rr"]["mean_e2el_ms"] / e["epp-sjf"]["mean_e2el_ms"],
@@ -310,6 +322,30 @@ def main() -> None:
     _plot(result, out / "epp.png")
     for k, v in figs.items():
         print(f"figure: {k} = {v:.3f}" if isinstance(v, float) else f"figure: {k} = {v}")
+
+
+def simulate(result: dict) -> dict:
+    """The simulator's expectation for the same cluster: 3 instances of `slots` sequences whose
+    every step takes `token_s` whatever the batch (the stubs' service model, as a fitted step
+    time with only the intercepts), the same workload (lengths capped at 2048) at the same rate;
+    Envoy round-robin = router round-robin + fcfs, presched = least-work + sjf on the same
+    noisy oracle (sigma 0.79)."""
+    t = result["token_s"]
+    coef = f"{{a_prefill: {t}, b_prefill: 0, c_prefill: 0, a_decode: {t}, b_decode: 0, c_decode: 0}}"
+    base = [sys.executable, "-m", "presched.cli", "simulate", "-w", "default", "-n", str(result["requests"]),
+            "--rate", f"{result['rate_rps']:.4f}", "-i", "3", "--set", f"sim.engine.max_num_seqs={result['slots']}",
+            "--set", "sim.step_time.kind=fitted", "--set", f"sim.step_time.coefficients={coef}",
+            "--set", "workload.max_tokens=2048", "--json"]  # fmt: skip
+    runs = {"rr-fcfs": ["--router", "round-robin", "--policy", "fcfs"],
+            "lw-sjf": ["--router", "least-work", "--policy", "sjf", "--set", "predictions.source=noisy-oracle",
+                       "--set", f"predictions.sigma={SIGMA}"]}  # fmt: skip
+    out = {}
+    for name, extra in runs.items():
+        r = subprocess.run(base + extra, capture_output=True, text=True, check=True)
+        s = json.loads(r.stdout)
+        out[name] = {k: s[k] for k in ("mean_e2el_ms", "p99_e2el_ms", "short_p99_e2el_ms", "request_throughput")}
+    out["rr_over_presched_mean_e2e"] = out["rr-fcfs"]["mean_e2el_ms"] / out["lw-sjf"]["mean_e2el_ms"]
+    return out
 
 
 async def _restart_under_load(st: Stack, rate: float, dur: float) -> dict:
