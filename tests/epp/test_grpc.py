@@ -62,3 +62,53 @@ def test_grpc_health_liveness_readiness_and_the_service(stack):
         for svc in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
             r = stub.Check(health_pb2.HealthCheckRequest(service=svc), timeout=5)
             assert r.status == health_pb2.HealthCheckResponse.SERVING, svc
+
+
+def test_the_served_endpoint_report_moves_the_requests_work(stack):
+    """The proxy reports that another endpoint served the request (a fallback): the picker's
+    books follow it, the picked one counts as failed (down until its hold ends)."""
+    import time
+
+    st, gw = stack.st, stack.st.picker.gw
+    addrs = [e.address for e in st.picker.cfg.endpoints]
+    hdrs = [(":method", "POST"), (":path", "/v1/completions"), ("content-type", "application/json")]
+    raw = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2}).encode()
+    with grpc.insecure_channel(f"127.0.0.1:{st.ports['epp']}") as ch:
+        call = pb_grpc.ExternalProcessorStub(ch).Process
+        import queue
+
+        q: queue.Queue = queue.Queue()
+
+        def requests():
+            yield pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+                base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hdrs])))  # fmt: skip
+            yield pb.ProcessingRequest(request_body=pb.HttpBody(body=raw, end_of_stream=True))
+            yield q.get(timeout=10)
+            yield q.get(timeout=10)
+
+        it = call(requests(), timeout=20)
+        head = next(it)
+        next(it)  # the body
+        picked = {h.header.key: h.header.raw_value.decode()
+                  for h in head.request_headers.response.header_mutation.set_headers}["x-gateway-destination-endpoint"]  # fmt: skip
+        other = next(a for a in addrs if a != picked)
+        md = base_pb2.Metadata()
+        s = struct_pb2.Struct()
+        s.update({"x-gateway-destination-endpoint-served": other})
+        md.filter_metadata["envoy.lb"].CopyFrom(s)
+        q.put(pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+            base_pb2.HeaderValue(key=":status", raw_value=b"200")])), metadata_context=md))  # fmt: skip
+        resp = next(it)
+        got = {h.header.key: h.header.raw_value.decode() for h in resp.response_headers.response.header_mutation.set_headers}
+        assert got["x-presched-endpoint"] == other
+        assert st.call_soon(lambda: [len(gw.by_address(a).running) for a in (picked, other)]) == [0, 1]
+        assert not st.call_soon(lambda: gw.by_address(picked).healthy)
+        q.put(pb.ProcessingRequest(response_body=pb.HttpBody(body=b'{"usage": {"completion_tokens": 2}}', end_of_stream=True)))
+        list(it)
+    stack.idle()
+    row = stack.rows()[-1]
+    assert (row["backend"], row["status"], row["output_tokens"], row["retries"]) == (other, 200, 2, 1)
+    end = time.monotonic() + 15
+    while not st.call_soon(lambda: gw.by_address(picked).healthy):  # health checks bring it back
+        assert time.monotonic() < end
+        time.sleep(0.05)

@@ -105,7 +105,7 @@ def test_a_flood_from_one_fairness_id_does_not_starve_another(stack):
     lock = threading.Lock()
 
     def one(h):
-        r = post(stack.url, {"prompt": SHORT, "max_tokens": 120}, headers=h, timeout=60)
+        r = post(stack.url, {"prompt": SHORT, "max_tokens": 300}, headers=h, timeout=60)
         with lock:
             results.append((h["x-gateway-inference-fairness-id"], r.status_code, r))
 
@@ -122,7 +122,8 @@ def test_a_flood_from_one_fairness_id_does_not_starve_another(stack):
         t.join()
     assert calm.status_code == 200
     codes = sorted(c for _, c, _ in results)
-    assert set(codes) == {200, 429} and codes.count(429) >= 6
+    # 16 sent, 6 run and 4 wait (its share): the rest refused, unless some finished meanwhile
+    assert set(codes) == {200, 429} and codes.count(200) >= 10
     refused = next(r for _, c, r in results if c == 429)
     assert refused.json()["error"]["type"] == "rate_limit_error" and "flood" in refused.json()["error"]["message"]
     assert refused.headers["retry-after"] == "1"
