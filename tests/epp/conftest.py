@@ -62,7 +62,7 @@ def stack(tmp_path_factory):
     log = RequestLog(tmp_path_factory.mktemp("epp") / "requests.sqlite")
     cfg = {"policy": "fcfs", "router": "least-work", "max_queue": 8, "health_interval_s": 0.5,
            "tenants": [{"name": "flood", "weight": 1}, {"name": "calm", "weight": 1}],
-           "objectives": [{"name": "chat", "ttft_s": 0.5}],
-           "endpoint_defaults": {"max_in_flight": 2}}
-    with LocalStack(cfg, stubs=3, token_s=TOKEN_S, predictor=fitted_predictor(), log=log) as st:
+           "objectives": [{"name": "chat", "ttft_s": 0.5}]}
+    with LocalStack(cfg, stubs=3, token_s=TOKEN_S, predictor=fitted_predictor(), log=log,
+                    stub_endpoint={"max_in_flight": 2}) as st:
         yield Stack(st, log)

@@ -37,10 +37,11 @@ class LocalStack:
     def __init__(self, cfg: dict[str, Any] | EppConfig | None = None, stubs: int = 2, token_s: float = 0.0,
                  predictor: Any = None, log: Any = None, workdir: Path | None = None,
                  baselines: tuple[str, ...] = (), stub_concurrency: int = 1_000_000,
-                 failure_mode_allow: bool = False, envoy_port: int | None = None) -> None:  # fmt: skip
-        """`cfg`: EppConfig fields (endpoints filled in from the stubs when `stubs` > 0);
-        `baselines`: also plain Envoy listeners over the same engines ('round-robin',
-        'least-request'), for comparisons."""
+                 failure_mode_allow: bool = False, envoy_port: int | None = None,
+                 stub_endpoint: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """`cfg`: EppConfig fields (endpoints filled in from the stubs when `stubs` > 0, each
+        with the `stub_endpoint` fields, e.g. {"max_in_flight": 2}); `baselines`: also plain
+        Envoy listeners over the same engines ('round-robin', 'least-request'), for comparisons."""
         self._cfg_in = cfg or {}
         self.n_stubs, self.token_s, self.stub_concurrency = stubs, token_s, stub_concurrency
         self.predictor, self.log = predictor, log
@@ -49,6 +50,7 @@ class LocalStack:
         self.baseline_names = baselines
         self.failure_mode_allow = failure_mode_allow
         self.envoy_port = envoy_port
+        self.stub_endpoint = stub_endpoint or {}
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="epp-local", daemon=True)
         self.engines: list = []
@@ -102,9 +104,7 @@ class LocalStack:
         addrs = [f"127.0.0.1:{self.call(self._start_stub())}" for _ in range(self.n_stubs)]
         data = self._cfg_in.model_dump() if isinstance(self._cfg_in, EppConfig) else dict(self._cfg_in)
         if addrs:
-            data["endpoints"] = [EndpointConfig(address=a, **(data.get("endpoint_defaults") or {})).model_dump()
-                                 for a in addrs]  # fmt: skip
-        data.pop("endpoint_defaults", None)
+            data["endpoints"] = [EndpointConfig(address=a, **self.stub_endpoint).model_dump() for a in addrs]
         data.setdefault("port", free_port())
         data.setdefault("log", {"path": None})
         cfg = EppConfig.model_validate(data)
@@ -171,8 +171,9 @@ class LocalStack:
             srv.should_exit = srv.force_exit = True
             for s in getattr(srv, "servers", []):
                 s.close()
-            for conn in list(getattr(srv.server_state, "connections", [])):
-                conn.transport.abort() if getattr(conn, "transport", None) else None
+            for conn in list(srv.server_state.connections):  # uvicorn's open connections
+                if getattr(conn, "transport", None) is not None:
+                    conn.transport.abort()
             await asyncio.wait_for(task, 10)
 
         self.call(down())
