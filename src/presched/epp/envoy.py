@@ -150,9 +150,3 @@ def stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
             proc.kill()
             proc.wait()
 
-
-def stats(admin_port: int) -> dict[str, int]:
-    """Envoy's counters and gauges (name -> value)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats?format=json", timeout=5) as r:
-        data = json.load(r)
-    return {s["name"]: s["value"] for s in data.get("stats", []) if "value" in s}

@@ -84,9 +84,6 @@ class LocalStack:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.ports['envoy']}"
 
-    def baseline_url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.ports[name]}"
-
     # --- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> "LocalStack":
         try:

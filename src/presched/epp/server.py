@@ -29,10 +29,8 @@ HEALTH_SERVICES = ("", "liveness", "readiness", P.SERVICE_NAME)
 class Processor(pb_grpc.ExternalProcessorServicer):
     def __init__(self, picker: Picker) -> None:
         self.picker = picker
-        self.streams = 0
 
     async def Process(self, request_iterator, context):  # noqa: N802 - the gRPC method name
-        self.streams += 1
         ex = Exchange(self.picker)
         try:
             async for msg in request_iterator:
