@@ -112,3 +112,29 @@ def test_the_served_endpoint_report_moves_the_requests_work(stack):
     while not st.call_soon(lambda: gw.by_address(picked).healthy):  # health checks bring it back
         assert time.monotonic() < end
         time.sleep(0.05)
+
+
+def test_passthrough_mode_sends_at_once_with_the_prediction_as_vllm_priority(stack):
+    """A second picker on the same engines, in passthrough mode (no holding): the body carries
+    the predicted length as vLLM's `priority` (lower runs first), a long prompt a larger one."""
+    from epp.conftest import fitted_predictor
+    from presched.epp.config import EppConfig
+    from presched.epp.local import free_port
+    from presched.epp.server import EppServer
+
+    st = stack.st
+    cfg = EppConfig(endpoints=st.picker.cfg.endpoints, mode="passthrough", port=free_port(), log={"path": None})
+    server = st.call(_started(EppServer, cfg, fitted_predictor()))
+    try:
+        short = _exchange(server.port, {"model": "tiny", "prompt": "hi", "max_tokens": 2, "priority": -5})
+        long = _exchange(server.port, {"model": "tiny", "prompt": "word " * 300, "max_tokens": 2})
+        ps = [json.loads(o[1].request_body.response.body_mutation.streamed_response.body)["priority"] for o in (short, long)]
+        assert 0 <= ps[0] < ps[1]  # the client's own priority is replaced by the prediction
+    finally:
+        st.call(server.stop(0))
+
+
+async def _started(cls, *args):
+    server = cls(*args)  # on the stack's loop: grpc.aio binds the loop it is created on
+    await server.start()
+    return server
