@@ -19,8 +19,8 @@ Load: open loop, Poisson arrivals at `--rate` req/s (default 200) for `--duratio
 same arrival times for every target; POST /v1/completions with a ~60-token prompt and
 max_tokens 16, non-streaming and streaming (SSE, 16 events). The load generator is a lean
 HTTP/1.1 client (gateway_overhead_load.py: raw asyncio streams, keep-alive pool), not
-`presched replay`: its own cost is paid equally on the direct path, so "added" = gateway - direct, measured by the same
-generator in the same repeat. Latency = from writing the request to the end of the response
+`presched replay`: its own cost is paid equally on the direct path, so "added" = gateway -
+direct, measured by the same generator in the same repeat. Latency = from writing the request to the end of the response
 (`send_lag` = how late the generator sent, reported apart). Repeats (`--repeats`, 3) rotate the
 order of the targets; figures are medians over repeats of the per-repeat differences.
 
