@@ -9,9 +9,11 @@ the repo's stub (a TEST DOUBLE, its own process); the client is its own process 
 HTTP/1.1 connection per request, soak-shaped bodies), so that only the gateway's allocations
 are traced. A non-streaming request of 10^6 tokens holds the one slot; then `--held` requests
 are sent and wait in the queue. tracemalloc snapshots before and after them give the live bytes
-per held request by allocation site; `sys.getallocatedblocks` and RssAnon give the same
-difference in blocks and in resident memory (RssAnon also holds the connection's socket buffers
-in user space, and the allocator's free lists).
+per held request by the code that holds them (the innermost presched frame, else the library);
+an untraced round before it gives the difference in `sys.getallocatedblocks` and in RssAnon.
+Then that round's clients leave, the backlog drains (each request cancelled and logged), and
+RssAnon, the live blocks and glibc's heap are read again, before and after `malloc_trim(0)`:
+whether the memory goes back.
 
 Writes benchmarks/results/held_memory.json; prints `figure: held_request_kb = ...` (live Python
 heap per held request, tracemalloc) and `figure: held_request_rss_kb = ...`.
@@ -20,10 +22,9 @@ heap per held request, tracemalloc) and `figure: held_request_rss_kb = ...`.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import ctypes
 import gc
 import json
-import random
 import socket
 import subprocess
 import sys
@@ -38,6 +39,7 @@ import uvicorn
 from presched.serve.app import build_app
 from presched.serve.config import BackendConfig, ServeConfig
 from presched.serve.log import RequestLog
+from presched.serve.memory import heap
 
 OUT = Path(__file__).resolve().parent / "results"
 WORDS = "the gateway orders requests by their predicted length while engines crash and stall".split()
@@ -67,6 +69,15 @@ async def main():
     await asyncio.Event().wait()
 asyncio.run(main())
 """
+
+
+def malloc_trim() -> None:
+    """glibc's malloc_trim(0): what handing malloc's free pages back would return (the gateway
+    does not do it: docs/gateway.md, Memory). Nothing elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port() -> int:
@@ -144,15 +155,31 @@ def measure(held: int, top: int, workdir: Path) -> dict:
         time.sleep(0.5)
         gc.collect()
         b0, a0 = sys.getallocatedblocks(), anon_kb()
-        procs.append(send(gw_port, held, 3))
+        h0 = heap()
+        client = send(gw_port, held, 3)
         wait_for(lambda: gw.num_waiting == 20 + held, f"{held} more held")
         time.sleep(0.5)
         gc.collect()
-        b1, a1 = sys.getallocatedblocks(), anon_kb()
+        b1, a1, h1 = sys.getallocatedblocks(), anon_kb(), heap()
+        # their clients leave: the backlog drains (each request cancelled, its row written)
+        ended = gw.ended
+        client.kill()
+        client.wait()
+        wait_for(lambda: gw.num_waiting == 20 and gw.ended >= ended + held, "the backlog to drain")
+        time.sleep(1.0)
+        gc.collect()
+        b2, a2, h2 = sys.getallocatedblocks(), anon_kb(), heap()
+        t = time.perf_counter()
+        malloc_trim()
+        trim_s = time.perf_counter() - t
+        a3, h3 = anon_kb(), heap()
+        drain = {"anon_kb": {"before": a0, "held": a1, "drained": a2, "trimmed": a3},
+                 "blocks": {"before": b0, "held": b1, "drained": b2},
+                 "heap": {"before": h0, "held": h1, "drained": h2, "trimmed": h3}, "trim_s": trim_s}  # fmt: skip
         # traced: where the bytes of `held` more are
         tracemalloc.start(16)
         procs.append(send(gw_port, held, 4))
-        wait_for(lambda: gw.num_waiting == 20 + 2 * held, f"{held} more held, traced")
+        wait_for(lambda: gw.num_waiting == 20 + held, f"{held} more held, traced")
         time.sleep(0.5)
         gc.collect()
         snap = tracemalloc.take_snapshot()
@@ -176,7 +203,7 @@ def measure(held: int, top: int, workdir: Path) -> dict:
         log.close()
     return {"held": held, "traced_bytes_per_request": total / held,
             "blocks_per_request": (b1 - b0) / held, "rss_anon_kb_per_request": (a1 - a0) / held,
-            "top_owners": sites}  # fmt: skip
+            "top_owners": sites, "drain": drain}  # fmt: skip
 
 
 def _up(port: int) -> bool:
@@ -195,7 +222,6 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if not 1 <= a.held <= 5000:
         ap.error("--held: 1 to 5000")
-    random.seed(0)
     with tempfile.TemporaryDirectory(prefix="presched-held-") as tmp:
         res = measure(a.held, a.top, Path(tmp))
     a.out.mkdir(parents=True, exist_ok=True)
@@ -203,6 +229,12 @@ def main(argv=None) -> None:
     for s in res["top_owners"]:
         print(f"{s['bytes_per_request']:8.0f} B {s['blocks_per_request']:6.2f} blocks  {s['owner']}")
     print(f"blocks per held request: {res['blocks_per_request']:.1f}")
+    d = res["drain"]
+    print("RssAnon MB before / held / drained / after malloc_trim: "
+          + " / ".join(f"{v / 1024:.1f}" for v in d["anon_kb"].values()) + f" (trim took {d['trim_s'] * 1e3:.1f} ms)")
+    print("live blocks before / held / drained: " + " / ".join(str(v) for v in d["blocks"].values()))
+    for k in ("held", "drained", "trimmed"):
+        print(f"heap {k}: {d['heap'][k]}")
     print(f"figure: held_request_kb = {res['traced_bytes_per_request'] / 1024:.2f}")
     print(f"figure: held_request_rss_kb = {res['rss_anon_kb_per_request']:.2f}")
 

@@ -81,6 +81,8 @@ class WaitingQueue(RequestQueue):
         self._drop_stale()
         seq = heapq.heappop(self._heap)[3]
         del self._live[id(seq)]
+        if not self._live:
+            self._maybe_compact()
         return seq
 
     def remove(self, seq: SeqView) -> None:
@@ -90,6 +92,10 @@ class WaitingQueue(RequestQueue):
         self._maybe_compact()
 
     def _maybe_compact(self) -> None:
+        if not self._live:  # nothing waits: every entry is stale
+            self._heap.clear()
+            self._timers.clear()
+            return
         n = 2 * len(self._live) + _SLACK
         if len(self._heap) > n or len(self._timers) > n:
             self._compact()
