@@ -107,79 +107,42 @@ mean E2E / gateway-sjf mean E2E, median over repeats of the per-repeat ratio) an
 fitted to the run, median over repeats; `..._a_priori` without the fit).
 """
 
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import math
 import os
 import platform
-import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).parent))  # its parts: engine_e2e_*.py beside it
+from engine_e2e_configs import BLOCK_SIZE, CASTILLO_MODEL, CONFIGS, DEFAULT_CONFIGS, MAX_MODEL_LEN, PLUGINS
+from engine_e2e_figures import (  # noqa: F401 - paired_ratio, inengine_figures: tested from here
+    compact, figures_of, inengine_figures, inengine_spreads, paired_ratio, summarize_runs)
+from engine_e2e_plot import plot, table
+from engine_e2e_runs import Gateways, group_cpu, kv_blocks, machine_cpu, process_cpu, run_one, settle, warm_up
+from engine_e2e_sim import fit_speed, sim_config, simulate_all, simulate_runs  # noqa: F401 - fit_speed: tested
 from presched.bench.capacity import saturated_throughput
-from presched.bench.config import RECOMMENDED, RECOMMENDED_PARAMS
 from presched.bench.runner import arrivals_at_load
 from presched.engine import affinity, launch, models, venv
-from presched.engine.calibrate import Calibration, calibrate, parse_histograms
-from presched.loadgen.replay import ReplayConfig, run_replay
+from presched.engine.calibrate import Calibration, calibrate
 from presched.loadgen.result import nan_to_none
-from presched.metrics.summary import summarize
 from presched.serve.tokens import counter
-from presched.sim.config import EngineConfig
-from presched.sim.setup import SimConfig, simulate
 from presched.workload.config import WorkloadConfig, build_workload
 from presched.workload.request import Request
 
 OUT = Path(__file__).parent / "results"
-CASTILLO_MODEL = "llama-3.1-8b"
-MAX_MODEL_LEN = 4096  # the tiny Llama's positions
-BLOCK_SIZE = 128  # vLLM's CPU default, set explicitly
-# name -> (gateway `presched serve` flags or None for the engine itself, simulated policy)
-CONFIGS: dict[str, tuple[list[str] | None, str]] = {
-    "direct-fcfs": (None, "fcfs"),
-    "passthrough": (["--mode", "passthrough", "--predictor", "{pred}"], "sjf"),
-    "gateway-sjf": (["--policy", "sjf", "--predictor", "{pred}"], "sjf"),
-    "gateway-oracle": (["--policy", "sjf-oracle"], "sjf-oracle"),
-    "gateway-fcfs": (["--policy", "fcfs"], "fcfs"),
-    "gateway-aging": (["--policy", "aging", "--predictor", "{pred}"], "aging"),
-    # presched's in-engine scheduler (docs/engine-plugin.md): one more engine each, same flags
-    "plugin-fcfs": (None, "fcfs"),
-    "plugin-default": (None, "mlfq-preempt+sjf"),
-    "plugin-mlfq-np": (None, "mlfq-np"),
-    "plugin-oracle": (None, "srpt-oracle"),
-}
-# the recommended policy without its preemption: the best predictive candidate of the simulator
-# calibrated on this engine (8 slots, CPU prefill: a recompute costs more than it gains here)
-MLFQ_NO_PREEMPT = {"within": "mean", "preempt": False, "base_quantum": 128}
-# the plugin config of each in-engine configuration ({pred}: the predictor file)
-PLUGINS: dict[str, dict[str, Any]] = {
-    "plugin-fcfs": {"policy": "fcfs"},
-    "plugin-default": {"policy": RECOMMENDED, "params": dict(RECOMMENDED_PARAMS), "predictor": "{pred}"},
-    "plugin-mlfq-np": {"policy": "mlfq", "params": MLFQ_NO_PREEMPT, "predictor": "{pred}"},
-    "plugin-oracle": {"policy": "srpt-oracle"},
-}
-# simulated policy name -> (registered policy, its params)
-SIM_POLICIES = {"mlfq-preempt+sjf": (RECOMMENDED, dict(RECOMMENDED_PARAMS)), "mlfq-np": ("mlfq", MLFQ_NO_PREEMPT)}
-DEFAULT_CONFIGS = ("direct-fcfs", "passthrough", "gateway-sjf", "gateway-oracle", "gateway-fcfs")
-KEYS = ("completed", "failed", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "short_p99_e2el_ms",
-        "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "output_throughput", "request_throughput",
-        "duration_s", "mean_queue_wait_ms", "max_send_lag_ms", "p99_send_lag_ms")  # fmt: skip
-METRICS = ("vllm:request_decode_time_seconds", "vllm:request_generation_tokens")
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 # --- workload and predictions ------------------------------------------------------------------
@@ -225,424 +188,6 @@ def gateway_view(reqs: list[Request], model: str) -> list[Request]:
     return [Request(id=r.id, prompt_tokens=max(1, count(r.prompt)), model=model, prompt=r.prompt)
             for r in reqs]  # fmt: skip
 
-
-# --- processes ---------------------------------------------------------------------------------
-def _cpu(pid: int) -> float:
-    f = affinity.stat(pid)
-    return (int(f[11]) + int(f[12])) / _TICK if f else 0.0
-
-
-def group_cpu(pgid: int) -> float:
-    """CPU seconds of the live processes in a process group (the engine: server, core, worker)."""
-    return sum((int(f[11]) + int(f[12])) / _TICK for _, f in affinity.processes() if int(f[2]) == pgid)
-
-
-def machine_cpu() -> float:
-    """Busy CPU seconds of the whole machine (all cores) since boot."""
-    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(f[:8]) - f[3] - f[4]) / _TICK  # minus idle and iowait
-
-
-class Gateways:
-    """One `presched serve` process per gateway configuration, in front of the engine."""
-
-    def __init__(self, engine_url: str, max_in_flight: int, pred: Path, workdir: Path, names: list[str]) -> None:
-        self.urls: dict[str, str] = {}
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.logs = []
-        for name in names:
-            flags = CONFIGS[name][0]
-            if flags is None:
-                continue
-            port = launch.free_port()
-            cmd = [sys.executable, "-m", "presched.cli", "serve", "--backend", engine_url,
-                   "--port", str(port), "--max-in-flight", str(max_in_flight), "--log", "none",
-                   *[f.format(pred=pred) for f in flags]]  # fmt: skip
-            self.logs.append(open(workdir / f"{name}.log", "wb"))  # noqa: SIM115 - closed in stop
-            self.procs[name] = subprocess.Popen(cmd, stdout=self.logs[-1], stderr=subprocess.STDOUT)
-            self.urls[name] = f"http://127.0.0.1:{port}"
-        self.workdir = workdir
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        for name, url in self.urls.items():
-            while True:
-                try:
-                    with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if self.procs[name].poll() is not None or time.monotonic() > deadline:
-                    log = (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"gateway {name} did not start:\n{log}")
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in self.logs:
-            f.close()
-
-
-def engine_metrics(url: str) -> dict[str, tuple[float, float]]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        return parse_histograms(r.read().decode(), METRICS)
-
-
-def kv_blocks(log: Path) -> int | None:
-    """KV-cache blocks from the engine log ('CPU KV cache size: 524,288 tokens')."""
-    m = re.search(r"KV cache size: ([\d,]+) tokens", log.read_text(errors="replace"))
-    return int(m.group(1).replace(",", "")) // BLOCK_SIZE if m else None
-
-
-def warm_up(urls: list[str], model: str) -> None:
-    body = json.dumps({"model": model, "prompt": "warm up the path", "max_tokens": 8,
-                       "ignore_eos": True}).encode()  # fmt: skip
-    for url in urls:
-        for _ in range(2):
-            req = urllib.request.Request(url + "/v1/completions", body, {"content-type": "application/json"})
-            with urllib.request.urlopen(req, timeout=120) as r:
-                r.read()
-
-
-def settle(url: str, reqs: list[Request], model: str, seqs: int) -> None:
-    """A discarded burst of the workload's first requests straight at the engine, after each
-    calibration: without it the first run after one ran up to 40 % slower per token than the
-    others (measured twice, on the idle machine)."""
-    burst = [dataclasses.replace(r, arrival=0.0) for r in reqs[: 2 * seqs]]
-    run_replay(burst, ReplayConfig(url=url, model=model, stream=True, force_lengths=True, timeout_s=300))
-
-
-# --- one run -----------------------------------------------------------------------------------
-def run_one(name: str, url: str, reqs: list[Request], model: str, eng, gws: Gateways,
-            prog: Progress, task) -> dict[str, Any]:  # fmt: skip
-    """Replay `reqs` at `url` and measure: the replay's figures, the engine's own decode time per
-    token, CPU seconds of each party and of the rest of the machine."""
-    gw = gws.procs.get(name)
-    m0, load0 = engine_metrics(eng.url), os.getloadavg()
-    c0 = (group_cpu(eng.proc.pid), _cpu(gw.pid) if gw else 0.0, _cpu(os.getpid()), machine_cpu())
-    prog.update(task, completed=0, total=len(reqs), description=name)
-    cfg = ReplayConfig(url=url, model=model, stream=True, force_lengths=True, timeout_s=900)
-    res = run_replay(reqs, cfg, progress=lambda d, t: prog.update(task, completed=d))
-    time.sleep(0.3)  # the engine records a request just after its last byte
-    m1, load1 = engine_metrics(eng.url), os.getloadavg()
-    c1 = (group_cpu(eng.proc.pid), _cpu(gw.pid) if gw else 0.0, _cpu(os.getpid()), machine_cpu())
-    s = res.summary
-    wall = s["wall_s"]
-    dec = [m1[k][0] - m0[k][0] for k in METRICS], [m1[k][1] - m0[k][1] for k in METRICS]
-    cpu = {k: c1[i] - c0[i] for i, k in enumerate(("engine", "gateway", "replay", "machine"))}
-    cpu["others"] = max(0.0, cpu["machine"] - cpu["engine"] - cpu["gateway"] - cpu["replay"])
-    ok = [row for row in res.rows if row["ok"]]
-    return {
-        "config": name, "summary": {k: s.get(k) for k in KEYS}, "wall_s": wall,
-        "errors_by_status": s["errors_by_status"],
-        "errors": [row["error"] for row in res.rows if not row["ok"]][:5],
-        "output_tokens": int(sum(row["output_tokens"] for row in ok)),
-        "engine_decode_s_per_token": dec[0][0] / max(1.0, dec[0][1] - dec[1][0]),
-        "cpu_s": cpu, "others_cores": cpu["others"] / wall, "loadavg": [load0[0], load1[0]],
-        "e2e_s": {row["id"]: round(row["e2el_s"], 4) for row in ok},
-        "ttft_s": {row["id"]: round(row["ttft_s"], 4) for row in ok},
-        "send_lag_ms": {row["id"]: round(row["send_lag_ms"], 1) for row in res.rows},
-        "sent_s": {row["id"]: round(row["sent_s"], 4) for row in res.rows if np.isfinite(row["sent_s"])},
-        "queue_wait_s": {row["id"]: round(row["queue_wait_s"], 4) for row in ok if np.isfinite(row["queue_wait_s"])},
-        "prompt_tokens": {row["id"]: row["prompt_tokens"] for row in ok},
-    }  # fmt: skip
-
-
-# --- the simulator -----------------------------------------------------------------------------
-def sim_config(args, coefficients: dict[str, float], blocks: int | None, policy: str) -> SimConfig:
-    """The engine as the simulator sees it: its scheduler knobs and a fitted step-time model."""
-    eng = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                       block_size=BLOCK_SIZE, num_blocks=blocks or 4096)  # fmt: skip
-    name, params = SIM_POLICIES.get(policy, (policy, {}))
-    return SimConfig(engine=eng, policy=name, policy_params=params,
-                     step_time={"kind": "fitted", "coefficients": coefficients})
-
-
-def sim_one(args, reqs, estimates, coefficients, blocks, policy: str) -> dict[str, Any]:
-    """The simulator's figures for one policy, and its decode seconds per token (first token to
-    last, summed over requests / tokens after the first: vLLM's request_decode_time definition)."""
-    res = simulate(reqs, sim_config(args, coefficients, blocks, policy), estimates=estimates)
-    s = summarize(res.records, res.itl.values())
-    rec = res.records
-    out = {k: s.get(k) for k in KEYS if k in s}
-    out["decode_s_per_token"] = float((rec.finish - rec.first_token).sum() / max(1, (rec.output_tokens - 1).sum()))
-    out["output_tokens"] = int(rec.output_tokens.sum())
-    return out
-
-
-def simulate_all(args, reqs, estimates, cal: Calibration, blocks) -> dict[str, dict[str, Any]]:
-    """The simulator with `cal`'s fitted model on `reqs`: fcfs, sjf and the policy of every
-    configuration run (sjf-oracle, aging)."""
-    coef = cal.model.coefficients.model_dump()
-    policies = sorted({"fcfs", "sjf"} | {CONFIGS[c][1] for c in args.configs})
-    return {p: sim_one(args, reqs, estimates, coef, blocks, p) for p in policies}
-
-
-def simulate_runs(args, reqs, estimates, runs, cals, blocks) -> None:
-    """Per run, the simulator on the arrivals the engine got (the replay's actual send times; the
-    generator can be late, see send lag):
-
-    - `sim_a_priori`: the repeat's calibrated model as it is;
-    - `sim` (the headline): that model with every coefficient scaled by `speed_factor`, chosen
-      so the simulated decode seconds per token equal the engine's in this run (module doc);
-    - `sim_slower`: `sim` with 5 % slower steps, for the sensitivity of mean E2E to speed."""
-    for r in runs:
-        policy = CONFIGS[r["config"]][1]
-        sent = r["sent_s"]
-        here = [dataclasses.replace(q, arrival=sent[q.id]) if q.id in sent else q for q in reqs]
-        coef = cals[r["repeat"]].model.coefficients.model_dump()
-        at = (args, here, estimates, coef, blocks, policy)
-        r["sim_a_priori"] = _scaled_sim(*at, 1.0)
-        r["sim"] = fit_speed(lambda f: _scaled_sim(*at, f), r["engine_decode_s_per_token"], r["sim_a_priori"])
-        r["speed_factor"] = f = r["sim"]["factor"]
-        r["sim_slower"] = _scaled_sim(*at, 1.05 * f)
-
-
-def fit_speed(simulate, target: float, first: dict[str, Any], tol: float = 0.005, tries: int = 12) -> dict[str, Any]:
-    """The simulation (of `simulate(factor)`, `first` = factor 1) whose decode seconds per token
-    is nearest `target`. Scaling every step by f scales that figure by about f, but not exactly:
-    slower steps also batch more tokens per step, and with few requests the figure jumps as
-    batches regroup. So: fixed-point steps f *= target / got, kept inside a bracket of factors
-    known to be too fast / too slow (bisected when a step leaves it), stopping within `tol`;
-    the best simulation seen is returned."""
-    lo, hi, sim, best = 0.0, math.inf, first, first
-
-    def miss(s):
-        return s["decode_s_per_token"] / target - 1
-
-    for _ in range(tries):
-        f, e = sim["factor"], miss(sim)
-        if abs(e) < abs(miss(best)):
-            best = sim
-        if abs(e) < tol:
-            break
-        lo, hi = (max(lo, f), hi) if e < 0 else (lo, min(hi, f))
-        step = f / (1 + e)
-        if not lo < step < hi:
-            step = math.sqrt(lo * hi) if lo > 0 and hi < math.inf else (2 * f if e < 0 else f / 2)
-        sim = simulate(step)
-    return best if abs(miss(best)) <= abs(miss(sim)) else sim
-
-
-def _scaled_sim(args, reqs, estimates, coef, blocks, policy, factor: float) -> dict[str, Any]:
-    out = sim_one(args, reqs, estimates, {k: v * factor for k, v in coef.items()}, blocks, policy)
-    return dict(out, factor=factor)
-
-
-# --- summaries ---------------------------------------------------------------------------------
-def med(xs) -> float:
-    xs = [x for x in xs if x is not None and np.isfinite(x)]
-    return float(statistics.median(xs)) if xs else float("nan")
-
-
-def summarize_runs(runs: list[dict]) -> dict[str, dict[str, Any]]:
-    """Per configuration: medians over repeats (and the per-repeat values) of the measured
-    figures, the simulator's, and its signed error on mean E2E."""
-    out: dict[str, dict[str, Any]] = {}
-    for name, (_, policy) in CONFIGS.items():
-        rows = [r for r in runs if r["config"] == name]
-        if not rows:
-            continue
-        s: dict[str, Any] = {"policy_simulated": policy, "repeats": len(rows)}
-        for k in ("mean_e2el_ms", "p99_e2el_ms", "short_p99_e2el_ms", "output_throughput", "mean_ttft_ms"):
-            vals = [r["summary"][k] for r in rows]
-            sim = [r["sim"].get(k) for r in rows]
-            s[k], s[f"{k}_each"], s[f"sim_{k}"] = med(vals), vals, med(sim)
-        err = [100 * (r["sim"]["mean_e2el_ms"] / r["summary"]["mean_e2el_ms"] - 1) for r in rows]
-        s["sim_mean_e2e_error_pct_each"] = err
-        prior = [100 * (r["sim_a_priori"]["mean_e2el_ms"] / r["summary"]["mean_e2el_ms"] - 1) for r in rows]
-        s["sim_a_priori_mean_e2e_error_pct_each"] = prior
-        s["sim_a_priori_mean_e2e_abs_error_pct"] = med([abs(e) for e in prior])
-        s["speed_factor_each"] = [r["speed_factor"] for r in rows]
-        s["sim_e2e_pct_per_5pct_slower_each"] = [
-            100 * (r["sim_slower"]["mean_e2el_ms"] / r["sim"]["mean_e2el_ms"] - 1) for r in rows]  # fmt: skip
-        s["sim_mean_e2e_error_pct"] = med(err)
-        s["sim_mean_e2e_abs_error_pct"] = med([abs(e) for e in err])
-        s["engine_decode_ms_per_token"] = 1e3 * med([r["engine_decode_s_per_token"] for r in rows])
-        s["others_cores"] = med([r["others_cores"] for r in rows])
-        s["failed"] = sum(r["summary"]["failed"] for r in rows)
-        out[name] = s
-    return out
-
-
-def paired_ratios(runs: list[dict], a: str, b: str, key: str = "mean_e2el_ms") -> list[float]:
-    """Per repeat, a's figure / b's figure within that repeat."""
-    by = {(r["config"], r["repeat"]): r["summary"][key] for r in runs}
-    reps = sorted({r["repeat"] for r in runs})
-    return [by[(a, k)] / by[(b, k)] for k in reps if (a, k) in by and (b, k) in by]
-
-
-def paired_ratio(runs: list[dict], a: str, b: str, key: str = "mean_e2el_ms") -> float:
-    """Median over repeats of (a's figure / b's figure) within the same repeat."""
-    return med(paired_ratios(runs, a, b, key))
-
-
-def captures(runs: list[dict], policy: str) -> list[float]:
-    """Per repeat, (FCFS - policy) / (FCFS - plugin-oracle) on mean E2E (FCFS: stock vLLM)."""
-    by = {(r["config"], r["repeat"]): r["summary"]["mean_e2el_ms"] for r in runs}
-    out = []
-    for k in sorted({r["repeat"] for r in runs}):
-        if all((c, k) in by for c in ("direct-fcfs", policy, "plugin-oracle")):
-            f, d, o = by[("direct-fcfs", k)], by[(policy, k)], by[("plugin-oracle", k)]
-            if f != o:
-                out.append((f - d) / (f - o))
-    return out
-
-
-def inengine_spreads(runs: list[dict], source: str) -> dict[str, list[float]]:
-    """Each in-engine figure per repeat (its spread: a median inside it is not a gain)."""
-    sfx = "_code" if source == "azure-code" else "_conv"
-    return {
-        # the issue's definition: stock FCFS output tok/s over the plugin's (fcfs), - 1, in %
-        "engine_plugin_overhead_pct": [100 * (x - 1) for x in
-                                       paired_ratios(runs, "direct-fcfs", "plugin-fcfs", "output_throughput")],
-        "engine_plugin_overhead_mean_e2e_pct": [100 * (x - 1) for x in paired_ratios(runs, "plugin-fcfs", "direct-fcfs")],
-        f"engine_fcfs_over_default_mean_e2e{sfx}": paired_ratios(runs, "direct-fcfs", "plugin-default"),
-        f"engine_gain_capture{sfx}": captures(runs, "plugin-default"),
-        f"engine_default_p99_vs_fcfs{sfx}": paired_ratios(runs, "plugin-default", "direct-fcfs", "p99_e2el_ms"),
-        f"engine_gateway_sjf_over_default_mean_e2e{sfx}": paired_ratios(runs, "gateway-sjf", "plugin-default"),
-        f"engine_fcfs_over_mlfq_np_mean_e2e{sfx}": paired_ratios(runs, "direct-fcfs", "plugin-mlfq-np"),
-        f"engine_gain_capture_mlfq_np{sfx}": captures(runs, "plugin-mlfq-np"),
-        f"engine_plugin_fcfs_over_oracle_mean_e2e{sfx}": paired_ratios(runs, "plugin-fcfs", "plugin-oracle"),
-    }
-
-
-def inengine_figures(runs: list[dict], summary: dict, source: str) -> dict[str, float | None]:
-    """The in-engine scheduler's figures (module doc): medians over repeats; none without its
-    configurations."""
-    errs = [summary[c]["sim_mean_e2e_abs_error_pct"] for c in PLUGINS if c in summary]
-    figs = {k: med(v) for k, v in inengine_spreads(runs, source).items()}
-    figs["engine_inengine_sim_error_pct"] = med(errs)
-    return figs
-
-
-def figures_of(runs: list[dict], summary: dict, sims: list[dict], source: str = "azure-conv") -> dict[str, float]:
-    """The headline figures (module doc), then extras; a configuration not run gives none."""
-
-    def err(name: str) -> float | None:
-        return summary[name]["sim_mean_e2e_abs_error_pct"] if name in summary else None
-
-    f = {
-        "engine_fcfs_over_sjf_mean_e2e": paired_ratio(runs, "direct-fcfs", "gateway-sjf"),
-        "sim_vs_engine_mean_e2e_error_pct": err("direct-fcfs"),
-        "engine_fcfs_over_passthrough_mean_e2e": paired_ratio(runs, "direct-fcfs", "passthrough"),
-        "engine_fcfs_over_oracle_mean_e2e": paired_ratio(runs, "direct-fcfs", "gateway-oracle"),
-        "engine_fcfs_over_sjf_short_p99_e2e": paired_ratio(runs, "direct-fcfs", "gateway-sjf", "short_p99_e2el_ms"),
-        "gateway_fcfs_over_direct_mean_e2e": paired_ratio(runs, "gateway-fcfs", "direct-fcfs"),
-        "gateway_fcfs_over_sjf_mean_e2e": paired_ratio(runs, "gateway-fcfs", "gateway-sjf"),
-        "sim_fcfs_over_sjf_mean_e2e": med([s["fcfs"]["mean_e2el_ms"] / s["sjf"]["mean_e2el_ms"] for s in sims]),
-        "sim_vs_engine_mean_e2e_error_pct_sjf": err("gateway-sjf"),
-        "sim_vs_engine_mean_e2e_error_pct_oracle": err("gateway-oracle"),
-        "sim_vs_engine_mean_e2e_error_pct_gateway_fcfs": err("gateway-fcfs"),
-        "sim_vs_engine_mean_e2e_error_pct_passthrough": err("passthrough"),
-        "engine_fcfs_over_aging_mean_e2e": paired_ratio(runs, "direct-fcfs", "gateway-aging"),
-        "engine_fcfs_over_aging_short_p99_e2e": paired_ratio(runs, "direct-fcfs", "gateway-aging", "short_p99_e2el_ms"),
-        "sim_vs_engine_mean_e2e_error_pct_aging": err("gateway-aging"),
-        "sim_vs_engine_mean_e2e_error_pct_a_priori": summary["direct-fcfs"]["sim_a_priori_mean_e2e_abs_error_pct"],
-        "sim_vs_engine_mean_e2e_error_pct_a_priori_sjf": summary["gateway-sjf"]["sim_a_priori_mean_e2e_abs_error_pct"],
-        "sim_mean_e2e_pct_per_5pct_slower": med(summary["direct-fcfs"]["sim_e2e_pct_per_5pct_slower_each"]),
-        "engine_speed_vs_calibration_range": (max(r["speed_factor"] for r in runs)
-                                              / min(r["speed_factor"] for r in runs)),
-        **inengine_figures(runs, summary, source),
-    }  # fmt: skip
-    return {k: float(v) for k, v in f.items() if v is not None and np.isfinite(v)}
-
-
-# --- output ------------------------------------------------------------------------------------
-PER_REQUEST = ("e2e_s", "ttft_s", "sent_s", "send_lag_ms", "queue_wait_s")
-
-
-def compact(run: dict, ids: list[str]) -> None:
-    """Per-request maps of a run -> lists in `ids` order (None where a request failed), and the
-    prompt counts dropped (they are the same in every run: meta.prompt_tokens_engine)."""
-    for k in PER_REQUEST:
-        m = run.pop(k)
-        run[k] = [m.get(i) for i in ids]
-    run.pop("prompt_tokens", None)
-
-
-def table(summary: dict, console: Console, title: str) -> None:
-    t = Table(title=title)
-    for col in ("config", "mean E2E s", "P99 s", "short P99 s", "tok/s", "sim mean s", "sim err %",
-                "a priori %", "speed x", "eng ms/tok", "others", "failed"):  # fmt: skip
-        t.add_column(col, justify="left" if col == "config" else "right", no_wrap=col == "config")
-    for name, s in summary.items():
-        t.add_row(name, f"{s['mean_e2el_ms'] / 1e3:.2f}", f"{s['p99_e2el_ms'] / 1e3:.2f}",
-                  f"{s['short_p99_e2el_ms'] / 1e3:.2f}", f"{s['output_throughput']:.0f}",
-                  f"{s['sim_mean_e2el_ms'] / 1e3:.2f}", f"{s['sim_mean_e2e_error_pct']:+.1f}",
-                  f"{med(s['sim_a_priori_mean_e2e_error_pct_each']):+.1f}",
-                  f"{med(s['speed_factor_each']):.2f}", f"{s['engine_decode_ms_per_token']:.2f}",
-                  f"{s['others_cores']:.2f}", str(s["failed"]))  # fmt: skip
-    console.print(t)
-
-
-def plot(result: dict, out: Path, stem: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    summary, runs = result["summary"], result["runs"]
-    names = list(summary)
-    x = np.arange(len(names))
-    fig, axes = plt.subplots(2, 3, figsize=(17, 9))
-    panels = [("mean_e2el_ms", "mean E2E (s)", 1e-3), ("p99_e2el_ms", "P99 E2E (s)", 1e-3),
-              ("short_p99_e2el_ms", "short-request P99 E2E (s)", 1e-3),
-              ("output_throughput", "output tokens/s", 1.0)]  # fmt: skip
-    for ax, (key, label, scale) in zip(axes.flat, panels):
-        ax.bar(x, [summary[n][key] * scale for n in names], 0.6, color="tab:blue", alpha=0.6,
-               label="engine (median)")  # fmt: skip
-        for i, n in enumerate(names):
-            each = [v * scale for v in summary[n][f"{key}_each"]]
-            ax.plot([i] * len(each), each, "k.", ms=5, label="engine repeats" if i == 0 else None)
-        ax.plot(x, [summary[n][f"sim_{key}"] * scale for n in names], "rx", ms=10, mew=2,
-                label="simulator (fitted)")  # fmt: skip
-        ax.set_xticks(x, names, rotation=20, ha="right", fontsize=8)
-        ax.set_ylabel(label)
-        ax.grid(True, axis="y", alpha=0.3)
-    axes[0, 0].legend(fontsize=8)
-    ax = axes[1, 1]
-    for i, n in enumerate(names):
-        rows = [r for r in runs if r["config"] == n]
-        x_ = [r["summary"]["mean_e2el_ms"] / 1e3 for r in rows]
-        ax.plot(x_, [r["sim"]["mean_e2el_ms"] / 1e3 for r in rows], "o", color=f"C{i}", label=n)
-        ax.plot(x_, [r["sim_a_priori"]["mean_e2el_ms"] / 1e3 for r in rows], "o", mfc="none", color=f"C{i}",
-                label="a priori (speed as calibrated)" if i == 0 else None)  # fmt: skip
-    lim = ax.get_xlim()[1], ax.get_ylim()[1]
-    top = max(lim)
-    ax.plot([0, top], [0, top], color="grey", lw=0.8, ls=":")
-    ax.fill_between([0, top], [0, 0.9 * top], [0, 1.1 * top], color="grey", alpha=0.15, label="±10 %")
-    ax.set_xlabel("engine mean E2E (s)")
-    ax.set_ylabel("simulated mean E2E (s)")
-    ax.set_title("simulator vs engine, per run (filled: speed fitted to the run; open: a priori)", fontsize=10)
-    ax.legend(fontsize=7)
-    ax = axes[1, 2]
-    for rep, cal in enumerate(result["calibrations"]):
-        dec = [p for p in cal["probes"] if p["kind"] == "decode"]
-        ax.plot([p["num_decode"] for p in dec], [p["step_s"] * 1e3 for p in dec], ".", color=f"C{rep}",
-                label=f"decode probes, repeat {rep}")  # fmt: skip
-        c = cal["model"]["coefficients"]
-        b = np.arange(1, result["meta"]["max_num_seqs"] + 1)
-        ax.plot(b, 1e3 * (c["a_decode"] + c["c_decode"] * b + c["b_decode"] * b * 256), "-",
-                color=f"C{rep}", lw=1)  # fmt: skip
-    ax.set_xlabel("decode batch size")
-    ax.set_ylabel("decode step (ms)")
-    ax.set_title("calibration: engine decode steps and fit")
-    ax.legend(fontsize=7)
-    m = result["meta"]
-    fig.suptitle(f"{m['requests']} requests ({m['source']} x CASTILLO {m['castillo_model']}, ≤{m['max_tokens']} "
-                 f"tokens) at load {m['load']:g} on vLLM CPU (tiny Llama, {m['max_num_seqs']} seqs), "
-                 f"{m['repeats']} repeats; 2 cores", fontsize=10)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(out / f"{stem}.png", dpi=110)
-    plt.close(fig)
 
 
 # --- main --------------------------------------------------------------------------------------
@@ -748,12 +293,12 @@ def main() -> None:
                 warm_up([urls[c] for c in configs], served)
                 for rep in range(args.repeats):
                     prog.update(top, description=f"repeat {rep + 1}: calibrating")
-                    c0 = (group_cpu(eng.proc.pid) + _cpu(os.getpid()), machine_cpu(), time.perf_counter())
+                    c0 = (group_cpu(eng.proc.pid) + process_cpu(os.getpid()), machine_cpu(), time.perf_counter())
                     cals.append(calibrate(eng.url, served, args.max_num_seqs, args.max_num_batched_tokens,
                                           seed=rep, progress=lambda d, t: prog.update(sub, completed=d, total=t,
                                                                                       description="calibration"),
                                           **cal_kw))  # fmt: skip
-                    c1 = (group_cpu(eng.proc.pid) + _cpu(os.getpid()), machine_cpu(), time.perf_counter())
+                    c1 = (group_cpu(eng.proc.pid) + process_cpu(os.getpid()), machine_cpu(), time.perf_counter())
                     cals[-1].meta["others_cores"] = max(0.0, (c1[1] - c0[1]) - (c1[0] - c0[0])) / (c1[2] - c0[2])
                     prog.advance(top)
                     if rep == 0:

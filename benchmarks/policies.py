@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -45,12 +44,11 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from scipy.stats import kendalltau
 
 from presched.bench.capacity import saturated_throughput
 from presched.bench.runner import arrivals_at_load
-from presched.metrics.summary import GoodputSLO, summarize
+from presched.metrics.summary import summarize
 from presched.predict import LengthEstimate
 from presched.predict.noisy_oracle import noisy_oracle, prompt_oracle
 from presched.schedule import POLICIES
@@ -58,56 +56,13 @@ from presched.sim.config import EngineConfig
 from presched.sim.setup import SimConfig, simulate
 from presched.workload.config import WorkloadConfig, build_workload
 
+sys.path.insert(0, str(Path(__file__).parent))  # its parts: policies_set.py, policies_report.py
+from policies_report import headline, plot_pareto, plots, prompt_oracle_capture, table
+from policies_set import (  # noqa: F401 - ORACLES, capture, pick: tests, policies_markdown
+    DEFAULT_POLICY, HEADLINE, MULTI_POLICIES, MULTI_ROUTER, NOISE_POLICIES, ORACLES, PARETO, PO, POLICY_SET,
+    PROMPT_ORACLE_POLICIES, ROUTERS_COMPARED, SEEDS, SIGMAS, SLO, WORKLOADS, capture, pick)
+
 OUT = Path(__file__).parent / "results"
-SLO = GoodputSLO(ttft_ms=2000, tpot_ms=100)
-LLAMA = "llama-3.1-8b"
-
-WORKLOADS: dict[str, dict[str, Any]] = {
-    "conv": dict(source="azure-conv", lengths_from="castillo", lengths_model=LLAMA, lengths_split="test"),
-    "code": dict(source="azure-code", lengths_from="castillo", lengths_model=LLAMA, lengths_split="test"),
-    "mooncake": dict(source="mooncake-conv"),
-}
-
-# name -> (policy, params). Oracles read true lengths; the rest read predictions.
-POLICY_SET: dict[str, tuple[str, dict[str, Any]]] = {
-    "fcfs": ("fcfs", {}),
-    "sjf-oracle": ("sjf-oracle", {}),
-    "srpt-oracle": ("srpt-oracle", {}),
-    "sjf": ("sjf", {}),
-    "srpt": ("srpt", {}),
-    "trail": ("trail", {}),
-    "gittins": ("gittins", {}),
-    "rank": ("rank", {}),
-    "aging": ("aging", {}),
-    "hrrn": ("hrrn", {}),
-    "mlfq": ("mlfq", {}),
-    "mlfq+sjf": ("mlfq", {"within": "mean"}),
-    # base_quantum 128, recompute_weight 8: chosen by benchmarks/mlfq_tuning.py (best mean gain
-    # capture of 48 configurations over seeds 0-2 of both headline settings; seeds 3-4 held out)
-    "mlfq-preempt+sjf": ("mlfq", {"within": "mean", "preempt": True, "recompute_weight": 8.0, "base_quantum": 128}),
-    "kv-admission": ("kv-admission", {"inner": "sjf"}),
-    "fallback": ("fallback", {"inner": "srpt"}),
-}
-# the same policies fed the prompt oracle instead of text-gbm (conv / code, 1 instance)
-PROMPT_ORACLE_POLICIES = ("sjf", "srpt", "gittins", "mlfq-preempt+sjf")
-PO = "|prompt-oracle"
-ORACLES = {"sjf-oracle", "srpt-oracle", *(p + PO for p in PROMPT_ORACLE_POLICIES)}
-BASELINES = {"fcfs", "mlfq"}  # non-predictive
-DEFAULT_POLICY = "mlfq-preempt+sjf"  # presched's recommended predictive policy (docs/policy-evidence.md)
-NOISE_POLICIES = ("sjf", "srpt", "gittins", "rank", DEFAULT_POLICY)
-MULTI_POLICIES = ("fcfs", "srpt-oracle", "rank", "srpt", DEFAULT_POLICY)  # 4 instances
-# workload seeds (other prompts, another stretch of the arrival trace). Everything runs on the
-# first; the headline settings also on the others, and the figures are means over all of them:
-# one sample of 3,000 requests moves gain capture by +-0.2 (docs/policy-evidence.md)
-SEEDS = (0, 1, 2)
-HEADLINE = (("code", 0.9), ("conv", 0.95))
-MULTI_ROUTER = "least-requests"  # measured best (docs/policies/routers.md)
-ROUTERS_COMPARED = ("round-robin", "least-requests", "least-work", "p2c-work", "short-long", "least-work-oracle")
-# name in POLICY_SET -> (knob, values): the mean-vs-tail trade of each knob on code at 90 %
-PARETO = {"rank": ("starvation_s", (15, 30, 60, 120, 240, 480, 1e9)),
-          "aging": ("rate", (0, 3, 10, 30, 100, 300)),
-          DEFAULT_POLICY: ("base_quantum", (16, 32, 64, 96, 128, 192, 256, 384))}
-SIGMAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 
 
 def sim_config(instances: int = 1, router: str = MULTI_ROUTER) -> SimConfig:
@@ -155,10 +110,6 @@ def sigma_for_tau(reqs, target: float) -> float:
         else:
             hi = mid
     return (lo + hi) / 2
-
-
-def capture(fcfs: float, oracle: float, x: float) -> float:
-    return (fcfs - x) / (fcfs - oracle) if fcfs != oracle else float("nan")
 
 
 def decision_cost(n: int = 10_000, policies=("fcfs", "sjf", "srpt", "gittins", "rank", "aging", "mlfq-preempt+sjf")) -> dict[str, float]:
@@ -345,161 +296,6 @@ def seed_rows(n_req: int, predictor, names, console: Console) -> list[dict[str, 
                 out.append(dict(row, workload=w, instances=1, load=load, policy=p, seed=seed, tau=t))
             console.print(f"seed {seed}, {w} {load:.2f}: done")
     return out
-
-
-def pick(rows, w, load, p, inst=1, seed=None):
-    """The first row of workload `w` at `load` for policy `p` on `inst` instances; of workload
-    seed `seed` when given (a row without `seed` is seed 0)."""
-    for r in rows:
-        if (r["workload"] == w and r["load"] == load and r["policy"] == p and r["instances"] == inst
-                and (seed is None or r.get("seed", 0) == seed)):  # fmt: skip
-            return r
-    return None
-
-
-def headline(rows, decision, names) -> tuple[dict[str, float], dict[str, Any]]:
-    """The issue's figures, each the MEAN over the workload seeds present in `rows` (a row
-    without `seed` is seed 0) of the per-seed value; the best predictive policy is the one with
-    the highest mean gain capture (one policy for all seeds, not the best of each). Returns
-    (figures, per-seed detail)."""
-    f: dict[str, float] = {}
-    detail: dict[str, Any] = {}
-    predictive = [p for p in names if p not in ORACLES and p not in BASELINES]
-    seeds = sorted({r.get("seed", 0) for r in rows})
-    mean = statistics.mean
-    for tag, w, load in (("conv95", "conv", 0.95), ("code90", "code", 0.9)):
-        per_seed = []
-        for sd in seeds:
-            here = [r for r in rows if r.get("seed", 0) == sd]
-            fc, orc = pick(here, w, load, "fcfs"), pick(here, w, load, "srpt-oracle")
-            if fc is not None and orc is not None:
-                per_seed.append((sd, fc, orc, {p: r for p in predictive if (r := pick(here, w, load, p))}))
-        if not per_seed:
-            continue
-
-        def cap(p, s):
-            return capture(s[1]["mean_e2el_ms"], s[2]["mean_e2el_ms"], s[3][p]["mean_e2el_ms"])
-
-        common = [p for p in predictive if all(p in s[3] for s in per_seed)]
-        best = max(common, key=lambda p: mean(cap(p, s) for s in per_seed))
-        f[f"gain_capture_{tag}"] = mean(cap(best, s) for s in per_seed)
-        detail[tag] = {"best": best, "seeds": [s[0] for s in per_seed],
-                       "gain_capture": {p: [cap(p, s) for s in per_seed] for p in common}}  # fmt: skip
-        if tag == "code90":
-            f["fcfs_over_best_mean_e2e_code90"] = mean(s[1]["mean_e2el_ms"] / s[3][best]["mean_e2el_ms"] for s in per_seed)
-            f["short_p99_vs_fcfs_code90"] = mean(s[3][best]["short_p99_e2el_ms"] / s[1]["short_p99_e2el_ms"] for s in per_seed)
-            if DEFAULT_POLICY in common:
-                f["default_p99_vs_fcfs_code90"] = mean(s[3][DEFAULT_POLICY]["p99_e2el_ms"] / s[1]["p99_e2el_ms"] for s in per_seed)
-                f["default_gain_capture_code90"] = mean(cap(DEFAULT_POLICY, s) for s in per_seed)
-            print(f"best predictive policy on code 90 % (mean over seeds {detail[tag]['seeds']}): {best}")
-    if DEFAULT_POLICY in decision:
-        f["decision_us_per_request_10k"] = decision[DEFAULT_POLICY]
-    return f, detail
-
-
-def prompt_oracle_capture(rows) -> dict[str, tuple[str, float]]:
-    """Per headline setting: the best policy fed the prompt oracle, and its gain capture."""
-    out = {}
-    for tag, w, load in (("conv95", "conv", 0.95), ("code90", "code", 0.9)):
-        fc, orc = pick(rows, w, load, "fcfs"), pick(rows, w, load, "srpt-oracle")
-        cands = [(r["mean_e2el_ms"], r["policy"]) for p in PROMPT_ORACLE_POLICIES if (r := pick(rows, w, load, p + PO))]
-        if fc and orc and cands:
-            best_val, best = min(cands)
-            out[tag] = (best, capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], best_val))
-    return out
-
-
-def table(rows, console: Console) -> None:
-    t = Table(title="mean / p99 E2E (s), short-request p99 (s), by workload and load (1 instance)")
-    for c in ("workload", "load", "policy", "mean E2E", "p99 E2E", "short p99", "long p99 wait", "preempt", "capture"):
-        t.add_column(c, justify="right")
-    for r in rows:
-        if r["instances"] != 1:
-            continue
-        fc = pick(rows, r["workload"], r["load"], "fcfs")
-        orc = pick(rows, r["workload"], r["load"], "srpt-oracle")
-        cap = capture(fc["mean_e2el_ms"], orc["mean_e2el_ms"], r["mean_e2el_ms"]) if fc and orc else float("nan")
-        t.add_row(r["workload"], f"{r['load']:.2f}", r["policy"], f"{r['mean_e2el_ms'] / 1e3:.2f}",
-                  f"{r['p99_e2el_ms'] / 1e3:.1f}", f"{r['short_p99_e2el_ms'] / 1e3:.2f}",
-                  f"{r['long_p99_queue_wait_ms'] / 1e3:.1f}", str(r["preemptions"]), f"{cap:.2f}")  # fmt: skip
-    console.print(t)
-
-
-def plots(rows, sweep, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ws = sorted({r["workload"] for r in rows})
-    fig, axes = plt.subplots(2, len(ws), figsize=(5 * len(ws), 8), squeeze=False)
-    for j, w in enumerate(ws):
-        for i, (metric, label) in enumerate((("mean_e2el_ms", "mean E2E (s)"), ("p99_e2el_ms", "P99 E2E (s)"))):
-            ax = axes[i, j]
-            pols = sorted({r["policy"] for r in rows if r["workload"] == w and r["instances"] == 1})
-            for p in pols:
-                pts = sorted((r["load"], r[metric] / 1e3) for r in rows
-                             if r["workload"] == w and r["policy"] == p and r["instances"] == 1)  # fmt: skip
-                style = "--" if p in ORACLES else ":" if p in BASELINES else "-"
-                ax.plot(*zip(*pts), style, marker="o", ms=3, label=p)
-            ax.set_title(f"{w}, 1 instance")
-            ax.set_xlabel("load (fraction of capacity)")
-            ax.set_ylabel(label)
-            ax.set_yscale("log")
-    axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "policies-latency-vs-load.png", dpi=120)
-    plt.close(fig)
-
-    if sweep:
-        ws = sorted({s["workload"] for s in sweep})
-        fig, axes = plt.subplots(1, len(ws), figsize=(5 * len(ws), 4), squeeze=False)
-        for j, w in enumerate(ws):
-            ax = axes[0, j]
-            load = next(s["load"] for s in sweep if s["workload"] == w)
-            ref = [r for r in rows if r["workload"] == w and r["instances"] == 1 and r["load"] == load]
-            for p in sorted({s["policy"] for s in sweep}):
-                pts = sorted((s["tau"], s["mean_e2el_ms"] / 1e3) for s in sweep if s["workload"] == w and s["policy"] == p)
-                ax.plot(*zip(*pts), marker="o", ms=3, label=p)
-            for r in ref:
-                if r["policy"] in ("fcfs", "srpt-oracle"):
-                    ax.axhline(r["mean_e2el_ms"] / 1e3, ls="--", lw=0.8, color="k" if r["policy"] == "fcfs" else "g")
-            ax.set_title(f"{w}: noisy-oracle sweep (fcfs black, srpt-oracle green)")
-            ax.set_xlabel("Kendall tau-b of predictions vs true lengths")
-            ax.set_ylabel("mean E2E (s)")
-        axes[0, 0].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "policies-noise-sweep.png", dpi=120)
-        plt.close(fig)
-
-
-def plot_pareto(rows, pareto, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for pol in sorted({p["policy"] for p in pareto}):
-        pts = [(p["mean_e2el_ms"] / 1e3, p["p99_e2el_ms"] / 1e3, p["value"]) for p in pareto if p["policy"] == pol]
-        knob = next(p["knob"] for p in pareto if p["policy"] == pol)
-        ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=f"{pol} ({knob})")
-        for x, y, v in pts:
-            ax.annotate(f"{v:g}" if v < 1e8 else "off", (x, y), fontsize=6)
-    for name, marker in (("fcfs", "s"), ("srpt-oracle", "*"), ("sjf", "^"), ("srpt" + PO, "P")):
-        r = pick(rows, "code", 0.9, name)
-        if r:
-            ax.plot(r["mean_e2el_ms"] / 1e3, r["p99_e2el_ms"] / 1e3, marker, ms=9, label=name)
-    fc = pick(rows, "code", 0.9, "fcfs")
-    if fc:
-        ax.axhline(1.5 * fc["p99_e2el_ms"] / 1e3, ls=":", color="grey", label="1.5x FCFS P99")
-    ax.set_xlabel("mean E2E (s)")
-    ax.set_ylabel("P99 E2E (s)")
-    ax.set_title("code, 90 % load: each policy's knob (text-gbm predictions)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "policies-pareto.png", dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

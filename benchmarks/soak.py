@@ -33,6 +33,10 @@ SIGTERM while requests are still in flight (its drain), then the log is read and
   warm-up (20 % of the run, at most 60 s), counted as RssAnon (heap and stacks: where a leak
   grows; the file-backed pages of VmRSS come and go with other processes' memory pressure, so
   VmRSS is in the JSON and the plot but not the figure);
+- `soak_live_blocks_growth`: the same difference of the gateway's live heap, in memory blocks
+  held by live Python objects (`presched_python_allocated_blocks` on its /metrics; a held
+  request is ~166): a leak grows it, a drained backlog does not (resident memory keeps the
+  allocator's high-water mark, the live heap falls back);
 - `soak_victim_p99_wait_s`: P99 of the victim tenant's `queue_wait_s` in the log.
 
 Writes benchmarks/results/soak.json and soak.png (RSS, in-flight, outcomes over time).
@@ -60,7 +64,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from soak_account import UID, account, read_rows
-from soak_backends import Rig, memory_mb
+from soak_backends import Rig, live_heap, memory_mb
 from soak_load import Client, Rec, offer, plan
 from soak_plot import plot
 
@@ -99,7 +103,8 @@ async def sample(
 ) -> None:
     while True:
         done = Counter(r.outcome for r in recs if r.t_end is not None)
-        out.append({"t": time.monotonic() - t0, **memory_mb(rig.gateway.pid),
+        live = await asyncio.to_thread(live_heap, rig.base)
+        out.append({"t": time.monotonic() - t0, **memory_mb(rig.gateway.pid), **live,
                     "in_flight": client.in_flight, **done})  # fmt: skip
         await asyncio.sleep(every)
 
@@ -170,6 +175,7 @@ async def soak(args, rig: Rig, progress: Progress) -> dict:
         end = {
             "t": time.monotonic() - t0,
             **memory_mb(rig.gateway.pid),
+            **await asyncio.to_thread(live_heap, rig.base),
             "in_flight": client.in_flight,
         }
         for t in bg:
@@ -361,6 +367,8 @@ def main(argv=None) -> None:
     figures = {"soak_lost": acc["lost"], "soak_duplicated": acc["duplicated"],
                "soak_gateway_5xx": acc["gateway_5xx"],
                "soak_rss_growth_mb": run["end"]["anon_mb"] - run["after_warmup"]["anon_mb"],
+               "soak_live_blocks_growth": run["end"]["python_allocated_blocks"]
+               - run["after_warmup"]["python_allocated_blocks"],
                "soak_victim_p99_wait_s": acc["victim_p99_wait_s"]}  # fmt: skip
     meta = {"command": " ".join(["python", "benchmarks/soak.py", *(argv or sys.argv[1:])]),
             "rps": args.rps, "duration_s": args.duration, "warmup_s": args.warmup_s, "chaos": args.chaos,

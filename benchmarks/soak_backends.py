@@ -197,6 +197,26 @@ def memory_mb(pid: int) -> dict[str, float]:
     return got
 
 
+HEAP_GAUGES = ("python_allocated_blocks", "malloc_in_use_bytes", "malloc_free_bytes")
+
+
+def live_heap(base: str) -> dict[str, float]:
+    """The gateway's live heap from its /metrics (`presched_python_allocated_blocks`, glibc's
+    `presched_malloc_in_use_bytes` / `_free_bytes`); NaN where it did not answer."""
+    got = dict.fromkeys(HEAP_GAUGES, float("nan"))
+    req = urllib.request.Request(f"{base}/metrics", headers={"authorization": f"Bearer {KEYS['victim']}"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            text = r.read().decode()
+    except (OSError, urllib.error.URLError):
+        return got
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("presched_") and name[9:] in got:
+            got[name[9:]] = float(value)
+    return got
+
+
 class Rig:
     """The backends and the gateway, as processes; `stop()` ends every one by PID."""
 

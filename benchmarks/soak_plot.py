@@ -1,4 +1,4 @@
-"""The soak benchmark's plot: gateway memory, requests in flight and answers per second by kind
+"""The soak benchmark's plot: gateway memory (resident, and its live heap), requests in flight and answers per second by kind
 over the run, with the kills, stall episodes and flood bursts marked (`benchmarks/soak.py`
 writes it as soak.png)."""
 
@@ -23,6 +23,11 @@ def plot(res: dict, recs: list[dict], out: Path) -> None:
     axes[0].legend(fontsize=8)
     axes[0].axvline(res["meta"]["warmup_s"], color="grey", ls=":", lw=0.8)
     axes[0].set_ylabel("gateway RSS (MB)")
+    live = axes[0].twinx()
+    live.plot(t, [x.get("python_allocated_blocks", np.nan) / 1e3 for x in s], color="green", lw=0.8,
+              label="live heap (thousand blocks, right)")  # fmt: skip
+    live.set_ylabel("live Python blocks (thousands)")
+    live.legend(fontsize=8, loc="lower right")
     axes[1].plot(t, [x["in_flight"] for x in s])
     axes[1].set_ylabel("client requests in flight")
     width = max(1.0, res["meta"]["duration_s"] / 120)

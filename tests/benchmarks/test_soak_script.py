@@ -24,7 +24,7 @@ from builders import BENCHMARKS, load_benchmark, printed_figures
 
 SCRIPT = BENCHMARKS / "soak.py"
 FIGURES = ("soak_lost", "soak_duplicated", "soak_gateway_5xx", "soak_rss_growth_mb",
-           "soak_victim_p99_wait_s")  # fmt: skip
+           "soak_victim_p99_wait_s", "soak_live_blocks_growth")  # fmt: skip
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -215,6 +215,10 @@ def test_quick_chaos_run_reports_every_figure_and_its_counts_add_up(tmp_path):
     assert all(s["rss_mb"] >= s["anon_mb"] > 10 for s in res["samples"]) and res["drain"]["clean"]
     growth = res["end"]["anon_mb"] - res["after_warmup"]["anon_mb"]
     assert figures["soak_rss_growth_mb"] == pytest.approx(growth, abs=1e-3)
+    live = [s["python_allocated_blocks"] for s in res["samples"]]  # the gateway's /metrics, each sample
+    assert all(v > 10_000 for v in live)  # read while the gateway runs (NaN: /metrics did not answer)
+    blocks = res["end"]["python_allocated_blocks"] - res["after_warmup"]["python_allocated_blocks"]
+    assert figures["soak_live_blocks_growth"] == blocks
 
 
 @pytest.mark.parametrize("flag", [["--duration", "0"], ["--rps", "-1"], ["--max-outstanding", "0"],

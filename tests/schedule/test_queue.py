@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import gc
+import weakref
 from types import SimpleNamespace
+
+import pytest
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -104,3 +108,34 @@ def test_epoch_bump_rekeys_once():
     p.epoch += 1
     q.update(1.0)
     assert q.peek() is b and len(q) == 2
+
+
+
+@pytest.mark.parametrize("keep_every", [1000, 7, 3, 2])
+def test_removed_requests_are_not_kept_while_the_head_stays(keep_every):
+    """A head that never leaves (a held slot) and 1,000 arrivals behind it, most removed again
+    (their clients left): the queue drops its stale entries (the removed requests are freed)
+    and still pops in exactly the order of a queue that never had them. Fails if `remove`
+    leaves its entry in the heap until it reaches the head."""
+
+    class Tracked(SimpleNamespace):
+        pass
+
+    q, ref = WaitingQueue(POLICIES.create("sjf-oracle")), WaitingQueue(POLICIES.create("sjf-oracle"))
+    head = Tracked(id="head", arrival=-1.0, target=0, generated=0)
+    q.push(head, 0.0)
+    ref.push(head, 0.0)
+    gone = []
+    for i in range(1000):
+        s = Tracked(id=f"r{i}", arrival=float(i), target=(i * 7) % 13, generated=0)
+        q.push(s, 0.0)
+        if i % keep_every:
+            q.remove(s)
+            gone.append(weakref.ref(s))
+        else:
+            ref.push(s, 0.0)
+        del s
+    gc.collect()
+    assert sum(r() is not None for r in gone) <= 64 + len(q)  # at most the slack is kept
+    assert len(q._heap) <= 2 * len(q) + 64
+    assert [q.pop() for _ in range(len(q))] == [ref.pop() for _ in range(len(ref))]

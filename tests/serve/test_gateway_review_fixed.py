@@ -1,15 +1,20 @@
 """Bugs a review found in `serve/app.py` and `serve/config.py`, fixed: a null
-`max_completion_tokens` beside `max_tokens`, and infinite tenant weights / rates.
+`max_completion_tokens` beside `max_tokens`, infinite tenant weights / rates, and token counting
+and predictions run on the event loop (issue 13, defect 10: a long prompt stalled every stream).
 
 Over real HTTP (uvicorn, the stub engine) where the bug is in the HTTP app.
 """
 
 from __future__ import annotations
 
+import threading
+
 import httpx
+import numpy as np
 import pydantic
 import pytest
 
+from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.serve.app import build_app
 from presched.serve.config import ServeConfig
 
@@ -37,3 +42,31 @@ def test_an_infinite_tenant_weight_or_rate_is_refused_naming_the_field(field):
     with pytest.raises(pydantic.ValidationError, match=rf"tenants\.0\.{field}"):
         ServeConfig(backends=[{"url": "http://127.0.0.1:9", "model": "m"}], log={"path": None},
                     tenants=[{"name": "a", "api_key": "k", field: float("inf")}])  # fmt: skip
+
+
+def test_token_counting_and_predictions_run_off_the_event_loop(asgi_server, stub_server):
+    """Both run on the gateway's worker thread, never on the thread of the event loop that
+    relays every stream (a tokenizer over a long prompt, a predictor batch: CPU-bound)."""
+    up, _ = stub_server(model="m")
+    seen: dict[str, str] = {}
+
+    class Constant:  # TEST DOUBLE of a length predictor: 10 tokens; notes where it ran
+        def predict(self, requests):
+            seen["predict"] = threading.current_thread().name
+            return LengthEstimate.from_quantiles(np.full((len(requests), len(LEVELS)), 10.0))
+
+    app = build_app(ServeConfig(backends=[{"url": up, "model": "m"}], log={"path": None}), Constant(), None)
+    g = app.state.gateway
+    count = g.count
+
+    def counting(text):
+        seen["count"] = threading.current_thread().name
+        return count(text)
+
+    g.count = counting
+    url = asgi_server(app)
+    r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "hello " * 50, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    # the event loop runs in the server's thread ("uvicorn-test"); the calls in the worker's
+    assert set(seen) == {"predict", "count"}
+    assert all(name.startswith("presched-worker") for name in seen.values()), seen

@@ -6,7 +6,10 @@ waiting requests here, so a policy orders requests identically under both clocks
 Keys are computed when a request enters the queue. The driver calls `update(now)` before it
 looks at the head; that re-keys the requests whose `rekey_at` time has come (O(log n) each), all
 requests once when the policy's `epoch` changed, and all requests every time for `dynamic`
-policies. Removal is lazy: an entry is live while it is the request's latest one.
+policies. Removal is lazy: an entry is live while it is the request's latest one. Stale entries
+(removed requests, superseded keys) are dropped when they reach the head, or all at once when
+they outnumber the live ones (`_compact`, O(n), amortized O(1)): a queue whose head does not
+move (a stalled backend, a slot held long) does not keep removed requests alive.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from typing import Iterator
 
 from presched.schedule.interface import Policy, SeqView
 from presched.schedule.request_queue import RequestQueue
+
+_SLACK = 64
+"""Stale entries a queue may hold beyond as many as it has live ones before it compacts."""
 
 
 class WaitingQueue(RequestQueue):
@@ -40,6 +46,7 @@ class WaitingQueue(RequestQueue):
             t = self.policy.rekey_at(seq, now)
             if t is not None:
                 heapq.heappush(self._timers, (t, tie, seq))
+        self._maybe_compact()
 
     def update(self, now: float) -> None:
         """Bring keys up to date at `now` (see module doc). Call before `peek`/`pop`."""
@@ -74,12 +81,37 @@ class WaitingQueue(RequestQueue):
         self._drop_stale()
         seq = heapq.heappop(self._heap)[3]
         del self._live[id(seq)]
+        if not self._live:
+            self._maybe_compact()
         return seq
 
     def remove(self, seq: SeqView) -> None:
         """Remove a request that is still waiting (e.g. a client cancelled). O(1), lazy;
         KeyError if it is not waiting."""
         del self._live[id(seq)]
+        self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
+        if not self._live:  # nothing waits: every entry is stale
+            self._heap.clear()
+            self._timers.clear()
+            return
+        n = 2 * len(self._live) + _SLACK
+        if len(self._heap) > n or len(self._timers) > n:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop every stale entry (same order: the entries keep their keys and ties)."""
+        live = self._live
+
+        def fresh(seq: SeqView, tie: int) -> bool:
+            entry = live.get(id(seq))
+            return entry is not None and entry[0] == tie
+
+        self._heap = [e for e in self._heap if fresh(e[3], e[2])]
+        self._timers = [t for t in self._timers if fresh(t[2], t[1])]
+        heapq.heapify(self._heap)
+        heapq.heapify(self._timers)
 
     def refresh(self, now: float) -> None:
         """Recompute every key now."""

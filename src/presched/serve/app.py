@@ -267,15 +267,19 @@ class GatewayApp:
             up["vllm_xargs"] = xargs
         return up, injected
 
+    def _payload(self, seq: GatewaySeq, body: dict) -> tuple[bytes, bool]:
+        """The upstream request's JSON bytes, and whether the gateway added include_usage."""
+        up, injected = self._upstream_body(seq, body)
+        return json.dumps(up).encode(), injected
+
     async def _serve(self, seq: GatewaySeq, body: dict, chat: bool, out: Outcome, send) -> None:
         """Wait for a slot, send upstream (retrying elsewhere on early failure), relay; at
         shutdown, past drain_timeout_s, end the request with 503."""
         task = asyncio.current_task()
         self._in_flight.add(task)
         try:
-            up, injected = self._upstream_body(seq, body)
-            payload, stream = json.dumps(up).encode(), bool(body.get("stream"))
-            await self.relay.run(seq, payload, chat, stream, injected, out, send)
+            payload = partial(self._payload, seq, body)  # built once a slot is free, not while queued
+            await self.relay.run(seq, payload, chat, bool(body.get("stream")), out, send)
         except asyncio.CancelledError:
             if not self.draining:
                 raise  # the client went away

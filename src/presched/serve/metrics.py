@@ -10,6 +10,8 @@ the gateway: `presched_waiting{backend}`, `presched_running{backend}`, `presched
 and the rolling prediction error of the last completed requests (`ErrorTracker`, the numbers
 the `fallback` policy acts on): `presched_predictor_mae_tokens`, `..._rel_mae`,
 `..._kendall_tau`, `..._discordance`, `..._coverage_q50`, `..._coverage_q90`, `..._samples`.
+The process's live heap (`serve.memory.heap`): `presched_python_allocated_blocks`, and on glibc
+`presched_malloc_in_use_bytes`, `presched_malloc_free_bytes`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import math
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from presched.serve.memory import heap
 
 disable_created_metrics()  # no *_created series: counters and histograms only
 
@@ -62,6 +66,14 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
+_HEAP_HELP = {
+    "python_allocated_blocks": "Memory blocks live Python objects hold (sys.getallocatedblocks): "
+    "the live heap, which falls back after a backlog drains while resident memory stays high.",
+    "malloc_in_use_bytes": "Bytes glibc malloc has handed out (mallinfo2 uordblks + hblkhd).",
+    "malloc_free_bytes": "Bytes glibc malloc holds free, not returned to the OS (mallinfo2 fordblks).",
+}
+
+
 class _Live:
     """Gauges read from the gateway at scrape time."""
 
@@ -80,6 +92,8 @@ class _Live:
         yield CounterMetricFamily("presched_policy_errors", "Scheduling-policy hooks that raised "
                                   "at run time (the request concerned was failed with a 500).",
                                   value=self.gw.policy_errors)  # fmt: skip
+        for name, value in heap().items():
+            yield GaugeMetricFamily(f"presched_{name}", _HEAP_HELP[name], value=value)
         for name, value in self.gw.tracker.snapshot().items():
             g = GaugeMetricFamily(f"presched_predictor_{name}",
                                   f"Length prediction {name} over the last completed requests (NaN before any).")  # fmt: skip

@@ -2,7 +2,7 @@
 relay the backend's bytes to the client unchanged, and fill in the request's `Outcome`.
 
     relay = Relay(cfg, gw, upstream)                       # who: `GatewayApp`, at start-up
-    await relay.run(seq, payload, chat, stream, injected, out, send)   # per request
+    await relay.run(seq, payload, chat, stream, out, send)   # per request; payload() -> (bytes, injected)
 
 Failures: a backend that refuses, times out before its response headers, or answers 502/503 is
 marked down and the request is placed on another backend (up to `retries`); a non-streaming
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Callable
 
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
@@ -44,16 +44,21 @@ class Relay:
         self.gw = gw
         self.upstream = upstream
 
-    async def run(self, seq: GatewaySeq, payload: bytes, chat: bool, stream: bool, injected: bool,
-                  out: Outcome, send) -> None:  # fmt: skip
-        """Wait for a slot, send `payload` upstream (retrying elsewhere on early failure), relay
-        the answer to `send`; when no backend could serve it, answer the error in `out`."""
+    async def run(self, seq: GatewaySeq, payload: Callable[[], tuple[bytes, bool]], chat: bool,
+                  stream: bool, out: Outcome, send) -> None:  # fmt: skip
+        """Wait for a slot, send the body `payload()` builds upstream (retrying elsewhere on
+        early failure), relay the answer to `send`; when no backend could serve it, answer the
+        error in `out`. `payload` is called once, when the first slot is granted: a request
+        waiting in the queue holds its parsed body only, not also the bytes to send."""
         path = "/v1/chat/completions" if chat else "/v1/completions"
+        data = None
         while True:
             b = await self.gw.wait(seq)
             out.backend = b
+            if data is None:
+                data, injected = payload()
             try:
-                resp = await self._open(b, path, payload)
+                resp = await self._open(b, path, data)
             except _Unavailable as e:
                 if not self._retry(seq, out, f"backend {b.name}: {e}"):
                     break
