@@ -57,7 +57,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from gateway_overhead import Pool, run_load, poisson_arrivals  # noqa: E402  (the lean HTTP client)
+from gateway_overhead_load import Pool, poisson_arrivals, run_load  # noqa: E402  (the lean HTTP client)
 
 SIGMA = 0.79
 
