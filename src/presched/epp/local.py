@@ -125,7 +125,7 @@ class LocalStack:
 
         from presched.serve.stub import StubEngine
 
-        eng = StubEngine("tiny", self.token_s, self.stub_concurrency)
+        eng = StubEngine("tiny", self.token_s, self.stub_concurrency, record=True)
         port = port or free_port()
         srv = uvicorn.Server(uvicorn.Config(eng.app(), host="127.0.0.1", port=port, log_level="error",
                                             access_log=False, lifespan="off"))  # fmt: skip

@@ -32,7 +32,8 @@ from starlette.routing import Route
 
 class StubEngine:
     def __init__(self, model: str = "stub", token_s: float = 0.0, max_concurrency: int = 1_000_000,
-                 ttft_s: float = 0.0, stall_after: int | None = None, event_end: str = "\n\n") -> None:  # fmt: skip
+                 ttft_s: float = 0.0, stall_after: int | None = None, event_end: str = "\n\n",
+                 record: bool = False) -> None:  # fmt: skip
         self.model, self.token_s, self.ttft_s = model, token_s, ttft_s
         self.stall_after, self.event_end = stall_after, event_end
         self.max_concurrency = max_concurrency
@@ -41,7 +42,8 @@ class StubEngine:
         self._tie = itertools.count()
         self.started: list[str] = []  # request ids (the prompt's text), in the order they ran
         self.received = 0
-        self.seen: list[tuple[dict, dict]] = []  # (headers, body) of each generation request
+        self.record = record
+        self.seen: list[tuple[dict, dict]] = []  # with `record`: (headers, body) of each request
 
     async def _acquire(self, priority: int) -> None:
         if self.running < self.max_concurrency and not self._waiting:
@@ -82,7 +84,8 @@ class StubEngine:
     async def generate(self, request: Request) -> Response:
         body = await request.json()
         self.received += 1
-        self.seen.append((dict(request.headers), body))
+        if self.record:
+            self.seen.append((dict(request.headers), body))
         chat = request.url.path.endswith("chat/completions")
         n = int(body.get("max_tokens") or 16)
         prompt = (body.get("messages") or [{}])[-1].get("content") if chat else body.get("prompt", "")
