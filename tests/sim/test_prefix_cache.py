@@ -69,7 +69,8 @@ def test_a_prompt_sharing_k_full_blocks_gets_k_blocks_cached():
     (ra, rb), checks = checked(inst, reqs)
     assert (ra.cached_tokens, rb.cached_tokens) == (0, 4)
     assert checks.fed["r1"] == 10 - 4 + 1
-    assert inst.sched.kv.hit_tokens == 4 and inst.sched.kv.queried_tokens == 19
+    kv = inst.sched.kv
+    assert kv.hit_tokens == kv.prompt_hit_tokens == 4 and kv.queried_tokens == kv.prompt_tokens == 19
 
 
 def test_an_identical_prompt_recomputes_its_last_block_and_a_partial_block_never_hits():
@@ -134,8 +135,11 @@ def test_a_preempted_request_recomputes_from_its_own_cached_blocks():
     # prompt and first token; its released blocks stay cached, so its recompute finds its
     # prompt block (2 tokens) in the cache (prompt + 1 generated = 3 tokens, hit capped at 2).
     reqs = hashed([(2, 3), (2, 3)], [0.0, 0.0], [[1, 2, 3, 4], [5, 6, 7, 8]])
-    (a, b), _ = checked(caching_engine(num_blocks=3), reqs)
+    inst = caching_engine(num_blocks=3)
+    (a, b), _ = checked(inst, reqs)
     assert b.preemptions == 1 and b.recomputed_tokens == 2 and b.cached_tokens == 2
+    kv = inst.sched.kv  # the recompute's hit counts in vLLM's hit rate, not in the prompt's
+    assert (kv.hit_tokens, kv.queried_tokens, kv.prompt_hit_tokens, kv.prompt_tokens) == (2, 7, 0, 4)
 
 
 def test_hashes_coarser_or_finer_than_the_block_size():

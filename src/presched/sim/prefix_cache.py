@@ -57,6 +57,8 @@ class CachingBlockManager(BlockManager):
         self.evictable = 0  # blocks of the units in `lru` (part of `free`)
         self.hit_tokens = 0
         self.queried_tokens = 0
+        self.prompt_hit_tokens = 0  # hits at each request's first admission (no recomputes)
+        self.prompt_tokens = 0  # prompt tokens of the requests admitted the first time
         self.evicted_units = 0
 
     # --- per request, once, when it joins the instance ------------------------------------
@@ -104,6 +106,9 @@ class CachingBlockManager(BlockManager):
         """Give `seq` (waiting, holding no blocks) the first `units` cached units found by
         `lookup`; returns the tokens it no longer has to compute."""
         self.queried_tokens += total
+        first = seq.first_scheduled is None
+        if first:
+            self.prompt_tokens += seq.prompt_tokens
         if not units:
             return 0
         refs, lru = self.refs, self.lru
@@ -126,6 +131,8 @@ class CachingBlockManager(BlockManager):
         seq.next_unit_end = (units + 1) * seq.unit_tokens if units < len(keys) else math.inf
         hit = units * seq.unit_tokens
         self.hit_tokens += hit
+        if first:
+            self.prompt_hit_tokens += hit
         return hit
 
     # --- as KV is computed ----------------------------------------------------------------

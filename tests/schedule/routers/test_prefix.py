@@ -57,7 +57,7 @@ def test_index_matches_the_longest_prefix_per_instance_and_forgets_lru():
 
 def test_prefix_affinity_follows_the_prefix_even_to_a_busier_instance():
     insts = instances(3)
-    r = ROUTERS.create("prefix-affinity")
+    r = ROUTERS.create("prefix-affinity", min_match=0.0)
     a, b, c, d = seqs([SYS + own(0), own(1), own(2), SYS + own(3)])
     assert [send(r, insts, s) for s in (a, b, c)] == [0, 1, 2]  # no match: least outstanding
     send(r, insts, seqs([own(4)])[0])  # no match: ties -> lowest index, 0 now has 2
@@ -70,7 +70,7 @@ def test_prefix_affinity_below_min_match_balances_load():
     a, b, c = seqs([SYS + own(0), SYS + own(1), SYS + own(2)])
     assert send(r, insts, a) == 0
     assert send(r, insts, b) == 1  # 64 of 96 tokens matched < 0.9: least loaded instead
-    assert ROUTERS.create("prefix-affinity").route(c, insts, 0.0) == 0  # (without the guard)
+    assert ROUTERS.create("prefix-affinity", min_match=0).route(c, insts, 0.0) == 0  # no guard
 
 
 def test_prefix_work_trades_the_prefix_against_predicted_work():

@@ -8,9 +8,10 @@ engine's cache, so they run unchanged under the simulator and the gateway.
 
 - `prefix-affinity` (prefix only): the instance that was sent the longest prefix of the request
   (llm-d's `prefix-cache-scorer` alone, SGLang's `cache_aware` without its balance guard).
-  Ties, and requests whose best match is below `min_match` of their prompt: the instance with
-  the fewest outstanding requests, then the lowest index. Sticky by design, so a popular prefix
-  can pile up on one instance.
+  Ties, and requests whose best match is below `min_match` of their prompt (default 0.5,
+  SGLang's `cache_threshold`): the instance with the fewest outstanding requests, then the
+  lowest index. With `min_match` 0 it follows any match: every request that shares a first
+  block (Mooncake: all of them) piles onto one instance.
 - `prefix-work`: a weighted sum of scores in [0, 1], as llm-d's scheduling profiles weigh
   scorers (defaults: prefix 3, work 2, queue 1, kv 1):
 
@@ -43,7 +44,7 @@ _MAX_BLOCKS = Field(256, ge=0, description="Match and remember only a request's 
 class PrefixAffinityParams(PolicyParams):
     capacity_tokens: int = _CAPACITY
     max_blocks: int = _MAX_BLOCKS
-    min_match: float = Field(0.0, ge=0, le=1, description="Follow the best match only if it covers at least this share of the prompt; below it, the least-loaded instance (SGLang's cache_threshold).")
+    min_match: float = Field(0.5, ge=0, le=1, description="Follow the best match only if it covers at least this share of the prompt; below it, the instance with the fewest outstanding requests (SGLang's cache_threshold, default 0.5 there too). 0: always follow any match (sticky: every request sharing a first block piles onto one instance).")
 
 
 class PrefixWorkParams(LeastWorkParams):
