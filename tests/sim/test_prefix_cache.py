@@ -28,23 +28,30 @@ def caching_engine(policy="fcfs", **engine):
 class CacheChecks(StepChecks):
     """`StepChecks` (budget, exact blocks per request, batch shape, tokens fed) with the KV
     balance of a cache that shares blocks: free + the blocks in use (each request's private
-    blocks, plus every cached unit held by anyone, once) = num_blocks; a cached unit's reference
-    count is the number of running requests holding it; the evictable list is exactly the
-    cached units nobody holds, and `evictable` their blocks."""
+    blocks, plus every cached unit held by anyone, once) = num_blocks; a cached run's reference
+    count is the number of running requests holding it, and a request holds a path from the
+    root (every ancestor of what it holds) covering exactly its first `cached_upto` units, its
+    own keys; `evictable` = the blocks of the runs nobody holds."""
 
     def check_balance(self):
         sched, kv = self.inst.sched, self.kv
-        held = Counter(k for s in sched.running for k in s.held)
-        assert all(len(set(s.held)) == len(s.held) for s in sched.running)
-        ub = kv.unit_blocks
-        private = sum(s.blocks - sum(ub[k] for k in s.held) for s in sched.running)
-        shared = sum(ub[k] for k in held)
+        paths = {id(s): kv.path(s) for s in sched.running}
+        held = Counter(id(n) for p in paths.values() for n in p)
+        nodes = list(kv.nodes())
+        for s in sched.running:
+            parent, keys = kv.root, []
+            for n in paths[id(s)]:
+                assert n.parent is parent and n.parent.children[n.keys[0]] is n
+                parent, keys = n, keys + n.keys
+            assert keys == s.keys[: s.cached_upto] and s.cached_upto * s.unit_tokens <= s.computed
+        private = sum(s.blocks - sum(n.blocks for n in paths[id(s)]) for s in sched.running)
+        shared = sum(n.blocks for n in nodes if n.ref)
         assert kv.free >= 0 and kv.free + private + shared == kv.num_blocks
-        assert all(s.blocks == 0 and not s.held for s in sched.waiting)
-        for k, r in kv.refs.items():
-            assert r == held.get(k, 0), (k, r)  # in use = referenced = never in the LRU
-        assert set(kv.lru) == {k for k, r in kv.refs.items() if r == 0}
-        assert kv.evictable == sum(ub[k] for k in kv.lru)
+        assert all(s.blocks == 0 and s.cache_node is None for s in sched.waiting)
+        for n in nodes:
+            assert n.keys and n.ref == held.get(id(n), 0), n.ref  # in use = referenced
+            assert all(c.ref <= n.ref and c.parent is n for c in n.children.values())
+        assert kv.evictable == sum(n.blocks for n in nodes if not n.ref)
         self.peak_used = max(self.peak_used, private + shared)
 
 
@@ -98,23 +105,21 @@ def test_a_hit_saves_prefill_time():
 
 def test_free_cached_blocks_are_evicted_least_recently_released_first():
     # 6 blocks of 2. A, B, C (4 tokens each, 1 output: 2 blocks) run one after the other and
-    # leave 2 cached blocks each (6 blocks, all free and cached). D (4 new tokens) needs 2:
-    # A's, the oldest, are evicted, its last block first (vLLM frees in reverse order).
+    # leave 2 cached blocks each (6 blocks, all free and cached). A block taken now evicts A's
+    # (the oldest) last unit first (vLLM frees in reverse order); D then evicts A's first.
     toks = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]]
     reqs = hashed([(4, 1)] * 4, [0.0, 10.0, 20.0, 30.0], toks)
     inst = caching_engine(num_blocks=6)
-    order = []
     kv = inst.sched.kv
-    evict = kv._evict
-    def spy(blocks):
-        order.append(list(kv.lru)[: 2])
-        evict(blocks)
-    kv._evict = spy
-    seqs, _ = checked(inst, reqs)
-    a_keys = seqs[0].keys
-    assert order == [[a_keys[1], a_keys[0]]]
-    assert kv.evicted_units == 2
-    assert set(kv.refs) == set(seqs[1].keys) | set(seqs[2].keys) | set(seqs[3].keys)
+    seqs, _ = checked(inst, reqs[:3])
+    a, b, c = (s.keys for s in seqs)
+    assert kv.cached_keys() == set(a + b + c) and kv.evictable == 6
+    kv.take(seqs[0], 1)  # one block more than the uncached free ones (none): A's last unit goes
+    assert kv.cached_keys() == {a[0]} | set(b + c) and kv.evicted_units == 1
+    kv.release(seqs[0])
+    # D needs 2 blocks: the uncached one A just freed, then A's first unit, the oldest
+    (d,), _ = checked(inst, reqs[3:])
+    assert kv.cached_keys() == set(b + c + d.keys) and kv.evicted_units == 2
 
 
 def test_blocks_in_use_are_shared_and_never_evicted():
@@ -203,6 +208,7 @@ def test_invariants_of_random_shared_prefix_runs(run):
         if not s.preemptions:
             assert s.cached_tokens < s.prompt_tokens and s.cached_tokens % bs == 0
     kv = inst.sched.kv
-    assert kv.free == kv.num_blocks and kv.evictable == sum(kv.unit_blocks[k] for k in kv.lru)
-    assert all(r == 0 for r in kv.refs.values())
+    nodes = list(kv.nodes())
+    assert kv.free == kv.num_blocks and kv.evictable == sum(n.blocks for n in nodes)
+    assert all(n.ref == 0 for n in nodes)
     assert kv.hit_tokens == sum(s.cached_tokens for s in seqs) <= kv.queried_tokens

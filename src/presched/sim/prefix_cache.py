@@ -7,34 +7,39 @@ that unit). A unit is `unit_tokens` tokens: the hash granularity of the request
 or the block size itself when the hashes are finer (then every block is named by the chain hash
 of its last piece). The rules, as in vLLM's `KVCacheManager` / `BlockPool`:
 
-- **Hit** (admission of a waiting request): the longest run of its units, from the start, whose
-  keys are cached is used instead of being computed, capped so that at least one token is left
-  to compute (vLLM computes the last prompt token again for its logits). The request starts
-  with `computed` = the hit tokens and holds those blocks by reference; a unit nobody held
+- **Hit** (admission of a waiting request): the longest run of its units, from the start, that
+  is cached is used instead of being computed, capped so that at least one token is left to
+  compute (vLLM computes the last prompt token again for its logits). The request starts with
+  `computed` = the hit tokens and holds those blocks by reference; a unit nobody held
   (reference count 0) leaves the free pool.
-- **Insert**: when a request's computed tokens cover a unit whose key is not cached yet, that
-  unit becomes cached (reference count 1, held by the request). If another request cached the
-  same key meanwhile, this request's copy stays private (vLLM keeps a duplicate block).
+- **Insert**: when a request's computed tokens cover a unit, that unit becomes cached (held by
+  the request). If another request cached the same unit meanwhile, this request takes a
+  reference on that one and frees its own copy (SGLang's radix cache does this; vLLM keeps the
+  duplicate block until the request ends).
 - **Release** (finish or preemption by recompute): the reference counts drop; a unit that
   nobody holds stays cached and evictable; the request's private blocks become free. A
   preempted request's own units stay cached, so its recompute can hit them.
 - **Evict**: free blocks count cached-but-unused units (so `free` keeps vLLM's meaning,
-  `get_num_free_blocks`); allocating more blocks than the uncached free ones evicts
-  unused units least recently released first, and within one request's release its last
-  unit first (vLLM frees a request's blocks in reverse order). A unit in use is never evicted.
+  `get_num_free_blocks`); allocating more blocks than the uncached free ones evicts unused
+  units, least recently released first, from the end of a prefix (within one request's
+  release, its last unit first, as vLLM frees a request's blocks in reverse order). A unit in
+  use is never evicted.
 
-One simplification: vLLM's free queue mixes uncached and cached free blocks in one LRU list;
-here uncached free blocks are used first and cached units only evicted when none are left (the
-same as vLLM once every free block is cached, which a busy cache reaches quickly).
+Simplification: vLLM's free queue mixes uncached and cached free blocks in one LRU list; here
+uncached free blocks are used first and cached units evicted only when none are left (the same
+as vLLM once every free block is cached, which a busy cache reaches quickly).
 
-Per request the work is per unit (a Mooncake request of 12k tokens has 23 units), never per
-token or per step: a step only compares `computed` with `seq.next_unit_end`.
+The cache is a radix tree of unit keys (`_Node`: a run of keys that requests share or not as a
+whole; a request holds a path from the root). Work per request is per node on its path, with
+C-level list compares and slices inside a node, not per unit: a step only compares `computed`
+with `seq.next_unit_end`, and a request that extends its own chain appends to its own node.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
-from collections import OrderedDict
 
 from presched.sim.block_manager import BlockManager
 from presched.sim.seq import Seq
@@ -44,6 +49,37 @@ class PrefixCacheError(ValueError):
     """A request's block hashes do not fit the engine's block size."""
 
 
+class _Node:
+    __slots__ = ("keys", "ub", "parent", "children", "ref", "stamp")
+
+    def __init__(self, keys: list[int], ub: int, parent: "_Node | None", ref: int) -> None:
+        self.keys = keys  # unit keys of this run, in order
+        self.ub = ub  # blocks per unit
+        self.parent = parent
+        self.children: dict[int, _Node] = {}  # by the child's first key
+        self.ref = ref  # requests holding this node (a holder holds every ancestor too)
+        self.stamp = 0  # when its reference count last dropped to 0 (LRU)
+
+    @property
+    def blocks(self) -> int:
+        return len(self.keys) * self.ub
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """Length of the common start of `a` and `b` (C-level slice compares, binary search)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class CachingBlockManager(BlockManager):
     """`BlockManager` with prefix caching. `seq.blocks` still counts every block a request's
     KV uses, shared ones included, so the scheduler's rounding is unchanged; `free` counts the
@@ -51,10 +87,10 @@ class CachingBlockManager(BlockManager):
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)
-        self.refs: dict[int, int] = {}  # cached unit key -> requests holding it
-        self.unit_blocks: dict[int, int] = {}  # cached unit key -> its blocks
-        self.lru: OrderedDict[int, None] = OrderedDict()  # keys held by nobody, eviction order
-        self.evictable = 0  # blocks of the units in `lru` (part of `free`)
+        self.root = _Node([], 0, None, 1)
+        self.evictable = 0  # blocks of the cached units nobody holds (part of `free`)
+        self._heap: list[tuple[int, int, _Node]] = []  # (stamp, tie, leaf) with reference 0
+        self._clock = itertools.count(1)
         self.hit_tokens = 0
         self.queried_tokens = 0
         self.prompt_hit_tokens = 0  # hits at each request's first admission (no recomputes)
@@ -67,18 +103,21 @@ class CachingBlockManager(BlockManager):
         r = seq.request
         hashes, h, bs = r.block_hashes, r.hash_block_tokens, self.block_size
         if not hashes:
-            seq.keys, seq.unit_tokens = (), 0
+            seq.keys, seq.unit_tokens = [], 0
         elif h % bs == 0:
-            seq.keys, seq.unit_tokens = hashes, h
+            seq.keys, seq.unit_tokens = list(hashes), h
         elif bs % h == 0:  # finer hashes: a block is named by the chain hash of its last piece
             step = bs // h
-            seq.keys, seq.unit_tokens = hashes[step - 1 :: step], bs
+            seq.keys, seq.unit_tokens = list(hashes[step - 1 :: step]), bs
         else:
             raise PrefixCacheError(
                 f"request {r.id!r}: field 'hash_block_tokens' = {h} is neither a multiple nor a "
                 f"divisor of engine.block_size = {bs}"
             )
-        seq.held = []
+        self._reset(seq)
+
+    def _reset(self, seq: Seq) -> None:
+        seq.cache_node = None
         seq.cached_upto = 0
         seq.next_unit_end = seq.unit_tokens if seq.keys else math.inf
 
@@ -86,21 +125,23 @@ class CachingBlockManager(BlockManager):
     def lookup(self, seq: Seq, total: int) -> tuple[int, int]:
         """(units hit, blocks of them that leave the free pool) for a waiting request with
         `total` tokens; changes nothing."""
-        keys, unit = seq.keys, seq.unit_tokens
+        keys = seq.keys
         if not keys:
             return 0, 0
-        refs = self.refs
-        most = min(len(keys), (total - 1) // unit)
-        n = revive = 0
-        ub = unit // self.block_size
-        while n < most:
-            r = refs.get(keys[n])
-            if r is None:
+        most = min(len(keys), (total - 1) // seq.unit_tokens)
+        node, i, revive = self.root, 0, 0
+        while i < most:
+            child = node.children.get(keys[i])
+            if child is None:
                 break
-            if r == 0:
-                revive += ub
-            n += 1
-        return n, revive
+            m = _common(child.keys, keys[i:most])
+            if not child.ref:
+                revive += m * child.ub
+            i += m
+            if m < len(child.keys):
+                break
+            node = child
+        return i, revive
 
     def acquire(self, seq: Seq, units: int, revive: int, total: int) -> int:
         """Give `seq` (waiting, holding no blocks) the first `units` cached units found by
@@ -111,22 +152,24 @@ class CachingBlockManager(BlockManager):
             self.prompt_tokens += seq.prompt_tokens
         if not units:
             return 0
-        refs, lru = self.refs, self.lru
         keys = seq.keys
-        for key in keys[:units]:
-            r = refs[key]
-            if r == 0:
-                del lru[key]
-            refs[key] = r + 1
-        held = seq.held
-        held.extend(keys[:units])
-        ub = seq.unit_tokens // self.block_size
-        self.evictable -= revive
+        node, i = self.root, 0
+        while i < units:
+            child = node.children[keys[i]]
+            m = _common(child.keys, keys[i:units])
+            if m < len(child.keys):
+                child = self._split(child, m)
+            if not child.ref:
+                self.evictable -= child.blocks
+            child.ref += 1
+            i += m
+            node = child
+        seq.cache_node = node
         self.free -= revive
         used = self.num_blocks - self.free
         if used > self.peak_used:
             self.peak_used = used
-        seq.blocks = units * ub
+        seq.blocks = units * (seq.unit_tokens // self.block_size)
         seq.cached_upto = units
         seq.next_unit_end = (units + 1) * seq.unit_tokens if units < len(keys) else math.inf
         hit = units * seq.unit_tokens
@@ -135,19 +178,47 @@ class CachingBlockManager(BlockManager):
             self.prompt_hit_tokens += hit
         return hit
 
+    def _split(self, node: _Node, m: int) -> _Node:
+        """Cut `node` after its first m units; returns the new upper part (the lower part keeps
+        the node object, its children and its place in the eviction heap; its holders, who hold
+        their deepest node and so every ancestor, hold the upper part too: same count)."""
+        upper = _Node(node.keys[:m], node.ub, node.parent, node.ref)
+        upper.stamp = node.stamp
+        node.parent.children[node.keys[0]] = upper  # type: ignore[union-attr]
+        node.keys = node.keys[m:]
+        node.parent = upper
+        upper.children[node.keys[0]] = node
+        return upper
+
     # --- as KV is computed ----------------------------------------------------------------
     def insert(self, seq: Seq) -> None:
         """`seq.computed` reached `seq.next_unit_end`: cache the units it now covers."""
-        keys, unit, refs = seq.keys, seq.unit_tokens, self.refs
-        i, c = seq.cached_upto, seq.computed
+        keys, unit = seq.keys, seq.unit_tokens
+        i = seq.cached_upto
+        end = min(len(keys), seq.computed // unit)
         ub = unit // self.block_size
-        while i < len(keys) and (i + 1) * unit <= c:
-            key = keys[i]
-            if key not in refs:
-                refs[key] = 1
-                self.unit_blocks[key] = ub
-                seq.held.append(key)
-            i += 1
+        node = seq.cache_node or self.root
+        while i < end:
+            child = node.children.get(keys[i])
+            if child is None:
+                if node.ref == 1 and node is not self.root and not node.children and node.ub == ub:
+                    node.keys.extend(keys[i:end])  # its own leaf (held by it alone): extend it
+                else:
+                    node = _Node(keys[i:end], ub, node, 1)
+                    node.parent.children[keys[i]] = node  # type: ignore[union-attr]
+                i = end
+                break
+            m = _common(child.keys, keys[i:end])  # cached meanwhile by another request: share it
+            if m < len(child.keys):
+                child = self._split(child, m)
+            if not child.ref:
+                self.evictable -= child.blocks
+                self.free -= child.blocks  # it leaves the free pool ...
+            child.ref += 1
+            self.free += m * ub  # ... and this request's own copy of those units returns to it
+            i += m
+            node = child
+        seq.cache_node = node if node is not self.root else None
         seq.cached_upto = i
         seq.next_unit_end = (i + 1) * unit if i < len(keys) else math.inf
 
@@ -156,34 +227,73 @@ class CachingBlockManager(BlockManager):
         short = extra - (self.free - self.evictable)
         if short > 0:
             self._evict(short)
-        super().take(seq, extra)
+        seq.blocks += extra
+        self.free -= extra
+        used = self.num_blocks - self.free
+        if used > self.peak_used:
+            self.peak_used = used
 
     def _evict(self, blocks: int) -> None:
-        lru, refs, ub = self.lru, self.refs, self.unit_blocks
+        heap, root = self._heap, self.root
         while blocks > 0:
-            key, _ = lru.popitem(last=False)
-            del refs[key]
-            b = ub.pop(key)
+            stamp, _, node = heap[0]
+            if node.ref or node.children or node.parent is None or node.stamp != stamp:
+                heapq.heappop(heap)  # stale: used again, extended, or gone
+                continue
+            keys = node.keys
+            t = min(len(keys), -(-blocks // node.ub))
+            first = keys[0]
+            del keys[len(keys) - t :]
+            b = t * node.ub
             self.evictable -= b
-            self.evicted_units += 1
+            self.evicted_units += t
             blocks -= b
+            if keys:  # the least recent still: it stays at the top of the heap
+                continue
+            heapq.heappop(heap)
+            parent = node.parent
+            del parent.children[first]  # type: ignore[union-attr]
+            node.parent = None
+            if parent is not root and not parent.ref and not parent.children:  # type: ignore[union-attr]
+                heapq.heappush(heap, (parent.stamp, next(self._clock), parent))  # type: ignore[union-attr]
 
     def release(self, seq: Seq) -> None:
-        refs, lru, ub = self.refs, self.lru, self.unit_blocks
         still_used = 0
-        for key in reversed(seq.held):
-            r = refs[key] - 1
-            refs[key] = r
-            if r:
-                still_used += ub[key]
+        heap, clock, root = self._heap, self._clock, self.root
+        node = seq.cache_node
+        while node is not None and node is not root:  # deepest first
+            node.ref -= 1
+            if node.ref:
+                still_used += node.blocks
             else:
-                lru[key] = None
-                self.evictable += ub[key]
+                self.evictable += node.blocks
+                node.stamp = next(clock)
+                if not node.children:
+                    heapq.heappush(heap, (node.stamp, node.stamp, node))
+            node = node.parent
         self.free += seq.blocks - still_used
         seq.blocks = 0
-        seq.held = []
-        seq.cached_upto = 0
-        seq.next_unit_end = seq.unit_tokens if seq.keys else math.inf
+        self._reset(seq)
+
+    # --- inspection -------------------------------------------------------------------------
+    def nodes(self):
+        """Every cached run (tree node but the root), parents before children."""
+        todo = list(self.root.children.values())
+        while todo:
+            node = todo.pop()
+            yield node
+            todo.extend(node.children.values())
+
+    def path(self, seq: Seq) -> list[_Node]:
+        """The nodes `seq` holds, from the root down."""
+        out, node = [], seq.cache_node
+        while node is not None and node is not self.root:
+            out.append(node)
+            node = node.parent
+        return out[::-1]
+
+    def cached_keys(self) -> set[int]:
+        return {k for node in self.nodes() for k in node.keys}
 
     @property
     def hit_rate(self) -> float:
