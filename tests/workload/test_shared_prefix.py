@@ -53,3 +53,20 @@ def test_unset_leaves_the_workload_as_it_was_and_set_is_seeded():
     a, b = build_workload(cfg), build_workload(cfg)
     assert a == b and all(r.block_hashes for r in a)
     assert [r.arrival for r in a] == [r.arrival for r in plain]
+
+
+def test_hash_prompts_hashes_text_like_the_gateway_and_skips_requests_without_text():
+    from presched.serve.tokens import encoder, prompt_hashes
+    from presched.workload.prefix import hash_prompts
+    from presched.workload.request import Request
+
+    text = "You are a careful assistant. " * 20
+    reqs = [Request(id="a", prompt_tokens=100, prompt=text + "Question A, in detail? " * 9),
+            Request(id="b", prompt_tokens=100, prompt=text + "Another one, B, at length? " * 9),
+            Request(id="c", prompt_tokens=100)]  # fmt: skip
+    a, b, c = hash_prompts(reqs)
+    encode, _ = encoder(None)
+    assert a.block_hashes == prompt_hashes(encode(a.prompt), 16) and a.hash_block_tokens == 16
+    shared = sum(x == y for x, y in zip(a.block_hashes, b.block_hashes))
+    assert shared >= len(encode(text)) // 16 - 1 and a.block_hashes != b.block_hashes
+    assert c == reqs[2]

@@ -29,25 +29,12 @@ def counter(tokenizer: Path | None = None) -> tuple[Callable[[str], int], str]:
 
 
 def encoder(tokenizer: Path | None = None) -> tuple[Callable[[str], list[int]], str]:
-    """(encode(text) -> token ids, description), the same choice as `counter`: the model's
-    tokenizer, else o200k_base, else pseudo-ids of 4-character pieces (a CRC-32 each). The
-    ids only name the prompt's blocks for prefix hashing (`prompt_hashes`); an approximate
-    tokenizer still gives equal ids to equal text, which is all a prefix match needs."""
-    if tokenizer is not None:
-        from tokenizers import Tokenizer
+    """(encode(text) -> token ids, description), the same choice as `counter`: the workloads'
+    `workload.prefix.text_encoder`, so a prompt hashes the same in the gateway and in a
+    simulated workload (`prompt_hashes`)."""
+    from presched.workload.prefix import text_encoder
 
-        tok = Tokenizer.from_file(str(tokenizer))
-        return (lambda s: tok.encode(s, add_special_tokens=False).ids), f"tokenizer {tokenizer}"
-    try:
-        import toktok
-
-        enc = toktok._encoding("o200k_base")
-        return enc.encode_ordinary, "o200k_base (toktok)"
-    except Exception:  # noqa: BLE001 - optional dependency
-        import zlib
-
-        return (lambda s: [zlib.crc32(s[i:i + 4].encode("utf-8", "surrogatepass"))
-                           for i in range(0, len(s), 4)]), "4-character pieces"  # fmt: skip
+    return text_encoder(tokenizer)
 
 
 def prompt_hashes(ids: list[int], block_tokens: int, max_blocks: int = 0) -> tuple[int, ...]:

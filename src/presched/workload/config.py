@@ -11,7 +11,8 @@
 are shuffled with the seed) -> keep the first `num_requests` -> attach `lengths_from` contents
 (`compose`) -> arrival times (`trace`: as recorded, rescaled to `rate` if given; `poisson` /
 `gamma`: generated at `rate`, default the source's own mean rate) -> cap `max_tokens` -> sort ->
-optional `shared_prefix` (system prompts, conversations, block hashes: `shared_prefix.py`).
+optional `hash_prompts` (block hashes of prompt text) -> optional `shared_prefix` (system
+prompts, conversations, block hashes: `shared_prefix.py`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from presched.workload import arrivals as arr
 from presched.workload.compose import compose
 from presched.workload.default import default_workload
 from presched.workload.loaders import LOADERS, UNTIMED
+from presched.workload.prefix import hash_prompts
 from presched.workload.request import Request
 from presched.workload.shared_prefix import SharedPrefixConfig, add_shared_prefixes
 
@@ -107,6 +109,10 @@ class WorkloadConfig(Config):
         0,
         ge=0,
         description="Seed for every random choice (default lengths, shuffling, composition, arrivals).",
+    )
+    hash_prompts: bool = Field(
+        False,
+        description="Give every request with prompt text (castillo, sharegpt, generic with prompt) prefix-cache block hashes of its text's token ids (o200k_base, 16-token blocks; workload/prefix.py), as the gateway hashes prompts. Requests without text get none.",
     )
     shared_prefix: SharedPrefixConfig | None = Field(
         None,
@@ -254,6 +260,8 @@ def build_workload(cfg: WorkloadConfig) -> list[Request]:
             for r in reqs
         ]
     reqs = sorted(reqs, key=lambda r: r.arrival)
-    if cfg.shared_prefix is not None:
+    if cfg.hash_prompts:
+        reqs = hash_prompts(reqs)
+    if cfg.shared_prefix is not None:  # replaces any hashes: the prompts change
         reqs = add_shared_prefixes(reqs, cfg.shared_prefix, seed=cfg.seed)
     return reqs

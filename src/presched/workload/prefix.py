@@ -13,7 +13,8 @@ tuples of ints are not salted by PYTHONHASHSEED) and 64-bit on 64-bit builds.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from pathlib import Path
+from typing import Callable, Sequence
 
 from presched.workload.request import Request
 
@@ -39,6 +40,38 @@ def chain_hashes(
         h = hash((h, tuple(tokens[i * block_tokens : (i + 1) * block_tokens])))
         out.append(h)
     return tuple(out)
+
+
+def text_encoder(tokenizer: Path | None = None) -> tuple[Callable[[str], list[int]], str]:
+    """(encode(text) -> token ids, description): a model's `tokenizer.json` if given, else
+    o200k_base (`toktok`, presched[predict]), else pseudo-ids of 4-character pieces (a CRC-32
+    each). The ids only name a prompt's blocks for hashing: an approximate tokenizer still gives
+    equal ids to equal text, which is all a prefix match needs. The gateway uses this too."""
+    if tokenizer is not None:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tokenizer))
+        return (lambda s: tok.encode(s, add_special_tokens=False).ids), f"tokenizer {tokenizer}"
+    try:
+        import toktok
+
+        enc = toktok._encoding("o200k_base")
+        return enc.encode_ordinary, "o200k_base (toktok)"
+    except Exception:  # noqa: BLE001 - optional dependency
+        import zlib
+
+        return (lambda s: [zlib.crc32(s[i:i + 4].encode("utf-8", "surrogatepass"))
+                           for i in range(0, len(s), 4)]), "4-character pieces"  # fmt: skip
+
+
+def hash_prompts(
+    requests: Sequence[Request], block_tokens: int = DEFAULT_BLOCK_TOKENS,
+    encode: Callable[[str], list[int]] | None = None,
+) -> list[Request]:  # fmt: skip
+    """Requests with `block_hashes` of their prompt text's token ids (`text_encoder`); those
+    without text are left as they are."""
+    encode = encode or text_encoder()[0]
+    return [with_hashes(r, encode(r.prompt), block_tokens) if r.prompt else r for r in requests]
 
 
 def with_hashes(
