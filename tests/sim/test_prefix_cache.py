@@ -212,3 +212,10 @@ def test_invariants_of_random_shared_prefix_runs(run):
     assert kv.free == kv.num_blocks and kv.evictable == sum(n.blocks for n in nodes)
     assert all(n.ref == 0 for n in nodes)
     assert kv.hit_tokens == sum(s.cached_tokens for s in seqs) <= kv.queried_tokens
+
+
+def test_caching_under_disaggregation_is_refused_naming_the_field():
+    from presched.sim.config import DisaggConfig
+
+    with pytest.raises(ValueError, match="engine.enable_prefix_caching"):
+        SimConfig(disaggregated=DisaggConfig(), engine=dict(enable_prefix_caching=True))
