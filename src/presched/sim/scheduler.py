@@ -13,7 +13,10 @@ B. Only if nothing was preempted in A (vLLM's anti-thrash rule): waiting request
    (strict order: a blocked head is not skipped). A waiting request computes its
    `num_tokens - computed` tokens: all of them (computed == 0), except on a decode instance of a
    disaggregated cluster, where its prompt KV came from a prefill instance (computed = prompt)
-   and its first step feeds its first token: a decode (vLLM's KV-connector semantics).
+   and its first step feeds its first token: a decode (vLLM's KV-connector semantics). With
+   prefix caching (`engine.enable_prefix_caching`, prefix_cache.py) it starts with its cache
+   hit computed: only the rest is computed, and it fits if its new blocks plus the cached ones
+   it revives from the free pool do.
 
 The caller runs the step for `step_time(shape)` seconds and then calls `postprocess`.
 """
