@@ -22,7 +22,7 @@ def post(url, prompt):
 
 
 def test_prefix_affinity_sends_a_shared_prefix_to_the_backend_that_got_it(asgi_server, stub_server):
-    (u0, e0), (u1, e1) = stub_server(), stub_server()
+    (u0, _), (u1, _) = stub_server(), stub_server()
     backends = [{"url": u, "model": "stub", "max_in_flight": 4} for u in (u0, u1)]
     app = build_app(ServeConfig(backends=backends, log={"path": None}, router="prefix-affinity"))
     url = asgi_server(app)

@@ -251,11 +251,11 @@ class CachingBlockManager(BlockManager):
             if keys:  # the least recent still: it stays at the top of the heap
                 continue
             heapq.heappop(heap)
-            parent = node.parent
-            del parent.children[first]  # type: ignore[union-attr]
+            parent: _Node = node.parent  # type: ignore[assignment]
+            del parent.children[first]
             node.parent = None
-            if parent is not root and not parent.ref and not parent.children:  # type: ignore[union-attr]
-                heapq.heappush(heap, (parent.stamp, next(self._clock), parent))  # type: ignore[union-attr]
+            if parent is not root and not parent.ref and not parent.children:  # a leaf now
+                heapq.heappush(heap, (parent.stamp, next(self._clock), parent))
 
     def release(self, seq: Seq) -> None:
         still_used = 0

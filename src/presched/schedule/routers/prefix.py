@@ -89,7 +89,8 @@ class PrefixAffinity(Router):
         if best == 0 or best * bt < self.params.min_match * seq.prompt_tokens:
             i = min(range(n), key=lambda i: instances[i].num_outstanding)
         else:
-            i = min((i for i in range(n) if match[i] == best), key=lambda i: instances[i].num_outstanding)
+            best_at = [i for i in range(n) if match[i] == best]
+            i = min(best_at, key=lambda i: instances[i].num_outstanding)
         if hashes:
             self.index.add(i, hashes, bt)
         return i
