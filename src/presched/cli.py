@@ -179,6 +179,10 @@ def simulate(
         err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     summary.update({"sim_wall_s": res.wall_seconds, "sim_steps": res.num_steps,
                     "realtime_factor": res.realtime_factor})  # fmt: skip
+    if res.prefix_queried_tokens:  # prefix caching on
+        summary.update({"prefix_hit_rate": res.prefix_hit_rate,
+                        "prompt_hit_rate": res.prompt_hit_rate,
+                        "prefill_tokens_saved": res.prefix_hit_tokens})  # fmt: skip
     if records is not None:
         df = res.records.to_frame()
         if records.suffix == ".jsonl":

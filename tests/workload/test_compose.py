@@ -9,13 +9,15 @@ from presched.workload import Request, compose
 
 def _timed(n):
     return [Request(id=f"t{i}", prompt_tokens=1, arrival=i * 0.5, output_tokens=1, tenant="default",
-                    metadata={"hash_ids": (i,)}) for i in range(n)]  # fmt: skip
+                    metadata={"hash_ids": (i,)}, block_hashes=(i,), hash_block_tokens=1)
+            for i in range(n)]  # fmt: skip
 
 
 def _donors(m):
     return [
         Request(id=f"d{j}", prompt_tokens=100 + j, output_tokens=10 + j, prompt=f"p{j}", model="m",
-                output_samples=(j, j + 1), tenant="gold" if j % 2 else "default", metadata={"k": j})
+                output_samples=(j, j + 1), tenant="gold" if j % 2 else "default", metadata={"k": j},
+                block_hashes=(7, j) if j % 2 else (), hash_block_tokens=16 if j % 2 else 0)
         for j in range(m)
     ]  # fmt: skip
 
@@ -31,6 +33,8 @@ def test_keeps_timing_takes_contents():
             d.prompt_tokens, d.output_tokens, d.prompt, d.model, d.output_samples)  # fmt: skip
         assert r.tenant == d.tenant  # the timing request had the default tenant
         assert "hash_ids" not in r.metadata and r.metadata["k"] == int(d.id[1:])
+        # the prompt is the donor's, so are its block hashes (the timing request's are dropped)
+        assert (r.block_hashes, r.hash_block_tokens) == (d.block_hashes, d.hash_block_tokens)
 
 
 def test_tenant_of_timing_request_wins_when_set():

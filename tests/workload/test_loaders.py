@@ -177,13 +177,14 @@ def test_mooncake_conversation_rows_and_stats():
     reqs = load_mooncake_conv()
     assert len(reqs) == 12_031
     assert reqs[0].id == "mooncake-conversation-000000"
-    assert reqs[0].metadata["hash_ids"] == tuple(range(14))
-    assert all(isinstance(r.metadata["hash_ids"], tuple) for r in reqs)
+    # 6758 tokens: 14 hash ids, the last one a partial block, which is not shareable
+    assert reqs[0].block_hashes == tuple(range(13)) and reqs[0].hash_block_tokens == 512
+    assert all(len(r.block_hashes) == r.prompt_tokens // 512 for r in reqs)
     assert max(r.arrival for r in reqs) == pytest.approx(3537, abs=1)  # ms / 1000
     assert np.mean([r.prompt_tokens for r in reqs]) == pytest.approx(12035, abs=1)
     assert np.mean([r.output_tokens for r in reqs]) == pytest.approx(342.6, abs=0.05)
-    refs = sum(len(r.metadata["hash_ids"]) for r in reqs)
-    assert refs == 288_500 and len({h for r in reqs for h in r.metadata["hash_ids"]}) == 182_790
+    refs = sum(len(r.block_hashes) for r in reqs)  # full blocks: 288,500 ids in the file
+    assert refs == 276_491 and len({h for r in reqs for h in r.block_hashes}) == 170_899
 
 
 @pytest.mark.parametrize(
@@ -231,7 +232,7 @@ def test_mooncake_bad_json_and_extra_keys(tmp_path):
     with pytest.raises(LoadError, match=r"^m\.jsonl line 2: invalid JSON"):
         load_mooncake(f)
     r = load_mooncake(f, limit=1)[0]
-    assert r.arrival == 1.5 and r.metadata == {"turn": 2, "hash_ids": ()}
+    assert r.arrival == 1.5 and r.metadata == {"turn": 2} and r.block_hashes == ()
 
 
 # ---------------------------------------------------------------- CASTILLO
@@ -530,7 +531,7 @@ def test_generic_round_trip(tmp_path, name):
     assert back == reqs  # every schema field, floats exactly (metadata is not compared)
     if name.startswith("rt.jsonl"):
         assert back[0].metadata == reqs[0].metadata
-        assert back[30].metadata["hash_ids"] == list(reqs[30].metadata["hash_ids"])
+        assert back[30].block_hashes == reqs[30].block_hashes != ()
     else:
         assert back[0].metadata["prompt_id"] == reqs[0].metadata["prompt_id"]
 

@@ -56,7 +56,7 @@ from presched.serve.request_body import check_content_type, error_response, pars
 from presched.serve.seq import GatewaySeq
 from presched.serve.status import health, list_models, prometheus
 from presched.serve.tenants import Tenants
-from presched.serve.tokens import counter
+from presched.serve.tokens import counter, encoder, prompt_hashes
 from presched.serve.upstream import Upstream
 from presched.workload.request import Request
 
@@ -71,6 +71,8 @@ class GatewayApp:
         self.gw = Gateway(cfg, predicts=predictor is not None)
         self.tenants = Tenants(cfg.tenants)
         self.count, self.count_how = counter(cfg.tokenizer)
+        # prefix-aware routers read each prompt's block hashes (the simulator's chain hash)
+        self.encode = encoder(cfg.tokenizer)[0] if self.gw.router.reads_prefix else None
         self.worker = Worker()  # predictions and token counting, off the event loop
         self.predict = PredictBatcher(predictor, self.worker) if predictor is not None else None
         self.log = log
@@ -214,7 +216,14 @@ class GatewayApp:
         body, prompt = parse_body(raw, chat, self.models)
         return tenant, body, prompt
 
+    def _hash(self, text_or_ids) -> tuple[int, ...]:
+        ids = text_or_ids if isinstance(text_or_ids, list) else self.encode(text_or_ids)
+        return prompt_hashes(ids, self.cfg.prefix_block_tokens)
+
     async def _accept(self, tenant: str, body: dict, text, chat: bool) -> GatewaySeq:
+        hashes: tuple[int, ...] = ()
+        if self.encode is not None:  # off the event loop too
+            hashes = await self.worker.run(self._hash, text)
         if isinstance(text, list):  # token ids
             n_prompt, text = len(text), None
         else:  # off the event loop: a long prompt must not stall the streams
@@ -232,7 +241,8 @@ class GatewayApp:
             max_tokens = body["max_completion_tokens"]
         req = Request(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}",
                       prompt_tokens=n_prompt, tenant=tenant, model=body.get("model") or "",
-                      prompt=text, max_tokens=max_tokens)  # fmt: skip
+                      prompt=text, max_tokens=max_tokens, block_hashes=hashes,
+                      hash_block_tokens=self.cfg.prefix_block_tokens if hashes else 0)  # fmt: skip
         target = max_tokens if body.get("ignore_eos") and max_tokens else None
         estimate = None
         if self.predict is not None:

@@ -70,6 +70,7 @@ class ServeConfig(Config):
     tenants: list[TenantConfig] = Field(default_factory=list, description="API keys and their tenants. Empty: no authentication, every request is tenant 'default'.")
     max_queue: int = Field(10_000, ge=1, le=10_000_000, description="Most requests waiting in the gateway; more get 429 with Retry-After. With tenants, each tenant may fill only its share, max_queue * weight / (sum of weights) (docs/gateway.md, Queue shares).")
     max_prompt_tokens: int = Field(32_768, ge=1, description="Longer prompts get 413.")
+    prefix_block_tokens: int = Field(16, ge=1, description="Tokens per hashed block of a prompt, for routers that read block hashes (prefix-affinity, prefix-work): the engines' KV block size (vLLM --block-size). The prompt is tokenized as for counting (tokenizer, else o200k_base, else 4-character pieces) and chain-hashed like the simulator's workloads.")
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="Larger request bodies get 413.")
     connect_timeout_s: float = Field(5.0, gt=0, description="Backend connect timeout; a backend that refuses or times out is retried on another.")
     first_byte_timeout_s: float = Field(600.0, gt=0, description="Most seconds from sending to the backend's response headers before it counts as failed (and is retried elsewhere).")

@@ -28,6 +28,23 @@ def counter(tokenizer: Path | None = None) -> tuple[Callable[[str], int], str]:
         return (lambda s: max(1, (len(s) + 3) // 4)), "~4 characters per token"
 
 
+def encoder(tokenizer: Path | None = None) -> tuple[Callable[[str], list[int]], str]:
+    """(encode(text) -> token ids, description), the same choice as `counter`: the workloads'
+    `workload.prefix.text_encoder`, so a prompt hashes the same in the gateway and in a
+    simulated workload (`prompt_hashes`)."""
+    from presched.workload.prefix import text_encoder
+
+    return text_encoder(tokenizer)
+
+
+def prompt_hashes(ids: list[int], block_tokens: int, max_blocks: int = 0) -> tuple[int, ...]:
+    """The prompt's prefix-cache block hashes: `workload.prefix.chain_hashes` of its token ids,
+    the one hash every driver uses (at most `max_blocks` blocks; 0 = all)."""
+    from presched.workload.prefix import chain_hashes
+
+    return chain_hashes(ids, block_tokens, limit=max_blocks or None)
+
+
 MAX_TOKEN_ID = 2**31 - 1
 """Largest token id accepted in a prompt sent as ids (vocabularies are far smaller)."""
 

@@ -2,7 +2,8 @@
 
 A request holding KV for `n` tokens owns ceil(n / block_size) blocks; blocks are allocated as a
 step is scheduled (for the tokens that step computes) and all freed at finish or preemption.
-The simulator only needs counts, not block ids (no prefix caching yet).
+The simulator only needs counts, not block ids; prefix caching (`prefix_cache.py`,
+`CachingBlockManager`) adds cached units shared by reference count on top of these counts.
 Invariant: 0 <= free <= num_blocks at all times, and free + the blocks every request holds =
 num_blocks.
 

@@ -26,6 +26,9 @@ class EngineConfig(Config):
     num_blocks: int | None = Field(
         None, ge=1, description="KV-cache blocks per instance. Default: derived from the model, hardware and gpu_memory_utilization like vLLM's num_gpu_blocks."
     )
+    enable_prefix_caching: bool = Field(
+        False, description="Automatic prefix caching (vLLM --enable-prefix-caching; on by default in vLLM v1, off here so results without block hashes stay as they were): full blocks are cached by the chain hash of the request's `block_hashes`, a hit skips that prefill, unused cached blocks are evicted least recently used first (docs/simulator.md, Prefix caching)."
+    )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Share of GPU memory for weights + KV cache when num_blocks is derived (vLLM --gpu-memory-utilization)."
     )

@@ -141,8 +141,11 @@ class Instance:
         self.busy_time += dur
         self.clock = end
         contiguous = 0
+        caching = self.sched.caching
         for seq, n in zip(seqs, ntoks):
             seq.computed += n
+            if caching and seq.computed >= seq.next_unit_end:
+                self.sched.kv.insert(seq)
             if seq.computed == seq.prompt_tokens + seq.generated:  # the step sampled a token
                 seq.generated += 1
                 last = seq.last_token
@@ -204,10 +207,17 @@ class Instance:
         bs = kv.block_size
         contiguous = 0
         max_step = t0 + s * (k - 1)
+        caching = self.sched.caching
+        if caching:  # every step's blocks are taken before anyone finishes, as step by step:
+            for seq in seqs:  # a release must not spare an eviction the steps would have made
+                if seq.computed + k > seq.blocks * bs:
+                    kv.take(seq, kv.blocks_for(seq.computed + k) - seq.blocks)
         for seq in seqs:
             if seq.computed + k > seq.blocks * bs:  # past the blocks it holds
                 kv.take(seq, kv.blocks_for(seq.computed + k) - seq.blocks)
             seq.computed += k
+            if caching and seq.computed >= seq.next_unit_end:
+                kv.insert(seq)
             seq.generated += k
             last = seq.last_token
             if last == now:

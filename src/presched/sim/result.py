@@ -30,6 +30,14 @@ class SimResult:
     """Per instance (same order as busy_seconds ...): "colocated", "prefill" or "decode"."""
     kv_transfer_bytes: float = 0.0
     """Disaggregated: prompt KV bytes sent from prefill to decode instances in all."""
+    prefix_hit_tokens: int = 0
+    """Prefix caching: prompt tokens found cached at admissions (prefill tokens saved), in all."""
+    prefix_queried_tokens: int = 0
+    """Prefix caching: tokens looked up in the cache at admissions (0 with caching off)."""
+    prompt_hit_tokens: int = 0
+    """Prefix caching: prompt tokens found cached at each request's first admission."""
+    prompt_tokens_admitted: int = 0
+    """Prefix caching: prompt tokens of the requests at their first admission."""
 
     @classmethod
     def from_instances(
@@ -53,6 +61,10 @@ class SimResult:
             seqs=seqs,
             roles=roles if roles is not None else ["colocated"] * len(instances),
             kv_transfer_bytes=kv_transfer_bytes,
+            prefix_hit_tokens=sum(getattr(i.sched.kv, "hit_tokens", 0) for i in instances),
+            prefix_queried_tokens=sum(getattr(i.sched.kv, "queried_tokens", 0) for i in instances),
+            prompt_hit_tokens=sum(getattr(i.sched.kv, "prompt_hit_tokens", 0) for i in instances),
+            prompt_tokens_admitted=sum(getattr(i.sched.kv, "prompt_tokens", 0) for i in instances),
         )
 
     @property
@@ -62,6 +74,20 @@ class SimResult:
         if len(r) == 0:
             return 0.0
         return float(r.finish.max() - r.arrival.min())
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prefix-cache hit rate: cached tokens / tokens looked up (0 with caching off)."""
+        q = self.prefix_queried_tokens
+        return self.prefix_hit_tokens / q if q else 0.0
+
+    @property
+    def prompt_hit_rate(self) -> float:
+        """Share of prompt tokens found cached at first admission: the prefill the cache saved
+        on first passes (unlike `prefix_hit_rate`, a preempted request's recompute, which hits
+        its own blocks, does not count)."""
+        q = self.prompt_tokens_admitted
+        return self.prompt_hit_tokens / q if q else 0.0
 
     @property
     def realtime_factor(self) -> float:

@@ -13,7 +13,10 @@ B. Only if nothing was preempted in A (vLLM's anti-thrash rule): waiting request
    (strict order: a blocked head is not skipped). A waiting request computes its
    `num_tokens - computed` tokens: all of them (computed == 0), except on a decode instance of a
    disaggregated cluster, where its prompt KV came from a prefill instance (computed = prompt)
-   and its first step feeds its first token: a decode (vLLM's KV-connector semantics).
+   and its first step feeds its first token: a decode (vLLM's KV-connector semantics). With
+   prefix caching (`engine.enable_prefix_caching`, prefix_cache.py) it starts with its cache
+   hit computed: only the rest is computed, and it fits if its new blocks plus the cached ones
+   it revives from the free pool do.
 
 The caller runs the step for `step_time(shape)` seconds and then calls `postprocess`.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 from presched.schedule.interface import Policy
 from presched.sim.block_manager import BlockManager
 from presched.sim.config import EngineConfig
+from presched.sim.prefix_cache import CachingBlockManager
 from presched.sim.seq import RUNNING, WAITING, Seq
 
 
@@ -30,7 +34,9 @@ class Scheduler:
     def __init__(self, cfg: EngineConfig, num_blocks: int, policy: Policy) -> None:
         self.cfg = cfg
         self.policy = policy
-        self.kv = BlockManager(num_blocks, cfg.block_size)
+        self.caching = cfg.enable_prefix_caching
+        kv_class = CachingBlockManager if self.caching else BlockManager
+        self.kv = kv_class(num_blocks, cfg.block_size)
         self.waiting = policy.new_queue()
         self.running: list[Seq] = []
         self.num_preemptions = 0
@@ -48,6 +54,8 @@ class Scheduler:
                 f"{seq.prompt_tokens + seq.stop} exceeds the KV cache of one instance "
                 f"({self._kv_tokens} tokens); raise num_blocks or cap max_tokens"
             )
+        if self.caching:
+            self.kv.prepare(seq)
         seq.status = WAITING
         self.policy.on_arrival(seq, now)
         self.waiting.push(seq, now)
@@ -106,10 +114,18 @@ class Scheduler:
         waiting.update(now)
         seqs, ntoks = batch.seqs, batch.ntoks
         max_seqs, threshold = self.cfg.max_num_seqs, self._threshold
+        caching, bs = self.caching, kv.block_size
+        have = revive = units = 0
         while waiting and budget > 0:
             seq = waiting.peek()
             c = seq.computed  # 0, or the prompt when its KV came from a prefill instance
             total = seq.prompt_tokens + seq.generated
+            if caching and not c:  # prefix-cache hit: its first c tokens are cached blocks
+                units, revive = kv.lookup(seq, total)
+                c = units * seq.unit_tokens
+                have = c // bs
+            elif caching:
+                units = revive = have = 0
             n = total - c
             if threshold and n > threshold:
                 n = threshold
@@ -118,8 +134,8 @@ class Scheduler:
                     n = budget
                 elif budget < self._max_tokens:  # not chunked: wait for a step with room
                     break
-            extra = kv.blocks_for(c + n)  # a waiting request holds no blocks
-            if len(running) >= max_seqs or extra > kv.free:
+            extra = kv.blocks_for(c + n) - have  # a waiting request holds no blocks
+            if len(running) >= max_seqs or extra + revive > kv.free:
                 victim = policy.preempt_for(seq, running, now) if self._preemptive else None
                 if victim is None:
                     break
@@ -133,6 +149,9 @@ class Scheduler:
             waiting.pop()
             seq.status = RUNNING
             running.append(seq)
+            if caching and not seq.computed:
+                seq.cached_tokens += kv.acquire(seq, units, revive, total)
+                seq.computed = c
             kv.take(seq, extra)
             seqs.append(seq)
             ntoks.append(n)

@@ -13,6 +13,7 @@ policies read `target`.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from presched.workload.request import Request
@@ -26,6 +27,7 @@ class Seq:
         "generated", "computed", "blocks", "status", "instance", "estimate",
         "first_scheduled", "first_token", "last_token", "finish",
         "preemptions", "recomputed_tokens", "max_itl", "prefill_instance", "kv_ready",
+        "keys", "unit_tokens", "cache_node", "cached_upto", "next_unit_end", "cached_tokens",
     )  # fmt: skip
 
     def __init__(self, request: Request, index: int) -> None:
@@ -52,6 +54,13 @@ class Seq:
         self.max_itl = 0.0
         self.prefill_instance = -1  # disaggregated: the prefill instance (`instance`: decode)
         self.kv_ready: float | None = None  # disaggregated: time its prompt KV reached decode
+        # prefix caching (sim/prefix_cache.py; set by the instance's block manager)
+        self.keys: list[int] = []  # cache keys of its units
+        self.unit_tokens = 0  # tokens per unit
+        self.cache_node = None  # deepest cache tree node it holds (and so every ancestor)
+        self.cached_upto = 0  # units [0, cached_upto) are cached and held
+        self.next_unit_end: float = math.inf  # `computed` at which the next unit is full
+        self.cached_tokens = 0  # prompt tokens found cached, over all its admissions
 
     @property
     def num_tokens(self) -> int:

@@ -60,6 +60,10 @@ class SimConfig(Config):
     @model_validator(mode="after")
     def _one_layout(self) -> "SimConfig":
         d = self.disaggregated
+        if d is not None and (self.engine.enable_prefix_caching or (
+                d.prefill_engine is not None and d.prefill_engine.enable_prefix_caching)):
+            raise ValueError("field 'engine.enable_prefix_caching': not supported with "
+                             "disaggregated instances yet")
         if d is None or "num_instances" not in self.model_fields_set:
             return self
         if self.num_instances != d.num_prefill + d.num_decode:

@@ -4,9 +4,10 @@ Traces with real timestamps (Azure, Mooncake) have no prompt text; data sets wit
 per-model output lengths (CASTILLO, ShareGPT) have no timestamps. `compose` joins them: every
 request of `arrivals_from` keeps its `id`, `arrival`, `max_tokens` and SLOs (and its `tenant`
 when it is not "default"), and takes `prompt_tokens`, `output_tokens`, `prompt`, `model` and
-`output_samples` from a request of `lengths_from` drawn by a seeded RNG. The result's metadata is
-the donor's metadata plus `length_source` (the donor's id); the timing request's own metadata
-(e.g. Mooncake `hash_ids`, which describe its old prompt) is dropped.
+`output_samples` (and the prompt's prefix-cache `block_hashes`) from a request of `lengths_from`
+drawn by a seeded RNG. The result's metadata is the donor's metadata plus `length_source` (the
+donor's id); the timing request's own metadata and block hashes (e.g. Mooncake's, which describe
+its old prompt) are dropped.
 
 Draws are with replacement by default; `replace=False` walks one seeded permutation of
 `lengths_from` and cycles through it again when `arrivals_from` is longer, so every donor is used
@@ -55,6 +56,8 @@ def compose(
                 prompt=b.prompt,
                 model=b.model,
                 output_samples=b.output_samples,
+                block_hashes=b.block_hashes,
+                hash_block_tokens=b.hash_block_tokens,
                 tenant=a.tenant if a.tenant != "default" else b.tenant,
                 metadata={**b.metadata, "length_source": b.id},
             )

@@ -10,7 +10,9 @@
 `build_workload(cfg)` runs: load `source` -> order it (by arrival; sources without timestamps
 are shuffled with the seed) -> keep the first `num_requests` -> attach `lengths_from` contents
 (`compose`) -> arrival times (`trace`: as recorded, rescaled to `rate` if given; `poisson` /
-`gamma`: generated at `rate`, default the source's own mean rate) -> cap `max_tokens` -> sort.
+`gamma`: generated at `rate`, default the source's own mean rate) -> cap `max_tokens` -> sort ->
+optional `hash_prompts` (block hashes of prompt text) -> optional `shared_prefix` (system
+prompts, conversations, block hashes: `shared_prefix.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from presched.workload import arrivals as arr
 from presched.workload.compose import compose
 from presched.workload.default import default_workload
 from presched.workload.loaders import LOADERS, UNTIMED
+from presched.workload.prefix import hash_prompts
 from presched.workload.request import Request
+from presched.workload.shared_prefix import SharedPrefixConfig, add_shared_prefixes
 
 DEFAULT = "default"
 CASTILLO_OPTIONS = ("model", "split", "sample")
@@ -105,6 +109,14 @@ class WorkloadConfig(Config):
         0,
         ge=0,
         description="Seed for every random choice (default lengths, shuffling, composition, arrivals).",
+    )
+    hash_prompts: bool = Field(
+        False,
+        description="Give every request with prompt text (castillo, sharegpt, generic with prompt) prefix-cache block hashes of its text's token ids (o200k_base, 16-token blocks; workload/prefix.py), as the gateway hashes prompts. Requests without text get none.",
+    )
+    shared_prefix: SharedPrefixConfig | None = Field(
+        None,
+        description="Shared system prompts and multi-turn conversations put in front of every prompt, with prefix-cache block hashes (fields: system_prompts, system_prompt_tokens, system_prompt_share, popularity, mean_turns, max_prompt_tokens, block_tokens; workload/shared_prefix.py). Unset: prompts as loaded.",
     )
 
     @field_validator("source", "lengths_from")
@@ -247,4 +259,9 @@ def build_workload(cfg: WorkloadConfig) -> list[Request]:
             )
             for r in reqs
         ]
-    return sorted(reqs, key=lambda r: r.arrival)
+    reqs = sorted(reqs, key=lambda r: r.arrival)
+    if cfg.hash_prompts:
+        reqs = hash_prompts(reqs)
+    if cfg.shared_prefix is not None:  # replaces any hashes: the prompts change
+        reqs = add_shared_prefixes(reqs, cfg.shared_prefix, seed=cfg.seed)
+    return reqs

@@ -38,6 +38,13 @@ class Request:
     slo_ttft: float | None = None
     slo_tpot: float | None = None
     slo_e2e: float | None = None
+    block_hashes: tuple[int, ...] = ()
+    """Prefix-cache identities of the request's first full blocks of `hash_block_tokens` tokens
+    each (prompt first, then output; a chain hash: equal values = equal tokens from the start
+    through that block). Only full blocks: a loader drops the partial last one. Mooncake's
+    `hash_ids`; `workload/prefix.py` makes them from token ids. Empty: nothing to share."""
+    hash_block_tokens: int = 0
+    """Tokens per entry of `block_hashes` (Mooncake: 512); 0 when there are none."""
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -54,6 +61,10 @@ class Request:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, (int, float)) or not v > 0):
                 _bad(name, v, "a positive number of seconds")
+        if self.block_hashes:
+            _check_int("hash_block_tokens", self.hash_block_tokens, minimum=1)
+            if not isinstance(self.block_hashes, tuple):
+                _bad("block_hashes", self.block_hashes, "a tuple of integers")
 
     @property
     def target_tokens(self) -> int:

@@ -40,6 +40,9 @@ class Router(ABC):
     """False if `route` reads only counts (`num_waiting`, `num_running`, `num_outstanding`),
     not per-request progress (`generated`) or KV use. The simulator can then leave a decode run
     pending across arrivals routed elsewhere (faster, same result)."""
+    reads_prefix: ClassVar[bool] = False
+    """True if `route` reads the request's prefix-cache block hashes (`seq.request.block_hashes`);
+    the gateway then hashes every prompt it receives (serve/tokens.py)."""
 
     def __init__(self, **params: Any) -> None:
         self.params: PolicyParams = parse(type(self).Params, params)

@@ -15,6 +15,8 @@ One request per JSONL line / CSV row. Columns (see docs/workloads.md for the ful
 | `prompt`         | no       | prompt text                                                        |
 | `output_samples` | no       | other observed output lengths: JSON list or space-separated ints   |
 | `slo_ttft`, `slo_tpot`, `slo_e2e` | no | latency targets in seconds                            |
+| `block_hashes`   | no       | prefix-cache hashes of full blocks (JSON list / space-separated)   |
+| `hash_block_tokens` | with block_hashes | tokens per hashed block                               |
 
 Any other column goes to `metadata` (CSV values stay strings). In CSV an empty cell means
 "absent"; in JSONL so does `null`. The format is chosen by extension: `.jsonl`/`.ndjson` or `.csv`.
@@ -41,7 +43,7 @@ from presched.workload.request import InvalidRequestError, Request
 
 FIELDS = (
     "id", "arrival", "prompt_tokens", "output_tokens", "max_tokens", "tenant", "model", "prompt",
-    "output_samples", "slo_ttft", "slo_tpot", "slo_e2e",
+    "output_samples", "slo_ttft", "slo_tpot", "slo_e2e", "block_hashes", "hash_block_tokens",
 )  # fmt: skip
 """Schema columns in the order `save_generic` writes them."""
 
@@ -172,6 +174,12 @@ def _request(
     for name in ("slo_ttft", "slo_tpot", "slo_e2e"):
         if name in row:
             kw[name] = parse_float(row.pop(name), path, line, name, strict=True)
+    if "block_hashes" in row:
+        kw["block_hashes"] = parse_int_list(row.pop("block_hashes"), path, line, "block_hashes",
+                                            minimum=-(2**63))  # fmt: skip
+    if "hash_block_tokens" in row:
+        kw["hash_block_tokens"] = parse_int(row.pop("hash_block_tokens"), path, line,
+                                            "hash_block_tokens")  # fmt: skip
     try:
         return Request(**kw, metadata=row)
     except InvalidRequestError as e:
@@ -225,6 +233,9 @@ def _row(r: Request) -> dict[str, Any]:
     for name in ("slo_ttft", "slo_tpot", "slo_e2e"):
         if getattr(r, name) is not None:
             row[name] = getattr(r, name)
+    if r.block_hashes:
+        row["block_hashes"] = list(r.block_hashes)
+        row["hash_block_tokens"] = r.hash_block_tokens
     for key, value in r.metadata.items():
         if key in FIELDS:
             raise ValueError(

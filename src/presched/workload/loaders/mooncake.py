@@ -4,8 +4,10 @@
 
 One request per line: `arrival` = timestamp (ms since trace start) / 1000, `prompt_tokens` =
 input_length, `output_tokens` = output_length. `hash_ids` (ids of the prompt's 512-token prefix
-blocks; equal ids = shareable KV cache) are kept as a tuple in `metadata["hash_ids"]`; any other
-keys go to `metadata` too. Ids are `mooncake-<name>-<row index, 6 digits>`, `<name>` being the
+blocks, the last one partial; equal ids = shareable KV cache, and an id names its whole prefix:
+checked on the shared trace) become `block_hashes` with `hash_block_tokens` = 512, keeping the
+ids of full blocks only (`input_length // 512` of them: the simulator's prefix cache, like vLLM's,
+shares only full blocks); any other keys go to `metadata`. Ids are `mooncake-<name>-<row index, 6 digits>`, `<name>` being the
 file stem without `_trace` (`mooncake-conversation-000123`).
 """
 
@@ -20,6 +22,8 @@ from presched.workload.loaders.files import base_name, jsonl_rows, read_text
 from presched.workload.paths import data_dir
 from presched.workload.request import InvalidRequestError, Request
 
+BLOCK_TOKENS = 512
+"""Tokens per Mooncake hash block (the trace's README)."""
 REQUIRED = ("timestamp", "input_length", "output_length")
 _TO_COLUMN = {
     "prompt_tokens": "input_length",
@@ -52,7 +56,7 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> list[Request]:
             raise LoadError(
                 path, f"expected a list of integers, got {hashes!r}", line=lineno, field="hash_ids"
             )
-        row["hash_ids"] = tuple(hashes)
+        full = tuple(hashes[: prompt // BLOCK_TOKENS]) if prompt > 0 else ()
         try:
             out.append(
                 Request(
@@ -60,6 +64,8 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> list[Request]:
                     prompt_tokens=prompt,
                     arrival=arrival,
                     output_tokens=output,
+                    block_hashes=full,
+                    hash_block_tokens=BLOCK_TOKENS if full else 0,
                     metadata=row,
                 )
             )

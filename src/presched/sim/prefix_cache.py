@@ -1,0 +1,301 @@
+"""Automatic prefix caching (vLLM v1 semantics) on top of the block counts of `BlockManager`.
+
+A request's KV is cached in *units*: consecutive full blocks named by one entry of its
+`block_hashes` (a chain hash: equal keys = equal tokens from the start of the request through
+that unit). A unit is `unit_tokens` tokens: the hash granularity of the request
+(`Request.hash_block_tokens`, Mooncake's 512) when it is a multiple of the engine's block size,
+or the block size itself when the hashes are finer (then every block is named by the chain hash
+of its last piece). The rules, as in vLLM's `KVCacheManager` / `BlockPool`:
+
+- **Hit** (admission of a waiting request): the longest run of its units, from the start, that
+  is cached is used instead of being computed, capped so that at least one token is left to
+  compute (vLLM computes the last prompt token again for its logits). The request starts with
+  `computed` = the hit tokens and holds those blocks by reference; a unit nobody held
+  (reference count 0) leaves the free pool.
+- **Insert**: when a request's computed tokens cover a unit, that unit becomes cached (held by
+  the request). If another request cached the same unit meanwhile, this request takes a
+  reference on that one and frees its own copy (SGLang's radix cache does this; vLLM keeps the
+  duplicate block until the request ends).
+- **Release** (finish or preemption by recompute): the reference counts drop; a unit that
+  nobody holds stays cached and evictable; the request's private blocks become free. A
+  preempted request's own units stay cached, so its recompute can hit them.
+- **Evict**: free blocks count cached-but-unused units (so `free` keeps vLLM's meaning,
+  `get_num_free_blocks`); allocating more blocks than the uncached free ones evicts unused
+  units, least recently released first, from the end of a prefix (within one request's
+  release, its last unit first, as vLLM frees a request's blocks in reverse order). A unit in
+  use is never evicted.
+
+Simplification: vLLM's free queue mixes uncached and cached free blocks in one LRU list; here
+uncached free blocks are used first and cached units evicted only when none are left (the same
+as vLLM once every free block is cached, which a busy cache reaches quickly).
+
+The cache is a radix tree of unit keys (`_Node`: a run of keys that requests share or not as a
+whole; a request holds a path from the root). Work per request is per node on its path, with
+C-level list compares and slices inside a node, not per unit: a step only compares `computed`
+with `seq.next_unit_end`, and a request that extends its own chain appends to its own node.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+from presched.sim.block_manager import BlockManager
+from presched.sim.seq import Seq
+
+
+class PrefixCacheError(ValueError):
+    """A request's block hashes do not fit the engine's block size."""
+
+
+class _Node:
+    __slots__ = ("keys", "ub", "parent", "children", "ref", "stamp")
+
+    def __init__(self, keys: list[int], ub: int, parent: "_Node | None", ref: int) -> None:
+        self.keys = keys  # unit keys of this run, in order
+        self.ub = ub  # blocks per unit
+        self.parent = parent
+        self.children: dict[int, _Node] = {}  # by the child's first key
+        self.ref = ref  # requests holding this node (a holder holds every ancestor too)
+        self.stamp = 0  # when its reference count last dropped to 0 (LRU)
+
+    @property
+    def blocks(self) -> int:
+        return len(self.keys) * self.ub
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """Length of the common start of `a` and `b` (C-level slice compares, binary search)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class CachingBlockManager(BlockManager):
+    """`BlockManager` with prefix caching. `seq.blocks` still counts every block a request's
+    KV uses, shared ones included, so the scheduler's rounding is unchanged; `free` counts the
+    physically unused blocks (cached units nobody holds included)."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        self.root = _Node([], 0, None, 1)
+        self.evictable = 0  # blocks of the cached units nobody holds (part of `free`)
+        self._heap: list[tuple[int, int, _Node]] = []  # (stamp, tie, leaf) with reference 0
+        self._clock = itertools.count(1)
+        self.hit_tokens = 0
+        self.queried_tokens = 0
+        self.prompt_hit_tokens = 0  # hits at each request's first admission (no recomputes)
+        self.prompt_tokens = 0  # prompt tokens of the requests admitted the first time
+        self.evicted_units = 0
+
+    # --- per request, once, when it joins the instance ------------------------------------
+    def prepare(self, seq: Seq) -> None:
+        """Set `seq.keys` and `seq.unit_tokens` from its request's hashes (see module doc)."""
+        r = seq.request
+        hashes, h, bs = r.block_hashes, r.hash_block_tokens, self.block_size
+        if not hashes:
+            seq.keys, seq.unit_tokens = [], 0
+        elif h % bs == 0:
+            seq.keys, seq.unit_tokens = list(hashes), h
+        elif bs % h == 0:  # finer hashes: a block is named by the chain hash of its last piece
+            step = bs // h
+            seq.keys, seq.unit_tokens = list(hashes[step - 1 :: step]), bs
+        else:
+            raise PrefixCacheError(
+                f"request {r.id!r}: field 'hash_block_tokens' = {h} is neither a multiple nor a "
+                f"divisor of engine.block_size = {bs}"
+            )
+        self._reset(seq)
+
+    def _reset(self, seq: Seq) -> None:
+        seq.cache_node = None
+        seq.cached_upto = 0
+        seq.next_unit_end = seq.unit_tokens if seq.keys else math.inf
+
+    # --- admission ------------------------------------------------------------------------
+    def lookup(self, seq: Seq, total: int) -> tuple[int, int]:
+        """(units hit, blocks of them that leave the free pool) for a waiting request with
+        `total` tokens; changes nothing."""
+        keys = seq.keys
+        if not keys:
+            return 0, 0
+        most = min(len(keys), (total - 1) // seq.unit_tokens)
+        node, i, revive = self.root, 0, 0
+        while i < most:
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            m = _common(child.keys, keys[i:most])
+            if not child.ref:
+                revive += m * child.ub
+            i += m
+            if m < len(child.keys):
+                break
+            node = child
+        return i, revive
+
+    def acquire(self, seq: Seq, units: int, revive: int, total: int) -> int:
+        """Give `seq` (waiting, holding no blocks) the first `units` cached units found by
+        `lookup`; returns the tokens it no longer has to compute."""
+        self.queried_tokens += total
+        first = seq.first_scheduled is None
+        if first:
+            self.prompt_tokens += seq.prompt_tokens
+        if not units:
+            return 0
+        keys = seq.keys
+        node, i = self.root, 0
+        while i < units:
+            child = node.children[keys[i]]
+            m = _common(child.keys, keys[i:units])
+            if m < len(child.keys):
+                child = self._split(child, m)
+            if not child.ref:
+                self.evictable -= child.blocks
+            child.ref += 1
+            i += m
+            node = child
+        seq.cache_node = node
+        self.free -= revive
+        used = self.num_blocks - self.free
+        if used > self.peak_used:
+            self.peak_used = used
+        seq.blocks = units * (seq.unit_tokens // self.block_size)
+        seq.cached_upto = units
+        seq.next_unit_end = (units + 1) * seq.unit_tokens if units < len(keys) else math.inf
+        hit = units * seq.unit_tokens
+        self.hit_tokens += hit
+        if first:
+            self.prompt_hit_tokens += hit
+        return hit
+
+    def _split(self, node: _Node, m: int) -> _Node:
+        """Cut `node` after its first m units; returns the new upper part (the lower part keeps
+        the node object, its children and its place in the eviction heap; its holders, who hold
+        their deepest node and so every ancestor, hold the upper part too: same count)."""
+        upper = _Node(node.keys[:m], node.ub, node.parent, node.ref)
+        upper.stamp = node.stamp
+        node.parent.children[node.keys[0]] = upper  # type: ignore[union-attr]
+        node.keys = node.keys[m:]
+        node.parent = upper
+        upper.children[node.keys[0]] = node
+        return upper
+
+    # --- as KV is computed ----------------------------------------------------------------
+    def insert(self, seq: Seq) -> None:
+        """`seq.computed` reached `seq.next_unit_end`: cache the units it now covers."""
+        keys, unit = seq.keys, seq.unit_tokens
+        i = seq.cached_upto
+        end = min(len(keys), seq.computed // unit)
+        ub = unit // self.block_size
+        node = seq.cache_node or self.root
+        while i < end:
+            child = node.children.get(keys[i])
+            if child is None:
+                if node.ref == 1 and node is not self.root and not node.children and node.ub == ub:
+                    node.keys.extend(keys[i:end])  # its own leaf (held by it alone): extend it
+                else:
+                    node = _Node(keys[i:end], ub, node, 1)
+                    node.parent.children[keys[i]] = node  # type: ignore[union-attr]
+                i = end
+                break
+            m = _common(child.keys, keys[i:end])  # cached meanwhile by another request: share it
+            if m < len(child.keys):
+                child = self._split(child, m)
+            if not child.ref:
+                self.evictable -= child.blocks
+                self.free -= child.blocks  # it leaves the free pool ...
+            child.ref += 1
+            self.free += m * ub  # ... and this request's own copy of those units returns to it
+            i += m
+            node = child
+        seq.cache_node = node if node is not self.root else None
+        seq.cached_upto = i
+        seq.next_unit_end = (i + 1) * unit if i < len(keys) else math.inf
+
+    # --- allocation and release -------------------------------------------------------------
+    def take(self, seq: Seq, extra: int) -> None:
+        short = extra - (self.free - self.evictable)
+        if short > 0:
+            self._evict(short)
+        seq.blocks += extra
+        self.free -= extra
+        used = self.num_blocks - self.free
+        if used > self.peak_used:
+            self.peak_used = used
+
+    def _evict(self, blocks: int) -> None:
+        heap, root = self._heap, self.root
+        while blocks > 0:
+            stamp, _, node = heap[0]
+            if node.ref or node.children or node.parent is None or node.stamp != stamp:
+                heapq.heappop(heap)  # stale: used again, extended, or gone
+                continue
+            keys = node.keys
+            t = min(len(keys), -(-blocks // node.ub))
+            first = keys[0]
+            del keys[len(keys) - t :]
+            b = t * node.ub
+            self.evictable -= b
+            self.evicted_units += t
+            blocks -= b
+            if keys:  # the least recent still: it stays at the top of the heap
+                continue
+            heapq.heappop(heap)
+            parent: _Node = node.parent  # type: ignore[assignment]
+            del parent.children[first]
+            node.parent = None
+            if parent is not root and not parent.ref and not parent.children:  # a leaf now
+                heapq.heappush(heap, (parent.stamp, next(self._clock), parent))
+
+    def release(self, seq: Seq) -> None:
+        still_used = 0
+        heap, clock, root = self._heap, self._clock, self.root
+        node = seq.cache_node
+        while node is not None and node is not root:  # deepest first
+            node.ref -= 1
+            if node.ref:
+                still_used += node.blocks
+            else:
+                self.evictable += node.blocks
+                node.stamp = next(clock)
+                if not node.children:
+                    heapq.heappush(heap, (node.stamp, node.stamp, node))
+            node = node.parent
+        self.free += seq.blocks - still_used
+        seq.blocks = 0
+        self._reset(seq)
+
+    # --- inspection -------------------------------------------------------------------------
+    def nodes(self):
+        """Every cached run (tree node but the root), parents before children."""
+        todo = list(self.root.children.values())
+        while todo:
+            node = todo.pop()
+            yield node
+            todo.extend(node.children.values())
+
+    def path(self, seq: Seq) -> list[_Node]:
+        """The nodes `seq` holds, from the root down."""
+        out, node = [], seq.cache_node
+        while node is not None and node is not self.root:
+            out.append(node)
+            node = node.parent
+        return out[::-1]
+
+    def cached_keys(self) -> set[int]:
+        return {k for node in self.nodes() for k in node.keys}
+
+    @property
+    def hit_rate(self) -> float:
+        """Tokens found cached / tokens looked up at admissions (vLLM's prefix cache hit rate)."""
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
