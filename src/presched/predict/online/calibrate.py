@@ -103,10 +103,13 @@ class OnlineConformal:
         self.groups: dict[str, _Ring] = {}
         self.pool = _Ring(window, len(self.levels))
 
-    def add(self, group: str, base_q: np.ndarray, length: float, censored: bool = False) -> None:
-        """One completion: `base_q` the base predictor's quantiles for it, `length` its true
-        length (or, `censored`, the length it was cut at)."""
-        score = math.log(max(length, 1.0)) - np.log(np.maximum(base_q, 1.0))
+    def add(self, group: str, base_q: np.ndarray, length: float, censored: bool = False,
+            log_q: np.ndarray | None = None) -> None:  # fmt: skip
+        """One completion: `base_q` the base predictor's quantiles for it (or `log_q`, their
+        logs, precomputed), `length` its true length (or, `censored`, the length it was cut at)."""
+        if log_q is None:
+            log_q = np.log(np.maximum(base_q, 1.0))
+        score = math.log(max(length, 1.0)) - log_q
         ring = self.groups.get(group)
         if ring is None:
             ring = self.groups[group] = _Ring(self.window, len(self.levels))

@@ -13,9 +13,12 @@ What one completion does (`observe`, on the caller's thread, O(levels) plus an a
 - otherwise the score goes to the recalibration of its group, the drift alarm (`drift.py`) sees
   the PIT of the recalibrated prediction, and the request joins the bounded refit buffer.
 
-Refits: every `refit_every` labelled completions (and soon after a drift alarm) a fresh instance
-of the base predictor's class, with its parameters, is fitted on the buffer minus its last
-`holdout` rows plus `anchor_rows` sampled from the original training data, on a background
+Refits: after `min_refit` labelled completions, then after twice as many each time up to one
+every `refit_every` (a doubling schedule: early models while little is known, O(log n) refits),
+and the schedule starts over after a drift alarm (training then on what followed the change). A
+fresh instance of the base predictor's class, with its parameters, is fitted on the buffer minus
+its last `holdout` rows (at most a quarter) plus up to `anchor_rows` rows sampled from the
+original training data (never more than the recent rows: traffic is at least half), on a background
 thread (never the caller's: the gateway's event loop only pays `observe`). The held-out recent
 rows then seed a new recalibration for the new model, and the model, its recalibration and the
 `version` are swapped in at once under a lock; predictions made by an older version are not
@@ -49,8 +52,8 @@ _I50, _I90 = LEVELS.index(0.5), LEVELS.index(0.9)
 class _Pending(NamedTuple):
     version: int
     group: str
-    base_q: np.ndarray
-    cal_q: np.ndarray
+    log_q: np.ndarray  # log of the base predictor's quantiles (the conformal scores' reference)
+    cal_q: list[float]  # the recalibrated quantiles it was given (the drift alarm's PIT)
 
 
 class OnlineLearner:
@@ -66,12 +69,13 @@ class OnlineLearner:
         self.conformal = self._new_conformal()
         self.alarm = DriftAlarm(c.alarm_k, c.alarm_h, c.alarm_window, c.alarm_level, c.alarm_band)
         self.caps = TenantCaps(c.tenant_rate, c.tenant_burst, c.max_tenants)
-        self.buffer: deque[Request] = deque(maxlen=c.buffer)
+        self.buffer: deque[tuple[Request, int]] = deque(maxlen=c.buffer)  # (request, its length)
         self.counts: Counter[str] = Counter()
         self.refit_seconds: list[float] = []
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
-        self._since_refit = 0
-        self._refit_after: int | None = None  # alarm count after which a refit is due
+        self._since_refit = 0  # labelled completions buffered since the last refit (or change)
+        self._interval = c.min_refit  # refit when _since_refit reaches it; doubles up to refit_every
+        self._since_change: int | None = None  # rows buffered since the last drift alarm's change
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="presched-learn") if background else None
         self._job: Future | None = None
@@ -94,8 +98,9 @@ class OnlineLearner:
             if version != self.version:  # swapped while predicting: the old model's calibration is gone
                 return est
             q = self.conformal.apply(est.quantiles, groups)
+            log_q, cal = np.log(np.maximum(est.quantiles, 1.0)), q.tolist()
             for i, r in enumerate(requests):
-                self._pending[r.id] = _Pending(version, groups[i], est.quantiles[i], q[i])
+                self._pending[r.id] = _Pending(version, groups[i], log_q[i], cal[i])
                 self._pending.move_to_end(r.id)
             while len(self._pending) > self.cfg.max_pending:
                 self._pending.popitem(last=False)
@@ -104,6 +109,11 @@ class OnlineLearner:
         point = est.point * ratio
         rank = point if np.array_equal(est.rank_score, est.point) else est.rank_score
         return LengthEstimate(q, point, rank)
+
+    def version_of(self, request_id: str) -> int | None:
+        """The version that predicted a request not yet observed (None if unknown)."""
+        rec = self._pending.get(request_id)
+        return None if rec is None else rec.version
 
     # --- learning -----------------------------------------------------------------------------
     def observe(self, request: Request, length: float | None, status: str = "ok", now: float | None = None) -> bool:
@@ -126,14 +136,17 @@ class OnlineLearner:
             elif rec.version != self.version:
                 self.counts["stale"] += 1
             else:
-                self.conformal.add(rec.group, rec.base_q, length, censored)
+                self.conformal.add(rec.group, None, length, censored, log_q=rec.log_q)
+                raised = self.alarm.active
                 if not censored and self.alarm.add(rec.cal_q, length, rec.cal_q[_I90]):
-                    self._on_alarm()
+                    self._on_alarm(first=not raised)
             self.counts["censored" if censored else "learned"] += 1
-            if censored:
+            if censored or not request.prompt:  # no label, or nothing a text predictor can read
                 return True
-            self.buffer.append(dataclasses.replace(request, output_tokens=int(length), output_samples=()))
+            self.buffer.append((request, int(length)))  # made a labelled Request at refit (off this thread)
             self._since_refit += 1
+            if self._since_change is not None:
+                self._since_change += 1
             due = self._refit_due()
         if due:
             self.refit()
@@ -141,21 +154,22 @@ class OnlineLearner:
             self._submit(self.save, self.cfg.state_dir)
         return True
 
-    def _on_alarm(self) -> None:
+    def _on_alarm(self, first: bool) -> None:
+        """Forget the recalibration rows before the change; on the first alarm of a drift (not
+        one raised again while it is still on), start the refit schedule over from it."""
         a = self.alarm
-        keep = max(self.cfg.min_group, a.count - (a.change_at or a.count))
+        after = a.count - (a.change_at or a.count)
         for g in list(self.conformal.groups):
-            self.conformal.forget(g, keep)
-        if self.cfg.refit_on_alarm:
-            self._refit_after = (a.change_at or a.count) + self.cfg.min_refit
+            self.conformal.forget(g, max(self.cfg.min_group, after))
+        if self.cfg.refit_on_alarm and first:
+            self._since_change = min(after, len(self.buffer))
+            self._interval = min(self._interval, self.cfg.min_refit)
 
     def _refit_due(self) -> bool:
         c = self.cfg
-        if len(self.buffer) < c.min_refit or (self._job is not None and not self._job.done()):
+        if not c.refit_every or len(self.buffer) < c.min_refit or (self._job is not None and not self._job.done()):
             return False
-        if self._refit_after is not None and self.alarm.count >= self._refit_after:
-            return True
-        return bool(c.refit_every) and self._since_refit >= c.refit_every
+        return self._since_refit >= self._interval
 
     def refit(self) -> Future | None:
         """Start a refit (background thread, or inline without one); None if one is running."""
@@ -163,18 +177,20 @@ class OnlineLearner:
             if self._job is not None and not self._job.done():
                 return None
             recent = list(self.buffer)
-            if self._refit_after is not None:  # after an alarm: train on what followed the change
-                recent = recent[-min(len(recent), max(self.cfg.min_refit, self.alarm.count - (self.alarm.change_at or 0))):]
-            self._since_refit, self._refit_after = 0, None
-            take = min(self.cfg.anchor_rows, len(self.anchor))
+            if self._since_change is not None:  # after an alarm: train on what followed the change
+                recent = recent[-max(self._since_change, self.cfg.min_refit):]
+            self._since_refit = 0
+            self._interval = min(2 * self._interval, self.cfg.refit_every or self._interval)
+            take = min(self.cfg.anchor_rows, len(self.anchor), len(recent))  # recent traffic >= half
             anchor = [self.anchor[i] for i in self._rng.choice(len(self.anchor), take, replace=False)] if take else []
             self._job = self._submit(self._refit_job, recent, anchor)
             return self._job
 
-    def _refit_job(self, recent: list[Request], anchor: list[Request]) -> None:
+    def _refit_job(self, recent_pairs: list[tuple[Request, int]], anchor: list[Request]) -> None:
         t0 = time.process_time()
-        hold = recent[-self.cfg.holdout:]
-        train = recent[: -self.cfg.holdout] + anchor
+        recent = [dataclasses.replace(r, output_tokens=n, output_samples=()) for r, n in recent_pairs]
+        k = min(self.cfg.holdout, len(recent) // 4)
+        hold, train = recent[-k:], recent[:-k] + anchor
         new = type(self.base)(**self.base.params)
         new.fit(train, validation=hold)
         est = new.predict(hold)
@@ -208,8 +224,12 @@ class OnlineLearner:
             self._pool.submit(lambda: None).result(timeout)
 
     def close(self) -> None:
+        """Let a refit under way finish, stop the thread, save the state (if `state_dir`)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self.cfg.state_dir:
+            self.save(self.cfg.state_dir)
 
     # --- what the gateway exports -------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ complete; files no header names any more are deleted after the header is replace
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -43,7 +44,7 @@ def save_state(learner: Any, folder: str | Path) -> Path:
         cal_arrays, cal_values = learner.conformal.state()
         alarm = learner.alarm.state()
         counts = dict(learner.counts)
-        buffer = list(learner.buffer)
+        pairs = list(learner.buffer)
         saves = counts.get("saves", 0) + 1
         learner.counts["saves"] = saves
     model = folder / f"base-v{version}.npz"
@@ -51,6 +52,7 @@ def save_state(learner: Any, folder: str | Path) -> Path:
         tmp = base.save(folder / f".tmp-base-v{version}.npz")
         _replace(tmp, model)
     buf = folder / f"buffer-{saves}.jsonl"
+    buffer = [dataclasses.replace(r, output_tokens=n, output_samples=()) for r, n in pairs]
     _replace(save_generic(buffer, folder / f".tmp-buffer-{saves}.jsonl"), buf)
     header = {"format": FORMAT, "version": version, "model": model.name, "buffer": buf.name, "counts": counts,
               "alarm": alarm, "conformal": cal_values}  # fmt: skip
@@ -80,5 +82,5 @@ def load_state(cls: type, folder: str | Path, cfg: OnlineConfig, anchor: Sequenc
     learner.conformal = OnlineConformal.from_state(arrays, header["conformal"])
     learner.alarm = DriftAlarm.from_state(header["alarm"])
     learner.counts.update(header["counts"])
-    learner.buffer.extend(load_generic(folder / header["buffer"]))
+    learner.buffer.extend((r, int(r.output_tokens)) for r in load_generic(folder / header["buffer"]))
     return learner
