@@ -39,23 +39,26 @@ import numpy as np
 
 def km_quantiles(scores: np.ndarray, censored: np.ndarray, levels: Sequence[float]) -> np.ndarray:
     """Per-level conformal quantile of right-censored scores (n, L) -> (L,), as in the module doc.
-    `censored[i]` = row i's scores are lower bounds."""
+    `censored[i]` = row i's scores are lower bounds. Vectorised over levels (one sort)."""
     s = np.asarray(scores, dtype=float)
     c = np.asarray(censored, dtype=bool)
     n, n_lv = s.shape
     if n == 0:
         raise ValueError("no calibration scores")
-    out = np.empty(n_lv)
-    for j, tau in enumerate(levels):
-        # events before censored ones at equal scores (the usual KM convention)
-        order = np.lexsort((c, s[:, j]))
-        sj, cj = s[order, j], c[order]
-        at_risk = n - np.arange(n)
-        surv = np.cumprod(np.where(cj, 1.0, 1.0 - 1.0 / at_risk))
-        target = min(tau * (n + 1) / n, 1.0)
-        hit = np.flatnonzero(~cj & (1.0 - surv >= target - 1e-12))
-        out[j] = sj[hit[0]] if hit.size else sj[-1]
-    return out
+    target = np.minimum(np.asarray(levels, dtype=float) * (n + 1) / n, 1.0)
+    if not c.any():  # split conformal: the ceil((n + 1) tau)-th smallest
+        k = np.clip(np.ceil(target * n - 1e-9).astype(int), 1, n)
+        return np.sort(s, axis=0)[k - 1, np.arange(n_lv)]
+    # events before censored ones at equal scores (the usual KM convention)
+    order = np.lexsort((np.broadcast_to(c[:, None], s.shape), s), axis=0)
+    ss = np.take_along_axis(s, order, axis=0)
+    cc = c[order]
+    at_risk = (n - np.arange(n))[:, None]
+    surv = np.cumprod(np.where(cc, 1.0, 1.0 - 1.0 / at_risk), axis=0)
+    hit = ~cc & (1.0 - surv >= target[None, :] - 1e-12)
+    first = np.argmax(hit, axis=0)
+    cols = np.arange(n_lv)
+    return np.where(hit.any(axis=0), ss[first, cols], ss[-1, cols])
 
 
 class _Ring:
