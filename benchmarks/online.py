@@ -145,13 +145,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=16, help="requests per prediction batch")
     ap.add_argument("--gateway", action="store_true", help="also drive a short stream through the gateway")
     args = ap.parse_args(argv)
-    limit = 600 if args.quick else None
+    limit = 450 if args.quick else None
     gbm = QUICK_GBM if args.quick else {}
     cfg = OnlineConfig(enabled=True, tenant_rate=1e9, tenant_burst=10**9,
                        **({"refit_every": 200, "min_refit": 150, "holdout": 50, "anchor_rows": 200} if args.quick else {}))  # fmt: skip
     t0 = time.perf_counter()
     a = run_shift(sources_shift(limit=limit), gbm, cfg, args.inflight, args.batch)
-    swap_at = 300 if args.quick else 1200
+    swap_at = 225 if args.quick else 1200
     b = run_shift(swap_shift(swap_at=swap_at, limit=limit), gbm, cfg, args.inflight, args.batch)
     c = run_shift(swap_shift(swap_to="gemma-3-12b", swap_at=swap_at, limit=limit), gbm, cfg, args.inflight, args.batch)
     figs = figures(a, b, c)

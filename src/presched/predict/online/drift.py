@@ -28,7 +28,6 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 
-import numpy as np
 
 from presched.predict.estimate import LEVELS
 
@@ -60,6 +59,7 @@ class DriftAlarm:
             raise ValueError("k, h, band must be > 0, level in (0, 1), window >= 2")
         self.k, self.h, self.level, self.band, self.min_samples = k, h, level, band, min_samples
         self.covered: deque[bool] = deque(maxlen=window)
+        self._hits = 0  # True entries of `covered` (O(1) coverage)
         self.up = self.down = 0.0
         self._up_zero = self._down_zero = 0  # last count at which each sum was 0
         self.count = 0  # completions seen (uncensored)
@@ -71,7 +71,7 @@ class DriftAlarm:
 
     @property
     def coverage(self) -> float:
-        return float(np.mean(self.covered)) if self.covered else math.nan
+        return self._hits / len(self.covered) if self.covered else math.nan
 
     @property
     def statistic(self) -> float:
@@ -89,7 +89,10 @@ class DriftAlarm:
             self._up_zero = self.count
         if self.down == 0.0:
             self._down_zero = self.count
+        if len(self.covered) == self.covered.maxlen:
+            self._hits -= self.covered[0]
         self.covered.append(y <= q_level)
+        self._hits += y <= q_level
         band_out = (len(self.covered) == self.covered.maxlen and self.count >= self.min_samples
                     and abs(self.coverage - self.level) > self.band)  # fmt: skip
         if self.up > self.h or self.down > self.h or (band_out and not self.active):
@@ -100,6 +103,7 @@ class DriftAlarm:
             self.up = self.down = 0.0
             self._up_zero = self._down_zero = self.count
             self.covered.clear()
+            self._hits = 0
             self.active, self._calm = True, 0
             return True
         if self.active:
@@ -119,6 +123,7 @@ class DriftAlarm:
     def from_state(cls, v: dict) -> "DriftAlarm":
         d = cls(v["k"], v["h"], v["window"], v["level"], v["band"], v["min_samples"])
         d.covered.extend(v["covered"])
+        d._hits = sum(d.covered)
         d.up, d.down, d._up_zero, d._down_zero = v["up"], v["down"], v["up_zero"], v["down_zero"]
         d.count, d.alarms, d.changes, d.change_at = v["count"], list(v["alarms"]), list(v["changes"]), v["change_at"]
         d.active, d._calm = v["active"], v["calm"]
