@@ -112,7 +112,6 @@ def test_bad_input_names_the_field_without_traceback(log, tmp_path, capsys, monk
         (["train", "-p", "global-median", "-d", str(log), "-o", str(model), "--param", "oops"], "--param"),
         (["predict", "-m", str(not_model), "-i", str(log)], "not a presched model file"),
         (["predict", "-m", str(tmp_path / "none.npz"), "-i", str(log)], "none.npz"),
-        (["predict", "-m", str(model), "-i", str(bad_row)], "output_tokens"),
         (["predict", "-m", str(model), "-i", str(log), "--thresholds", "a,b"], "comma-separated"),
         (["eval", "-d", str(log), "-p", "global-median,nope"], "unknown predictor 'nope'"),
         (["eval", "-d", str(log), "--view", "cross-model"], "--view"),
@@ -126,3 +125,19 @@ def test_bad_input_names_the_field_without_traceback(log, tmp_path, capsys, monk
         assert code == 2, (args, stderr)
         assert needle in stderr, (args, stderr)
         assert "Traceback" not in stderr, (args, stderr)
+
+
+def test_predict_ignores_output_lengths(tmp_path, capsys, monkeypatch):
+    """Its help says output lengths are ignored: a bad or odd one is not read, let alone refused."""
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"p{i}", "output_tokens": 10 + i}) + "\n" for i in range(20)))
+    model = tmp_path / "gm.npz"
+    code, _ = run_main(["train", "-p", "global-median", "-d", str(train), "-o", str(model)], capsys, monkeypatch)
+    assert code in (0, None)
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text('{"prompt": "hi", "output_tokens": 0}\n{"prompt": "yo", "output_tokens": "x", "output_samples": "a b"}\n')
+    out = tmp_path / "pred.jsonl"
+    code, stderr = run_main(["predict", "-m", str(model), "-i", str(odd), "-o", str(out)], capsys, monkeypatch)
+    assert code in (0, None), stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and rows[0]["point"] == rows[1]["point"] > 0

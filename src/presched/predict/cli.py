@@ -185,7 +185,7 @@ def predict(
     pred = _load_model(model_file)
     if not input.exists():
         raise UserError(f"--input: file not found: {input}")
-    reqs = load_generic(input)
+    reqs = load_generic(input, ignore=("output_tokens", "output_samples"))
     if not reqs:
         raise UserError(f"--input: {input} has no requests")
     est = pred.predict(reqs)

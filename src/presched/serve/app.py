@@ -47,6 +47,7 @@ from presched.serve.config import ServeConfig
 from presched.serve.errors import GatewayError
 from presched.serve.gateway import Gateway
 from presched.serve.guard import Guard, http_error
+from presched.serve.learn import LearnCollector, OnlineLearner, learn_fields
 from presched.serve.metrics import GatewayMetrics
 from presched.serve.outcome import Outcome, crash_row, log_row
 from presched.serve.predictions import PredictBatcher, Worker
@@ -77,6 +78,9 @@ class GatewayApp:
         self.predict = PredictBatcher(predictor, self.worker) if predictor is not None else None
         self.log = log
         self.metrics = GatewayMetrics(self.gw)
+        self.learner = predictor if isinstance(predictor, OnlineLearner) else None  # --learn
+        if self.learner is not None:
+            self.metrics.registry.register(LearnCollector(self.learner))
         self.client: httpx.AsyncClient | None = None  # health checks and model discovery
         self.upstream: Upstream | None = None  # generation requests
         self.relay: Relay | None = None  # sends them and relays the answers (over `upstream`)
@@ -134,6 +138,8 @@ class GatewayApp:
             await self.upstream.aclose()
         if self.log is not None:
             self.log.close()
+        if self.learner is not None:  # waits for a refit under way, saves learn.state_dir
+            await asyncio.get_running_loop().run_in_executor(None, self.learner.close)
         self.worker.close()
 
     async def _discover_models(self) -> None:
@@ -314,8 +320,9 @@ class GatewayApp:
             self.gw.cancel(seq)
             seq.finish = self.gw.now()
         self.metrics.observe(seq, out.status)
+        learned = learn_fields(self.learner, seq, out)
         if self.log is not None:
-            self.log.write(log_row(seq, body, chat, out, text))
+            self.log.write({**log_row(seq, body, chat, out, text), **learned})
         self.gw.ended += 1
 
 

@@ -30,6 +30,7 @@ def serve(
     port: Optional[int] = typer.Option(None, "--port", help=_F["port"].description),
     log: Optional[str] = typer.Option(None, "--log", help=(LogConfig.model_fields["path"].description or "").replace("null disables it", "'none' disables it")),
     store_prompts: bool = typer.Option(False, "--store-prompts", help=LogConfig.model_fields["store_prompts"].description),
+    learn: bool = typer.Option(False, "--learn", help="Learn from completed requests: recalibrate the predictor's quantiles, raise a drift alarm, refit it in the background (learn.* fields; --set learn.state_dir=DIR saves and resumes it)."),
     set_: list[str] = typer.Option([], "--set", "-s", help="Set any ServeConfig field by dotted path, e.g. --set max_queue=500 --set policy_params.starvation_s=30."),
 ) -> None:
     """Run the OpenAI-compatible gateway: predict each request's length, order and route by
@@ -46,7 +47,8 @@ def serve(
                 b["max_in_flight"] = max_in_flight
     flags = {"mode": mode, "policy": policy, "router": router, "host": host, "port": port,
              "predictor": str(predictor) if predictor else None,
-             "log.store_prompts": True if store_prompts else None}  # fmt: skip
+             "log.store_prompts": True if store_prompts else None,
+             "learn.enabled": True if learn else None}  # fmt: skip
     if log is not None:
         set_path(data, "log.path", None if log.lower() == "none" else log)
     apply_overrides(data, flags, set_, "max_queue=500")
@@ -71,6 +73,10 @@ def load_parts(cfg: ServeConfig):
             pred = load_predictor(cfg.predictor)
         except (ModelFileError, FileNotFoundError, ValueError) as e:
             raise ValueError(f"predictor: {e}") from None
+    if cfg.learn.enabled:
+        from presched.serve.learn import make_learner
+
+        pred = make_learner(cfg, pred)
     log = None
     if cfg.log.path is not None:
         from presched.serve.log import RequestLog
@@ -92,7 +98,7 @@ def run_server(cfg: ServeConfig) -> None:
     g = app.state.gateway
     Console(stderr=True).print(
         f"presched gateway on http://{cfg.host}:{cfg.port}  mode={cfg.mode} policy={cfg.policy} "
-        f"router={cfg.router} predictor={cfg.predictor or 'none'} tokens={g.count_how} "
+        f"router={cfg.router} predictor={cfg.predictor or 'none'}{' (learning)' if cfg.learn.enabled else ''} tokens={g.count_how} "
         f"log={cfg.log.path or 'off'}; backends: " + ", ".join(b.url for b in cfg.backends),
         highlight=False,
     )

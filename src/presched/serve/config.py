@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from presched.config import Config
+from presched.predict.online.config import OnlineConfig
 from presched.schedule.params import validate_params
 from presched.schedule.registry import POLICIES
 from presched.schedule.routers import ROUTERS
@@ -77,6 +78,7 @@ class ServeConfig(Config):
     health_interval_s: float = Field(2.0, gt=0, description="Seconds between health checks (GET /health) of each backend.")
     retries: int = Field(2, ge=0, le=100, description="Other backends to try when one fails before the first byte.")
     log: LogConfig = Field(default_factory=LogConfig, description="The request log.")
+    learn: OnlineConfig = Field(default_factory=OnlineConfig, description="Online learning from completed requests (`--learn`): recalibration, drift alarm, background refits of the predictor (docs/predictors/online.md).")
     idle_timeout_s: float = Field(60.0, gt=0, le=86_400, description="Most seconds between two reads of a backend's response body once its first bytes came (the wait for those is first_byte_timeout_s). A backend that stalls longer is cut off: a stream ends with an error event, a whole response is retried elsewhere, and the backend counts as failing.")
     drain_timeout_s: float = Field(30.0, ge=0, le=86_400, description="On shutdown (SIGTERM, Ctrl-C), most seconds to let requests in flight finish; those still running after it end with an error (503; an error event in a stream) and their log row.")
     max_event_bytes: int = Field(2**20, ge=1024, le=2**30, description="Largest server-sent event relayed from a backend (up to its blank line); a stream with a larger one ends with an error event.")

@@ -7,7 +7,8 @@ marks a presched log, checking a file before use, and making any value a cell SQ
 
 A file is refused (`LogFileError`) when it is not SQLite, carries another application id, or has
 a `requests` table lacking a column of `COLUMNS`; a `requests` table without the application id
-is accepted when it has every column (extra columns are left alone).
+is accepted when it has every column (extra columns are left alone). Columns added since the
+first format (`ADDED`) may be missing: readers see NULL there, and a writer adds them.
 """
 
 from __future__ import annotations
@@ -41,8 +42,14 @@ COLUMNS: dict[str, str] = {
     "e2e_s": "REAL",
     "retries": "INTEGER",
     "prompt": "TEXT",           # NULL unless prompt logging is enabled
+    "predictor_version": "INTEGER",  # online learning: the predictor version that predicted it
+    "drift_alarm": "INTEGER",   # online learning: 1 if the drift alarm was raised when it ended
 }  # fmt: skip
 """The `requests` table: column -> SQLite type."""
+
+ADDED: tuple[str, ...] = ("predictor_version", "drift_alarm")
+"""Columns newer than the first format: a log without them is still read (NULL there), and a
+writer opening one adds them (`ALTER TABLE ... ADD COLUMN`)."""
 
 NAMES: tuple[str, ...] = tuple(COLUMNS)
 TABLE = "requests"
@@ -81,10 +88,21 @@ def check_file(conn: sqlite3.Connection, path: Path, create: bool) -> None:
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute("COMMIT")
         return
-    missing = [n for n in NAMES if n not in set(_columns(conn))]
+    have = set(_columns(conn))
+    missing = [n for n in NAMES if n not in have and n not in ADDED]
+    if not missing and create:
+        for n in ADDED:
+            if n not in have:
+                conn.execute(f"ALTER TABLE {TABLE} ADD COLUMN {n} {COLUMNS[n]}")
     if missing:
         raise LogFileError(f"{path}: table {TABLE!r} lacks column(s) {', '.join(missing)} "
                            f"(a presched request log has: {', '.join(NAMES)})")  # fmt: skip
+
+
+def select_columns(conn: sqlite3.Connection) -> str:
+    """The SELECT list of every column of `COLUMNS`, NULL for an `ADDED` one the file lacks."""
+    have = set(_columns(conn))
+    return ", ".join(n if n in have else f"NULL AS {n}" for n in NAMES)
 
 
 def connect_ro(path: str | Path) -> tuple[sqlite3.Connection, Path]:

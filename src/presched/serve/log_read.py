@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from presched.serve.log_format import COLUMNS, NAMES, TABLE, connect_ro
+from presched.serve.log_format import COLUMNS, TABLE, connect_ro, select_columns
 from presched.workload.request import Request
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def read_log(path: str | Path):
 
     conn, path = connect_ro(path)
     try:
-        df = pd.read_sql_query(f"SELECT {', '.join(NAMES)} FROM {TABLE} ORDER BY ts, rowid", conn)
+        df = pd.read_sql_query(f"SELECT {select_columns(conn)} FROM {TABLE} ORDER BY ts, rowid", conn)
     finally:
         conn.close()
     for n, t in COLUMNS.items():

@@ -1,7 +1,9 @@
 """A minimal OpenAI-compatible upstream: a stand-in engine for tests and the overhead benchmark.
 
 It is a TEST DOUBLE, not an engine: every request generates exactly `max_tokens` tokens (as a
-real engine does with `ignore_eos`), one token every `token_s` seconds (0 = all at once), with at
+real engine does with `ignore_eos`; finish_reason "length"), or, when the body names
+`stub_output_tokens: N`, min(N, max_tokens) tokens (finish_reason "stop" when N < max_tokens:
+an answer that ended by itself, what online learning needs to see), one token every `token_s` seconds (0 = all at once), with at
 most `max_concurrency` requests generating at a time (the rest wait FIFO, or by the request's
 `priority` field, lower first, as vLLM's priority scheduling orders its waiting queue). Its wire
 format follows vLLM's OpenAI server: SSE `data: {...}` events, a final usage event when
@@ -88,6 +90,10 @@ class StubEngine:
             self.seen.append((dict(request.headers), body))
         chat = request.url.path.endswith("chat/completions")
         n = int(body.get("max_tokens") or 16)
+        stop = body.get("stub_output_tokens")
+        reason = "length"
+        if isinstance(stop, int) and not isinstance(stop, bool) and 1 <= stop < n:
+            n, reason = stop, "stop"
         prompt = (body.get("messages") or [{}])[-1].get("content") if chat else body.get("prompt", "")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._tie)}"
         usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -112,8 +118,8 @@ class StubEngine:
                 self._release()
             text = " tok" * n
             choice = ({"index": 0, "message": {"role": "assistant", "content": text},
-                       "finish_reason": "length"} if chat else
-                      {"index": 0, "text": text, "finish_reason": "length"})  # fmt: skip
+                       "finish_reason": reason} if chat else
+                      {"index": 0, "text": text, "finish_reason": reason})  # fmt: skip
             return JSONResponse({"id": rid, "object": kind, "created": int(time.time()),
                                  "model": self.model, "choices": [choice], "usage": usage})  # fmt: skip
 
@@ -130,8 +136,8 @@ class StubEngine:
                         await asyncio.sleep(self.token_s)
                     last = i == n - 1
                     choice = ({"index": 0, "delta": {"content": " tok"},
-                               "finish_reason": "length" if last else None} if chat else
-                              {"index": 0, "text": " tok", "finish_reason": "length" if last else None})  # fmt: skip
+                               "finish_reason": reason if last else None} if chat else
+                              {"index": 0, "text": " tok", "finish_reason": reason if last else None})  # fmt: skip
                     chunk = {"id": rid, "object": kind + ("" if not chat else ".chunk"),
                              "created": 0, "model": self.model, "choices": [choice]}  # fmt: skip
                     yield f"data: {json.dumps(chunk)}{end}"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from presched.serve.log import APPLICATION_ID, COLUMNS, TABLE
+from presched.serve.log_format import ADDED
 
 EXTRA_COLUMNS: dict[str, str] = {"preemptions": "INTEGER", "recomputed_tokens": "INTEGER",
                                  "pred_source": "TEXT"}  # fmt: skip
@@ -61,10 +62,10 @@ class RecordWriter:
             c.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             return
         have = {r[1] for r in c.execute(f"PRAGMA table_info({TABLE})")}
-        missing = [n for n in COLUMNS if n not in have]
+        missing = [n for n in COLUMNS if n not in have and n not in ADDED]
         if missing:
             raise RecordError(f"records: {self.path}: table {TABLE!r} lacks {', '.join(missing)}")
-        for n, t in EXTRA_COLUMNS.items():
+        for n, t in {**{a: COLUMNS[a] for a in ADDED}, **EXTRA_COLUMNS}.items():
             if n not in have:
                 c.execute(f"ALTER TABLE {TABLE} ADD COLUMN {n} {t}")
 

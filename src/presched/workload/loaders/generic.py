@@ -65,10 +65,14 @@ def _kind(path: Path) -> str:
 
 @LOADERS.register("generic")
 def load_generic(
-    path: str | Path, count_tokens: TokenCounter | None = None, limit: int | None = None
+    path: str | Path,
+    count_tokens: TokenCounter | None = None,
+    limit: int | None = None,
+    ignore: Iterable[str] = (),
 ) -> list[Request]:
     """Load a log in the generic schema. `count_tokens` counts `prompt` text when a row has no
-    `prompt_tokens` (default `approx_tokens`, ~4 chars/token). `limit` keeps the first N rows."""
+    `prompt_tokens` (default `approx_tokens`, ~4 chars/token). `limit` keeps the first N rows.
+    `ignore` names columns dropped unread (`presched predict` ignores the output lengths)."""
     limit = check_limit(limit)
     path = Path(path)
     kind = _kind(path)
@@ -76,10 +80,13 @@ def load_generic(
     rows = _jsonl_rows(text, path) if kind == "jsonl" else _csv_rows(text, path)
     count = count_tokens or approx_tokens
     stem = base_name(path)
+    drop = tuple(ignore)
     out: list[Request] = []
     for lineno, row in rows:
         if limit is not None and len(out) >= limit:
             break
+        for name in drop:
+            row.pop(name, None)
         out.append(_request(row, path, lineno, f"{stem}-{len(out):06d}", count))
     return out
 

@@ -1,0 +1,31 @@
+"""Per-tenant caps on how fast the learner takes labels: a token bucket per tenant on a clock
+the caller passes (wall clock in the gateway, the stream's clock in benchmarks), so one tenant
+replaying a burst of odd answers cannot move the calibration or fill the refit buffer alone.
+At most `max_tenants` buckets are kept (least recently seen forgotten: bounded memory)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class TenantCaps:
+    def __init__(self, rate: float, burst: int, max_tenants: int = 10_000) -> None:
+        self.rate, self.burst, self.max_tenants = rate, burst, max_tenants
+        self._buckets: OrderedDict[str, list[float]] = OrderedDict()  # tenant -> [tokens, t]
+        self.dropped = 0
+
+    def take(self, tenant: str, now: float) -> bool:
+        b = self._buckets.get(tenant)
+        if b is None:
+            b = self._buckets[tenant] = [float(self.burst), now]
+            if len(self._buckets) > self.max_tenants:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(tenant)
+            b[0] = min(self.burst, b[0] + max(0.0, now - b[1]) * self.rate)
+            b[1] = now
+        if b[0] >= 1.0:
+            b[0] -= 1.0
+            return True
+        self.dropped += 1
+        return False

@@ -1,0 +1,250 @@
+"""`OnlineLearner`: any presched predictor, learning from the requests it served.
+
+    learner = OnlineLearner(load_predictor("model.npz"), OnlineConfig(enabled=True), anchor=train_reqs)
+    est = learner.predict(requests)                     # recalibrated quantiles (a LengthEstimate)
+    learner.observe(request, length, status="ok")       # at completion; "length" = cut by max_tokens
+
+What one completion does (`observe`, on the caller's thread, O(levels) plus an amortised sort):
+- `failed` / `cancelled` requests teach nothing (no label; a client that left says nothing about
+  the answer's length) and are only counted;
+- a request cut by `max_tokens` (`status="length"`) is **censored**: a lower bound for the
+  conformal recalibration (Kaplan-Meier, `calibrate.py`), never a training label;
+- a tenant over its label rate (`caps.py`) is counted and dropped;
+- otherwise the score goes to the recalibration of its group, the drift alarm (`drift.py`) sees
+  the PIT of the recalibrated prediction, and the request joins the bounded refit buffer.
+
+Refits: after `min_refit` labelled completions, then after twice as many each time up to one
+every `refit_every` (a doubling schedule: early models while little is known, O(log n) refits),
+and the schedule starts over after a drift alarm (training then on what followed the change). A
+fresh instance of the base predictor's class, with its parameters, is fitted on the buffer minus
+its last `holdout` rows (at most a quarter) plus up to `anchor_rows` rows sampled from the
+original training data (never more than the recent rows: traffic is at least half), on a background
+thread (never the caller's: the gateway's event loop only pays `observe`). The held-out recent
+rows then seed a new recalibration for the new model, and the model, its recalibration and the
+`version` are swapped in at once under a lock; predictions made by an older version are not
+scored against the new one (counted `stale`). `save` / `resume` (`state.py`) keep all of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections import Counter, OrderedDict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from presched.predict.base import Predictor
+from presched.predict.estimate import LEVELS, LengthEstimate
+from presched.predict.online.calibrate import OnlineConformal
+from presched.predict.online.caps import TenantCaps
+from presched.predict.online.config import OnlineConfig
+from presched.predict.online.drift import DriftAlarm
+from presched.workload.request import Request
+
+STATUSES = ("ok", "length", "failed", "cancelled")
+_I50, _I90 = LEVELS.index(0.5), LEVELS.index(0.9)
+
+
+class _Pending(NamedTuple):
+    version: int
+    group: str
+    log_q: np.ndarray  # log of the base predictor's quantiles (the conformal scores' reference)
+    cal_q: list[float]  # the recalibrated quantiles it was given (the drift alarm's PIT)
+
+
+class OnlineLearner:
+    name = "online"
+
+    def __init__(self, base: Predictor, cfg: OnlineConfig | None = None, anchor: Sequence[Request] = (),
+                 background: bool = True) -> None:  # fmt: skip
+        self.cfg = cfg or OnlineConfig(enabled=True)
+        c = self.cfg
+        self.base = base
+        self.version = 1
+        self.anchor = list(anchor)
+        self.conformal = self._new_conformal()
+        self.alarm = DriftAlarm(c.alarm_k, c.alarm_h, c.alarm_window, c.alarm_level, c.alarm_band)
+        self.caps = TenantCaps(c.tenant_rate, c.tenant_burst, c.max_tenants)
+        self.buffer: deque[tuple[Request, int]] = deque(maxlen=c.buffer)  # (request, its length)
+        self.counts: Counter[str] = Counter()
+        self.refit_seconds: list[float] = []
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+        self._since_refit = 0  # labelled completions buffered since the last refit (or change)
+        self._interval = c.min_refit  # refit when _since_refit reaches it; doubles up to refit_every
+        self._since_change: int | None = None  # rows buffered since the last drift alarm's change
+        self._lock = threading.RLock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="presched-learn") if background else None
+        self._job: Future | None = None
+        self._rng = np.random.default_rng(c.seed)
+
+    def _new_conformal(self) -> OnlineConformal:
+        c = self.cfg
+        return OnlineConformal(LEVELS, c.window, c.min_group, c.recalibrate_every)
+
+    def group(self, r: Request) -> str:
+        return f"{r.model}|{r.tenant}" if self.cfg.per_tenant else str(r.model)
+
+    # --- predictions --------------------------------------------------------------------------
+    def predict(self, requests: Sequence[Request]) -> LengthEstimate:
+        with self._lock:
+            base, version = self.base, self.version
+        est = base.predict(requests)
+        groups = [self.group(r) for r in requests]
+        with self._lock:
+            if version != self.version:  # swapped while predicting: the old model's calibration is gone
+                return est
+            q = self.conformal.apply(est.quantiles, groups)
+            log_q, cal = np.log(np.maximum(est.quantiles, 1.0)), q.tolist()
+            for i, r in enumerate(requests):
+                self._pending[r.id] = _Pending(version, groups[i], log_q[i], cal[i])
+                self._pending.move_to_end(r.id)
+            while len(self._pending) > self.cfg.max_pending:
+                self._pending.popitem(last=False)
+                self.counts["forgotten"] += 1
+        ratio = q[:, _I50] / np.maximum(est.quantiles[:, _I50], 1.0)
+        point = est.point * ratio
+        rank = point if np.array_equal(est.rank_score, est.point) else est.rank_score
+        return LengthEstimate(q, point, rank)
+
+    def version_of(self, request_id: str) -> int | None:
+        """The version that predicted a request not yet observed (None if unknown)."""
+        rec = self._pending.get(request_id)
+        return None if rec is None else rec.version
+
+    # --- learning -----------------------------------------------------------------------------
+    def observe(self, request: Request, length: float | None, status: str = "ok", now: float | None = None) -> bool:
+        """One completed request: `length` its output tokens (from usage), `status` one of
+        ok / length (cut by max_tokens: censored) / failed / cancelled. True if learned from."""
+        if status not in STATUSES:
+            raise ValueError(f"field 'status': expected one of {STATUSES}, got {status!r}")
+        with self._lock:
+            rec = self._pending.pop(request.id, None)
+        if status in ("failed", "cancelled") or length is None or not length >= 1 or not math.isfinite(length):
+            self.counts["ignored"] += 1
+            return False
+        if not self.caps.take(request.tenant, time.monotonic() if now is None else now):
+            self.counts["capped"] += 1
+            return False
+        censored = status == "length"
+        with self._lock:
+            if rec is None:
+                self.counts["unpredicted"] += 1
+            elif rec.version != self.version:
+                self.counts["stale"] += 1
+            else:
+                self.conformal.add(rec.group, None, length, censored, log_q=rec.log_q)
+                raised = self.alarm.active
+                if not censored and self.alarm.add(rec.cal_q, length, rec.cal_q[_I90]):
+                    self._on_alarm(first=not raised)
+            self.counts["censored" if censored else "learned"] += 1
+            if censored or not request.prompt:  # no label, or nothing a text predictor can read
+                return True
+            self.buffer.append((request, int(length)))  # made a labelled Request at refit (off this thread)
+            self._since_refit += 1
+            if self._since_change is not None:
+                self._since_change += 1
+            due = self._refit_due()
+        if due:
+            self.refit()
+        if self.cfg.state_dir and self.counts["learned"] % self.cfg.save_every == 0:
+            self._submit(self.save, self.cfg.state_dir)
+        return True
+
+    def _on_alarm(self, first: bool) -> None:
+        """Forget the recalibration rows before the change; on the first alarm of a drift (not
+        one raised again while it is still on), start the refit schedule over from it."""
+        a = self.alarm
+        after = a.count - (a.change_at or a.count)
+        for g in list(self.conformal.groups):
+            self.conformal.forget(g, max(self.cfg.min_group, after))
+        if self.cfg.refit_on_alarm and first:
+            self._since_change = min(after, len(self.buffer))
+            self._interval = min(self._interval, self.cfg.min_refit)
+
+    def _refit_due(self) -> bool:
+        c = self.cfg
+        if not c.refit_every or len(self.buffer) < c.min_refit or (self._job is not None and not self._job.done()):
+            return False
+        return self._since_refit >= self._interval
+
+    def refit(self) -> Future | None:
+        """Start a refit (background thread, or inline without one); None if one is running."""
+        with self._lock:
+            if self._job is not None and not self._job.done():
+                return None
+            recent = list(self.buffer)
+            if self._since_change is not None:  # after an alarm: train on what followed the change
+                recent = recent[-max(self._since_change, self.cfg.min_refit):]
+            self._since_refit = 0
+            self._interval = min(2 * self._interval, self.cfg.refit_every or self._interval)
+            take = min(self.cfg.anchor_rows, len(self.anchor), len(recent))  # recent traffic >= half
+            anchor = [self.anchor[i] for i in self._rng.choice(len(self.anchor), take, replace=False)] if take else []
+            self._job = self._submit(self._refit_job, recent, anchor)
+            return self._job
+
+    def _refit_job(self, recent_pairs: list[tuple[Request, int]], anchor: list[Request]) -> None:
+        t0 = time.process_time()
+        recent = [dataclasses.replace(r, output_tokens=n, output_samples=()) for r, n in recent_pairs]
+        k = min(self.cfg.holdout, len(recent) // 4)
+        hold, train = recent[-k:], recent[:-k] + anchor
+        new = type(self.base)(**self.base.params)
+        new.fit(train, validation=hold)
+        est = new.predict(hold)
+        conf = self._new_conformal()
+        for i, r in enumerate(hold):
+            conf.add(self.group(r), est.quantiles[i], float(r.output_tokens))
+        with self._lock:
+            self.base, self.conformal = new, conf
+            self.version += 1
+            self.counts["refits"] += 1
+        self.refit_seconds.append(time.process_time() - t0)
+        if self.cfg.state_dir:
+            self.save(self.cfg.state_dir)
+
+    def _submit(self, fn: Any, *args: Any) -> Future:
+        if self._pool is not None:
+            return self._pool.submit(fn, *args)
+        fut: Future = Future()
+        try:
+            fut.set_result(fn(*args))
+        except Exception as e:  # noqa: BLE001 - kept on the future, as the pool would
+            fut.set_exception(e)
+        return fut
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for a running refit or save (tests, shutdown)."""
+        job = self._job
+        if job is not None:
+            job.result(timeout)
+        if self._pool is not None:
+            self._pool.submit(lambda: None).result(timeout)
+
+    def close(self) -> None:
+        """Let a refit under way finish, stop the thread, save the state (if `state_dir`)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self.cfg.state_dir:
+            self.save(self.cfg.state_dir)
+
+    # --- what the gateway exports -------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        a = self.alarm
+        return {"predictor_version": self.version, "drift_alarm": a.active, "drift_statistic": round(a.statistic, 3),
+                "drift_alarms": len(a.alarms), "coverage_q90": a.coverage, **dict(self.counts)}  # fmt: skip
+
+    # --- persistence (state.py) ---------------------------------------------------------------
+    def save(self, folder: str) -> None:
+        from presched.predict.online.state import save_state
+
+        save_state(self, folder)
+
+    @classmethod
+    def resume(cls, folder: str, cfg: OnlineConfig, anchor: Sequence[Request] = (), background: bool = True) -> "OnlineLearner | None":
+        from presched.predict.online.state import load_state
+
+        return load_state(cls, folder, cfg, anchor, background)

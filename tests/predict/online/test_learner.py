@@ -1,0 +1,137 @@
+"""`OnlineLearner` around a real predictor (`model-median`, no optional dependency) on
+synthetic streams: recalibration, what is not learned from, caps, refits off the caller's
+thread, and atomic save / resume."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from presched.predict import LEVELS, PREDICTORS
+from presched.predict.online import OnlineConfig, OnlineLearner
+from presched.workload.request import Request
+
+I90 = LEVELS.index(0.9)
+
+
+def reqs(n, median, start=0, tenant="default", model="m", seed=0):
+    rng = np.random.default_rng(seed)
+    y = np.maximum(1, median * np.exp(rng.normal(0, 0.8, n))).astype(int)
+    return [Request(id=f"r{start + i}", prompt=f"p{start + i}", prompt_tokens=10, model=model, tenant=tenant,
+                    output_tokens=int(v)) for i, v in enumerate(y)]  # fmt: skip
+
+
+def base(median=100):
+    return PREDICTORS.create("model-median").fit(reqs(300, median, start=10**6, seed=9))
+
+
+def serve(learner, stream, status="ok", now=0.0):
+    est = learner.predict(stream)
+    for r in stream:
+        learner.observe(r, r.output_tokens, status=status, now=now)
+    return est
+
+
+def cfg(**kw):
+    return OnlineConfig(enabled=True, refit_every=0, tenant_rate=1e9, tenant_burst=10**9, **kw)
+
+
+def test_recalibrates_a_shifted_stream_and_ignores_what_teaches_nothing():
+    learner = OnlineLearner(base(100), cfg(), background=False)
+    first = serve(learner, reqs(400, 400))
+    assert np.mean([r.output_tokens for r in reqs(400, 400)] <= first.quantiles[:, I90]) < 0.6
+    fresh = reqs(2000, 400, start=10_000, seed=1)
+    est = learner.predict(fresh)
+    cover = np.mean(np.array([r.output_tokens for r in fresh]) <= est.quantiles[:, I90])
+    assert abs(cover - 0.9) < 0.04
+    assert learner.counts["learned"] == 400 and len(learner.buffer) == 400
+    before = learner.conformal.offsets("m").copy()
+    serve(learner, reqs(100, 5, start=20_000), status="failed")
+    serve(learner, reqs(100, 5, start=30_000), status="cancelled")
+    assert np.array_equal(learner.conformal.offsets("m"), before)
+    assert learner.counts["ignored"] == 200 and len(learner.buffer) == 400
+    with pytest.raises(ValueError, match="status"):
+        learner.observe(fresh[0], 10, status="done")
+
+
+def test_censored_answers_calibrate_but_are_never_labels():
+    learner = OnlineLearner(base(100), cfg(), background=False)
+    serve(learner, reqs(200, 100), status="length")
+    assert learner.counts["censored"] == 200 and len(learner.buffer) == 0
+    assert learner.conformal.groups["m"].censored.sum() == 200
+
+
+def test_a_tenant_over_its_rate_is_dropped():
+    learner = OnlineLearner(base(), OnlineConfig(enabled=True, refit_every=0, tenant_rate=1.0, tenant_burst=5),
+                            background=False)  # fmt: skip
+    serve(learner, reqs(50, 100, tenant="noisy"), now=0.0)
+    serve(learner, reqs(3, 100, start=100, tenant="calm"), now=0.0)
+    assert learner.counts["learned"] == 5 + 3 and learner.counts["capped"] == 45
+    serve(learner, reqs(10, 100, start=200, tenant="noisy"), now=2.0)  # 2 s later: 2 more tokens
+    assert learner.counts["learned"] == 10
+
+
+class RecordingMedian(type(PREDICTORS.create("model-median"))):
+    """model-median that records which thread fits it (to check refits leave the caller's)."""
+
+    threads: list[str] = []
+
+    def fit(self, requests, validation=None):
+        RecordingMedian.threads.append(threading.current_thread().name)
+        return super().fit(requests, validation)
+
+
+def test_refit_runs_in_the_background_and_swaps_the_version():
+    b = RecordingMedian().fit(reqs(300, 100, start=10**6))
+    RecordingMedian.threads.clear()
+    learner = OnlineLearner(b, OnlineConfig(enabled=True, refit_every=400, min_refit=300, holdout=100,
+                                            tenant_rate=1e9, tenant_burst=10**9, anchor_rows=0))  # fmt: skip
+    stream = reqs(400, 1000)
+    learner.predict(stream)
+    early = reqs(1, 1000, start=9000)
+    learner.predict(early)  # predicted by version 1, completes after the swap
+    for r in stream:
+        learner.observe(r, r.output_tokens, now=0.0)
+    learner.wait(60)
+    assert learner.version == 2 and learner.counts["refits"] == 1
+    assert RecordingMedian.threads and RecordingMedian.threads[0].startswith("presched-learn")
+    assert learner.base is not b and 600 < learner.base.predict(stream[:1]).point[0] < 1600
+    rows = learner.conformal.groups["m"].n
+    learner.observe(early[0], 1000, now=0.0)
+    assert learner.counts["stale"] == 1 and learner.conformal.groups["m"].n == rows
+    learner.close()
+
+
+def test_save_and_resume_give_the_same_learner(tmp_path):
+    learner = OnlineLearner(base(100), cfg(), background=False)
+    serve(learner, reqs(300, 300))
+    learner.save(str(tmp_path))
+    back = OnlineLearner.resume(str(tmp_path), cfg(), background=False)
+    probe = reqs(20, 300, start=50_000)
+    assert np.allclose(back.predict(probe).quantiles, learner.predict(probe).quantiles)
+    assert back.version == learner.version and len(back.buffer) == 300
+    assert back.counts["learned"] == 300 and back.alarm.state() == learner.alarm.state()
+    assert OnlineLearner.resume(str(tmp_path / "empty"), cfg()) is None
+
+
+def test_a_crash_while_saving_leaves_the_last_state(tmp_path, monkeypatch):
+    learner = OnlineLearner(base(100), cfg(), background=False)
+    serve(learner, reqs(100, 300))
+    learner.save(str(tmp_path))
+    serve(learner, reqs(100, 300, start=1000))
+    real = os.replace
+
+    def crash_on_header(src, dst):
+        if str(dst).endswith("online.npz"):
+            raise OSError("disk full")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash_on_header)
+    with pytest.raises(OSError):
+        learner.save(str(tmp_path))
+    monkeypatch.setattr(os, "replace", real)
+    back = OnlineLearner.resume(str(tmp_path), cfg(), background=False)
+    assert back.counts["learned"] == 100 and len(back.buffer) == 100
