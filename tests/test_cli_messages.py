@@ -69,8 +69,9 @@ def test_run_far_past_capacity_warns_before_the_numbers(data_dir):
     r = presched("simulate", "-w", "mooncake-conv", "-n", "2000", "--json")
     assert r.returncode == 0, r.stderr
     assert "warning: offered load is" in r.stderr and json.loads(r.stdout)["completed"] == 2000
-    ok = presched("simulate", "-n", "300", "--json")
-    assert ok.returncode == 0 and "warning" not in ok.stderr
+    for n in ("200", "300"):  # 200: one long answer near the end made it warn with no queue at all
+        ok = presched("simulate", "-n", n, "--json")
+        assert ok.returncode == 0 and "warning" not in ok.stderr, (n, ok.stderr)
 
 
 def test_train_prints_progress_unless_quiet(tmp_path):

@@ -162,6 +162,7 @@ def simulate(
     set_: list[str] = SetOpt,
 ) -> None:
     """Simulate one workload under one policy (at the workload's own rate) and print every metric."""
+    from presched.metrics.overload import overload_warning
     from presched.metrics.summary import summarize
     from presched.predict.source import predictions_for
     from presched.sim.setup import simulate as run_sim
@@ -173,7 +174,7 @@ def simulate(
     reqs = build_workload(cfg.workload)
     res = run_sim(reqs, cfg.sim, estimates=predictions_for(reqs, cfg.predictions))
     summary = summarize(res.records, res.itl.values(), cfg.slo)
-    warning = overload_warning(reqs, res.records)
+    warning = overload_warning(res.records)
     if warning:
         err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     summary.update({"sim_wall_s": res.wall_seconds, "sim_steps": res.num_steps,
@@ -193,27 +194,6 @@ def simulate(
     for k, v in summary.items():
         table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
     Console().print(table)
-
-
-def overload_warning(reqs, records, ratio: float = 1.5) -> str | None:
-    """A line when the workload offered output tokens much faster than the deployment served them
-    (offered rate = output tokens / arrival span; served = output tokens / time to finish them
-    all): the queue then grows for the whole run, and latencies measure its length, not the policy."""
-    import numpy as np
-
-    arrivals = np.asarray(records.arrival, dtype=float)
-    span = float(arrivals.max() - arrivals.min())
-    tokens = float(np.sum(records.output_tokens))
-    busy = float(np.max(records.finish) - arrivals.min())
-    if len(reqs) < 2 or span <= 0 or busy <= 0:
-        return None
-    offered, served = tokens / span, tokens / busy
-    if offered < ratio * served:
-        return None
-    return (f"offered load is {offered / served:.1f}x what this deployment served ({offered:,.0f} vs "
-            f"{served:,.0f} output tok/s): the queue grows for the whole run (mean TTFT "
-            f"{float(np.mean(records.ttft)):,.0f} s). Lower --rate, add --instances, or use "
-            "`presched bench`, which runs at fractions of the measured capacity.")  # fmt: skip
 
 
 @app.command("config")
