@@ -145,6 +145,10 @@ def train(
                         f"({rep['validation_requests']:,} for validation) in {rep['fit_s']:.1f} s; "
                         f"{rep['summary']}; wrote {path} ({rep['bytes'] / 1024:,.0f} KB)")  # fmt: skip
         return
+    try:  # before loading any data: a bad --param is refused at once
+        pred = PREDICTORS.create(predictor, **kwargs)
+    except (TypeError, ValueError) as e:  # an unknown parameter, or one of the wrong kind
+        raise UserError(f"--param: {e}") from None
     say = (lambda msg: None) if quiet else (lambda msg: err.print(msg, highlight=False, soft_wrap=True))
     say(f"loading {data}" + (f" ({split})" if split else ""))
     reqs, is_castillo = _load_data(data, split)
@@ -155,10 +159,6 @@ def train(
         fit_on = [r for r in reqs if r.metadata.get("split") != "validate"] + rest
     else:
         fit_on, validation = group_split(reqs, validation_fraction, seed)
-    try:
-        pred = PREDICTORS.create(predictor, **kwargs)
-    except TypeError as e:
-        raise UserError(f"--param: {predictor} does not take these arguments ({e})") from None
     say(f"fitting {predictor} on {len(fit_on):,} requests ({len(validation):,} for validation)")
     t0 = time.perf_counter()
     pred.fit(fit_on, validation=validation or None)
