@@ -235,7 +235,7 @@ def eval_(
         evaluate_saved,
         generic_split,
     )
-    from presched.predict.report import render_table, write_all
+    from presched.predict.report import full_width, render_table, write_all
 
     explicit = _csv(predictors)
     missing = ensure_registered(explicit) if explicit and model_file is None else (
@@ -280,7 +280,9 @@ def eval_(
             result = evaluate(names, splits, params=_params(param, scoped=True), single_calls=single_calls,
                               seed=seed, on_step=lambda label: prog.update(task, advance=1, description=label))  # fmt: skip
     if not quiet:
-        render_table(result, Console(width=max(console.width, 150)))
+        if not console.is_terminal:  # logs and pipes: whole rows, headers on one line
+            console.width = max(console.width, full_width(result))
+        render_table(result, console)
         for mod, why in missing.items():
             console.print(f"[yellow]not available:[/yellow] {mod} ({why})", highlight=False)
     meta = {"data": data, "view": view, "quick": quick, "seed": seed, "predictors": names,
