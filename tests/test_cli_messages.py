@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,21 @@ def test_bench_loads_past_capacity_warn(tmp_path):
     assert "warning: loads 1.2 are past capacity" in r.stderr
     ok = presched("bench", "-n", "200", "--loads", "0.9", "-p", "fcfs", cwd=tmp_path)
     assert "warning" not in ok.stderr
+
+
+def test_config_on_an_80_column_terminal_folds_and_cuts_nothing():
+    """`presched config` on a terminal keeps to its width (it printed 140 wide, so an 80-column
+    terminal wrapped every line); a dotted path folds onto the next line, never cut."""
+    from presched.bench.config import BenchConfig
+    from presched.cli import _fields
+
+    env = {**os.environ, "COLUMNS": "80", "TTY_COMPATIBLE": "1", "NO_COLOR": "1"}  # rich: a terminal
+    r = subprocess.run([sys.executable, "-m", "presched.cli", "config"], capture_output=True, text=True,
+                       timeout=120, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = re.sub(r"\x1b\[[0-9;]*m", "", r.stdout)  # bold and italic stay on a terminal
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in out
+    first = lines[: next(i for i, line in enumerate(lines) if line.startswith("└"))]
+    fragments = [line.split("│")[1].strip() for line in first if line.startswith("│")]
+    assert "".join(fragments) == "".join(path for path, _d, _m in _fields(BenchConfig()))

@@ -210,12 +210,14 @@ def show_config(
         dump.write_text(text)
         Console().print(f"wrote {dump}")
         return
-    console = Console(width=max(Console().width, 140))
+    console = Console()
+    if not console.is_terminal:  # logs and pipes: rows on fewer lines; a terminal keeps its width
+        console.width = max(console.width, 140)
     if policy is not None:
         console.print(_policy_table([policy]))
         return
     table = Table(title="presched configuration (set in an experiment file, or with --set PATH=VALUE)")
-    table.add_column("field")
+    table.add_column("field", overflow="fold")  # a dotted path folds, never cut
     table.add_column("default", overflow="fold", max_width=28)
     table.add_column("meaning", overflow="fold")
     for path, default, desc in _fields(cfg):
