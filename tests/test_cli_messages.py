@@ -34,6 +34,10 @@ def test_help_shows_flags_as_flags_and_the_defaults():
     assert "Default: 64." in bench and "<bool>" not in bench
     serve = presched("serve", "--help").stdout
     assert "'none' disables it" in serve and "null disables it" not in serve
+    assert "Default: presched-requests.sqlite." in serve and "Default: 8080." in serve
+    for cmd in ("bench", "simulate", "serve", "train", "eval", "replay"):  # a list option's metavar
+        text = presched(cmd, "--help").stdout
+        assert "list[str]" not in text and ("PATH=VALUE" in text or "KEY=VALUE" in text), cmd
     train = presched("train", "--help").stdout
     seed = train[train.index("--seed") :].split("\n")[0]
     assert "latency" not in seed and "--quiet" in train

@@ -80,7 +80,7 @@ RouterOpt = typer.Option(None, "--router", help=_hd(_h(SimConfig, "router"), _D.
 ModelOpt = typer.Option(None, "--model", help=_hd(_h(StepTimeConfig, "model"), str(_D.sim.step_time.model)))
 HwOpt = typer.Option(None, "--hardware", help=_hd(_h(StepTimeConfig, "hardware"), str(_D.sim.step_time.hardware)))
 SeqsOpt = typer.Option(None, "--max-num-seqs", help=_hd(_h(EngineConfig, "max_num_seqs"), str(_D.sim.engine.max_num_seqs)))
-SetOpt = typer.Option([], "--set", "-s", help="Set any config field by dotted path, e.g. --set sim.engine.block_size=32 --set slo.ttft_ms=500. `presched config` lists them all.")
+SetOpt = typer.Option([], "--set", "-s", metavar="PATH=VALUE", help="Set any config field by dotted path, e.g. --set sim.engine.block_size=32 --set slo.ttft_ms=500. `presched config` lists them all.")
 
 
 def _common(workload, path, num, arrivals, seed, instances, router, model, hardware, seqs) -> dict:
