@@ -141,6 +141,17 @@ def _jsonable(x):
 
 
 def plot(result: BenchResult, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def figure(result: BenchResult):
+    """Latency vs load, four panels, one line per policy: linear axes (every gridline labelled,
+    differences read as distances) and a distinct line style and marker per policy, so lines that
+    coincide (the two oracles) stay visible."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,5 +181,4 @@ def plot(result: BenchResult, path: Path) -> None:
                  f"{st.hardware_spec().name}, max_num_seqs {cfg.sim.engine.max_num_seqs}; "
                  f"capacity {result.capacity_tok_s:.0f} output tok/s", fontsize=10)  # fmt: skip
     fig.tight_layout(rect=(0, 0.03 * len(caption), 1, 1))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
