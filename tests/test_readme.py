@@ -64,7 +64,8 @@ def test_readme_commands_parse_into_known_kinds():
     cmds = readme_commands(README.read_text())
     assert len(cmds) >= 15
     assert any(
-        c.startswith("presched bench -w castillo") and "predictions.path=model.npz" in c
+        c.startswith("presched bench -w azure-code") and "lengths_from=castillo" in c
+        and "predictions.path=model.npz" in c
         for c in cmds
     )
 
