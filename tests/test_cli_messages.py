@@ -60,6 +60,11 @@ def test_validation_errors_lose_pydantics_prefix_and_input_dumps(tmp_path):
     )
     assert r.returncode == 2 and "model is required" in r.stderr
     assert "Value error" not in r.stderr and "(got {" not in r.stderr
+    # replay prints its own errors (not through presched.cli's cleaner): the same clean lines
+    r = presched("replay", "--url", "http://127.0.0.1:9", "--set",
+                 'workload={"source": "castillo", "num_requests": 5}', cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2 and "workload: model is required by source 'castillo'" in r.stderr
+    assert "Value error" not in r.stderr and "(got {" not in r.stderr
 
 
 def test_garbage_model_file_is_not_a_presched_model_file(tmp_path):
