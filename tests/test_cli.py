@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -14,8 +15,21 @@ def presched(*args, cwd=None):
                           text=True, cwd=cwd, timeout=300)  # fmt: skip
 
 
+# `python -m presched.cli` with every internet socket refused: a run that reaches the network fails
+OFFLINE = ("import socket, runpy\n"
+           "def refuse(self, *a, **k):\n"
+           "    if self.family in (socket.AF_INET, socket.AF_INET6):\n"
+           "        raise OSError('network used by an offline run')\n"
+           "    return connect(self, *a, **k)\n"
+           "connect = socket.socket.connect\n"
+           "socket.socket.connect = refuse\n"
+           "runpy.run_module('presched.cli', run_name='__main__', alter_sys=True)\n")  # fmt: skip
+
+
 def test_bench_with_no_arguments_works_offline(tmp_path):
-    r = presched("bench", cwd=tmp_path)
+    env = {**os.environ, "PRESCHED_DATA_DIR": str(tmp_path / "no-data")}  # no data either
+    r = subprocess.run([sys.executable, "-c", OFFLINE, "bench"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300, env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr
     out = tmp_path / "presched-results"
     doc = json.loads((out / "bench.json").read_text())

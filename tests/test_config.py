@@ -39,3 +39,20 @@ def test_overrides_read_values_as_yaml_after_the_flags():
                     "policy_params": {"starvation_s": 30}}  # fmt: skip
     with pytest.raises(UserError, match="expected KEY=VALUE, e.g. max_queue=500"):
         apply_overrides({}, {}, ["policy"], "max_queue=500")
+
+
+def test_validation_errors_name_the_field_and_give_back_one_value_only():
+    from pydantic import ValidationError
+
+    from presched.config import format_validation_error
+    from presched.workload.config import WorkloadConfig
+
+    with pytest.raises(ValidationError) as e:
+        WorkloadConfig(source="castillo", num_requests=0)
+    text = format_validation_error(e.value)
+    assert "num_requests: Input should be greater than or equal to 1 (got 0)" in text
+    with pytest.raises(ValidationError) as e:
+        WorkloadConfig(source="castillo")  # the model validator's own message, on the section
+    text = format_validation_error(e.value, "workload")
+    assert text.startswith("workload: model is required by source 'castillo'")
+    assert "Value error" not in text and "(got {" not in text

@@ -81,7 +81,7 @@ RouterOpt = typer.Option(None, "--router", help=_hd(_h(SimConfig, "router"), _D.
 ModelOpt = typer.Option(None, "--model", help=_hd(_h(StepTimeConfig, "model"), str(_D.sim.step_time.model)))
 HwOpt = typer.Option(None, "--hardware", help=_hd(_h(StepTimeConfig, "hardware"), str(_D.sim.step_time.hardware)))
 SeqsOpt = typer.Option(None, "--max-num-seqs", help=_hd(_h(EngineConfig, "max_num_seqs"), str(_D.sim.engine.max_num_seqs)))
-SetOpt = typer.Option([], "--set", "-s", help="Set any config field by dotted path, e.g. --set sim.engine.block_size=32 --set slo.ttft_ms=500. `presched config` lists them all.")
+SetOpt = typer.Option([], "--set", "-s", metavar="PATH=VALUE", help="Set any config field by dotted path, e.g. --set sim.engine.block_size=32 --set slo.ttft_ms=500. `presched config` lists them all.")
 
 
 def _common(workload, path, num, arrivals, seed, instances, router, model, hardware, seqs) -> dict:
@@ -163,6 +163,7 @@ def simulate(
     set_: list[str] = SetOpt,
 ) -> None:
     """Simulate one workload under one policy (at the workload's own rate) and print every metric."""
+    from presched.metrics.overload import overload_warning
     from presched.metrics.summary import summarize
     from presched.predict.source import predictions_for
     from presched.sim.setup import simulate as run_sim
@@ -174,7 +175,7 @@ def simulate(
     reqs = build_workload(cfg.workload)
     res = run_sim(reqs, cfg.sim, estimates=predictions_for(reqs, cfg.predictions))
     summary = summarize(res.records, res.itl.values(), cfg.slo)
-    warning = overload_warning(reqs, res.records)
+    warning = overload_warning(res.records)
     if warning:
         err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     summary.update({"sim_wall_s": res.wall_seconds, "sim_steps": res.num_steps,
@@ -200,27 +201,6 @@ def simulate(
     Console().print(table)
 
 
-def overload_warning(reqs, records, ratio: float = 1.5) -> str | None:
-    """A line when the workload offered output tokens much faster than the deployment served them
-    (offered rate = output tokens / arrival span; served = output tokens / time to finish them
-    all): the queue then grows for the whole run, and latencies measure its length, not the policy."""
-    import numpy as np
-
-    arrivals = np.asarray(records.arrival, dtype=float)
-    span = float(arrivals.max() - arrivals.min())
-    tokens = float(np.sum(records.output_tokens))
-    busy = float(np.max(records.finish) - arrivals.min())
-    if len(reqs) < 2 or span <= 0 or busy <= 0:
-        return None
-    offered, served = tokens / span, tokens / busy
-    if offered < ratio * served:
-        return None
-    return (f"offered load is {offered / served:.1f}x what this deployment served ({offered:,.0f} vs "
-            f"{served:,.0f} output tok/s): the queue grows for the whole run (mean TTFT "
-            f"{float(np.mean(records.ttft)):,.0f} s). Lower --rate, add --instances, or use "
-            "`presched bench`, which runs at fractions of the measured capacity.")  # fmt: skip
-
-
 @app.command("config")
 def show_config(
     dump: Optional[Path] = typer.Option(None, "--dump", help="Write every field with its default to this YAML/JSON file."),
@@ -235,12 +215,14 @@ def show_config(
         dump.write_text(text)
         Console().print(f"wrote {dump}")
         return
-    console = Console(width=max(Console().width, 140))
+    console = Console()
+    if not console.is_terminal:  # logs and pipes: rows on fewer lines; a terminal keeps its width
+        console.width = max(console.width, 140)
     if policy is not None:
         console.print(_policy_table([policy]))
         return
     table = Table(title="presched configuration (set in an experiment file, or with --set PATH=VALUE)")
-    table.add_column("field")
+    table.add_column("field", overflow="fold")  # a dotted path folds, never cut
     table.add_column("default", overflow="fold", max_width=28)
     table.add_column("meaning", overflow="fold")
     for path, default, desc in _fields(cfg):

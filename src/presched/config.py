@@ -79,11 +79,16 @@ class Config(BaseModel):
 
 
 def format_validation_error(err: ValidationError, where: str = "") -> str:
-    """One line per problem, each naming the field path: `engine.max_num_seqs: ...`."""
+    """One line per problem, each naming the field path: `engine.max_num_seqs: ...`, with the
+    value given when it is one value (a whole section given back adds only noise), and without
+    pydantic's "Value error, " prefix on our validators' own messages."""
     lines = []
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"])
         if where:
             path = f"{where}.{path}" if path else where
-        lines.append(f"{path}: {e['msg']} (got {e.get('input')!r})")
+        msg = e["msg"].removeprefix("Value error, ") if e.get("type") == "value_error" else e["msg"]
+        given = e.get("input")
+        got = "" if isinstance(given, (dict, list, tuple)) else f" (got {given!r})"
+        lines.append(f"{path}: {msg}{got}")
     return "\n".join(lines)

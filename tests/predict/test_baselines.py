@@ -98,3 +98,19 @@ def test_predict_never_reads_the_labels(name, small):
     unlabelled = [dataclasses.replace(r, output_tokens=None, output_samples=()) for r in test[:300]]
     a, b = pred.predict(test[:300]), pred.predict(unlabelled)
     assert np.array_equal(a.quantiles, b.quantiles) and np.array_equal(a.point, b.point)
+
+
+def test_checked_params_takes_each_defaults_kind_and_names_what_it_refuses():
+    from presched.predict.base import checked_params
+
+    defaults = {"n": 3, "lr": 0.1, "on": True, "how": "a", "cap": 2.0, "dir": None, "qs": [1, 2]}
+    got = checked_params("p", defaults, {"n": 5, "lr": 1, "cap": None, "dir": "x", "qs": [3]}, nullable=("cap",))
+    assert got == {**defaults, "n": 5, "lr": 1, "cap": None, "dir": "x", "qs": [3]}
+    for given, needle in [({"n": "abc"}, "'n' must be an integer, got 'abc'"), ({"n": 2.5}, "'n' must be an integer"),
+                          ({"n": True}, "'n' must be an integer"), ({"lr": "fast"}, "'lr' must be a number"),
+                          ({"on": 1}, "'on' must be true or false"), ({"how": 3}, "'how' must be a string"),
+                          ({"lr": None}, "'lr' must be a number, got None"), ({"qs": 3}, "'qs' must be a list"),
+                          ({"zz": 1}, "p: unknown parameter(s) ['zz']; known:")]:  # fmt: skip
+        with pytest.raises(ValueError) as e:
+            checked_params("p", defaults, given)
+        assert needle in str(e.value), (given, str(e.value))

@@ -110,6 +110,8 @@ def test_bad_input_names_the_field_without_traceback(log, tmp_path, capsys, monk
         (["train", "-p", "global-median", "-d", str(log), "-o", str(model), "--split", "train"], "split"),
         (["train", "-p", "global-median", "-o", str(model), "--split", "dev"], "--split"),
         (["train", "-p", "global-median", "-d", str(log), "-o", str(model), "--param", "oops"], "--param"),
+        (["train", "-p", "global-median", "-d", str(log), "-o", str(model), "--param", "q=1"],
+         "global-median: unknown parameter(s) ['q'] (it takes no parameters)"),
         (["predict", "-m", str(not_model), "-i", str(log)], "not a presched model file"),
         (["predict", "-m", str(tmp_path / "none.npz"), "-i", str(log)], "none.npz"),
         (["predict", "-m", str(model), "-i", str(log), "--thresholds", "a,b"], "comma-separated"),

@@ -30,6 +30,12 @@ def test_registered_and_params_checked():
     assert isinstance(PREDICTORS.create("text-gbm"), TextGBM)
     with pytest.raises(ValueError, match="unknown parameter"):
         TextGBM(learning_rat=0.1)
+    # a value of the wrong kind is refused naming it (it used to fail inside LightGBM's train)
+    with pytest.raises(ValueError, match="parameter 'max_rounds' must be an integer, got 'abc'"):
+        TextGBM(max_rounds="abc")
+    with pytest.raises(ValueError, match="parameter 'cues' must be true or false, got 1"):
+        TextGBM(cues=1)
+    assert TextGBM(learning_rate=1).params["learning_rate"] == 1  # an integer is a number
     with pytest.raises(ValueError, match="fit"):
         TextGBM().predict([])
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -12,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from presched.bench.runner import BenchResult
+from presched.fold import column_widths, fit, table_width, wrapped
 
 # (column title, row key, format)
 COLUMNS = [
@@ -68,42 +68,33 @@ def notes(cfg) -> list[str]:
     return out
 
 
+def _cells(result: BenchResult) -> list[list[str]]:
+    return [[_cell(row, c) for c in COLUMNS] for row in result.rows]
+
+
 def _full_width(result: BenchResult) -> int:
-    """Columns one table needs with every header on one line (3 = padding and border each)."""
-    cells = [[_cell(row, c) for c in COLUMNS] for row in result.rows]
-    return 1 + sum(3 + max([len(c[0])] + [len(r[i]) for r in cells]) for i, c in enumerate(COLUMNS))
+    """Columns one table needs with every header on one line."""
+    return table_width(column_widths([c[0] for c in COLUMNS], _cells(result), wrap=False))
 
 
 def _tables(result: BenchResult, width: int) -> list[Table]:
     """The rows as one table, or, when it would not fit in `width` columns, as several, each
     repeating load and policy: a number is never cut (every cell keeps its whole width)."""
-    cells = [[_cell(row, c) for c in COLUMNS] for row in result.rows]
-    need = [max([len(w) for w in c[0].split()] + [len(r[i]) for r in cells])
-            for i, c in enumerate(COLUMNS)]  # fmt: skip
-    full = [max(n, len(c[0])) for n, c in zip(need, COLUMNS)]
-    if sum(n + 3 for n in full) + 1 <= width:  # it all fits with headers on one line
-        need = full
-    key, rest = [0, 1], list(range(2, len(COLUMNS)))
-    groups, cur = [], []
-    for i in rest:  # 3 = padding and border per column, 1 = the closing border
-        if cur and sum(need[j] + 3 for j in key + cur + [i]) + 1 > width:
-            groups.append(cur)
-            cur = []
-        cur.append(i)
-    groups.append(cur)
+    cells = _cells(result)
+    widths, groups = fit([c[0] for c in COLUMNS], cells, keys=2, width=width)
     tables = []
     for group in groups:
         table = Table(show_lines=False)
-        for i in key + group:
+        for i in group:
             col = COLUMNS[i]
-            table.add_column("\n".join(textwrap.wrap(col[0], need[i])), width=need[i],
+            table.add_column(wrapped(col[0], widths[i]), width=widths[i],
                              justify="left" if col[1] == "policy" else "right")  # fmt: skip
         last_load = None
         for row, rc in zip(result.rows, cells):
             if last_load is not None and row["load"] != last_load:
                 table.add_section()
             last_load = row["load"]
-            table.add_row(*[rc[i] for i in key + group])
+            table.add_row(*[rc[i] for i in group])
         tables.append(table)
     return tables
 
@@ -150,6 +141,17 @@ def _jsonable(x):
 
 
 def plot(result: BenchResult, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def figure(result: BenchResult):
+    """Latency vs load, four panels, one line per policy: linear axes (every gridline labelled,
+    differences read as distances) and a distinct line style and marker per policy, so lines that
+    coincide (the two oracles) stay visible."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,5 +181,4 @@ def plot(result: BenchResult, path: Path) -> None:
                  f"{st.hardware_spec().name}, max_num_seqs {cfg.sim.engine.max_num_seqs}; "
                  f"capacity {result.capacity_tok_s:.0f} output tok/s", fontsize=10)  # fmt: skip
     fig.tight_layout(rect=(0, 0.03 * len(caption), 1, 1))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig

@@ -82,7 +82,7 @@ def replay(
     force_lengths: bool = typer.Option(True, "--force-lengths/--no-force-lengths", help=_h(ReplayConfig, "force_lengths")),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="The served model's tokenizer.json: synthetic prompts (requests without text) are fitted to exactly prompt_tokens of it. Default: one common English word per token (exact for o200k/cl100k, ~20% more tokens with small vocabularies)."),
     out: Path = typer.Option(Path("presched-results/replay"), "--out", "-o", help="Folder for replay.json (config and summary), replay.csv (one row per request) and replay.png (latency CDFs, send lag)."),
-    set_: list[str] = typer.Option([], "--set", "-s", help="Set any field by dotted path: workload.*, replay.* or slo.*, e.g. --set workload.max_tokens=128 --set replay.extra_body='{temperature: 0}' --set slo.ttft_ms=500."),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="PATH=VALUE", help="Set any field by dotted path: workload.*, replay.* or slo.*, e.g. --set workload.max_tokens=128 --set replay.extra_body='{temperature: 0}' --set slo.ttft_ms=500."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no table; still writes the files."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (standard output) instead of a table."),
 ) -> None:

@@ -39,6 +39,33 @@ class ModelFileError(ValueError):
     """A saved predictor file that cannot be loaded (missing, corrupt, other format version)."""
 
 
+_KINDS = ((bool, "true or false"), (int, "an integer"), (float, "a number"), (str, "a string"),
+          (list, "a list"))
+
+
+def checked_params(name: str, defaults: dict[str, Any], given: dict[str, Any],
+                   nullable: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+    """`defaults` updated with `given`, each given value of its default's kind (an integer where
+    the default is one, a number for a float; a default of None, and the `nullable` names, also
+    take null). ValueError naming the predictor and the parameter otherwise, so `--param
+    max_rounds=abc` is refused before any fitting instead of failing inside LightGBM."""
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        known = f"; known: {sorted(defaults)}" if defaults else " (it takes no parameters)"
+        raise ValueError(f"{name}: unknown parameter(s) {unknown}{known}")
+    for key, value in given.items():
+        default = defaults[key]
+        if default is None or (value is None and key in nullable):
+            continue
+        kind, what = next(((k, w) for k, w in _KINDS if isinstance(default, k)), (None, ""))
+        if kind is None:
+            continue
+        accepted = (int, float) if kind is float else kind
+        if not isinstance(value, accepted) or (kind is not bool and isinstance(value, bool)):
+            raise ValueError(f"{name}: parameter {key!r} must be {what}, got {value!r}")
+    return {**defaults, **given}
+
+
 class Predictor(ABC):
     name: ClassVar[str] = "base"
     oracle: ClassVar[bool] = False

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from presched.predict.base import PREDICTORS, Predictor, check_requests, training_targets
+from presched.predict.base import PREDICTORS, Predictor, check_requests, checked_params, training_targets
 from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.workload.request import Request
 
@@ -37,8 +37,15 @@ def _labelled(requests: Sequence[Request]) -> tuple[list[Request], np.ndarray]:
     return [r for r, k in zip(requests, keep) if k], t[keep]
 
 
+class _Baseline(Predictor):
+    """A baseline takes no parameters: any is refused, naming it."""
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**checked_params(self.name, {}, params))
+
+
 @PREDICTORS.register("global-median")
-class GlobalMedian(Predictor):
+class GlobalMedian(_Baseline):
     name = "global-median"
 
     def fit(self, requests, validation=None):
@@ -64,7 +71,7 @@ class GlobalMedian(Predictor):
 
 
 @PREDICTORS.register("model-median")
-class ModelMedian(Predictor):
+class ModelMedian(_Baseline):
     name = "model-median"
 
     def fit(self, requests, validation=None):
@@ -96,7 +103,7 @@ class ModelMedian(Predictor):
 
 
 @PREDICTORS.register("linear-prompt")
-class LinearPrompt(Predictor):
+class LinearPrompt(_Baseline):
     name = "linear-prompt"
 
     def fit(self, requests, validation=None):

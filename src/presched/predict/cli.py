@@ -112,7 +112,7 @@ def train(
     split: Optional[str] = typer.Option(None, "--split", help="Comma-separated splits to train on. CASTILLO: train, validate, test (default train,validate, i.e. everything but the test split). Your own file: values of its `split` column (default: every row)."),
     validation_fraction: float = typer.Option(0.25, "--validation-fraction", help="Share of the prompts held out of training and passed to the predictor as validation data (early stopping, conformal calibration), grouped by prompt. For CASTILLO it is taken from the validate split when that is used. 0 = none."),
     seed: int = SeedTrainOpt,
-    param: list[str] = typer.Option([], "--param", help="Predictor constructor argument KEY=VALUE (value read as YAML); repeatable, e.g. --param max_rounds=200."),
+    param: list[str] = typer.Option([], "--param", metavar="KEY=VALUE", help="Predictor constructor argument KEY=VALUE (value read as YAML); repeatable, e.g. --param max_rounds=200."),
     from_log: Optional[Path] = typer.Option(None, "--from-log", help="Train on the gateway's request log (the SQLite file `presched serve` writes, log.path) instead of --data: requests that succeeded (status 200) with a known output length. Requests cut by max_tokens are left out (their true length is unknown). Predictors that read prompt text (text-gbm, lexical-gbm, encoders) need prompt logging (log.store_prompts) to have been on; model-median and linear-prompt train on any log."),
     keep_censored: bool = typer.Option(False, "--keep-censored", help="--from-log: also train on requests cut by max_tokens (forced lengths, e.g. replayed with ignore_eos), taking the cut length as the truth. Off by default: a cut length is only a lower bound of the true one."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines; only the final summary line."),
@@ -145,6 +145,10 @@ def train(
                         f"({rep['validation_requests']:,} for validation) in {rep['fit_s']:.1f} s; "
                         f"{rep['summary']}; wrote {path} ({rep['bytes'] / 1024:,.0f} KB)")  # fmt: skip
         return
+    try:  # before loading any data: a bad --param is refused at once
+        pred = PREDICTORS.create(predictor, **kwargs)
+    except (TypeError, ValueError) as e:  # an unknown parameter, or one of the wrong kind
+        raise UserError(f"--param: {e}") from None
     say = (lambda msg: None) if quiet else (lambda msg: err.print(msg, highlight=False, soft_wrap=True))
     say(f"loading {data}" + (f" ({split})" if split else ""))
     reqs, is_castillo = _load_data(data, split)
@@ -155,10 +159,6 @@ def train(
         fit_on = [r for r in reqs if r.metadata.get("split") != "validate"] + rest
     else:
         fit_on, validation = group_split(reqs, validation_fraction, seed)
-    try:
-        pred = PREDICTORS.create(predictor, **kwargs)
-    except TypeError as e:
-        raise UserError(f"--param: {predictor} does not take these arguments ({e})") from None
     say(f"fitting {predictor} on {len(fit_on):,} requests ({len(validation):,} for validation)")
     t0 = time.perf_counter()
     pred.fit(fit_on, validation=validation or None)
@@ -216,7 +216,7 @@ def eval_(
     test_fraction: float = typer.Option(0.2, "--test-fraction", help="Your own --data file: share of prompts held out for testing (ignored when the file has a `split` column with train/test rows)."),
     validation_fraction: float = typer.Option(0.1, "--validation-fraction", help="Your own --data file: share of prompts held out for calibration / early stopping."),
     seed: int = SeedPredOpt,
-    param: list[str] = typer.Option([], "--param", help="Predictor constructor argument PREDICTOR.KEY=VALUE (value read as YAML); repeatable."),
+    param: list[str] = typer.Option([], "--param", metavar="PREDICTOR.KEY=VALUE", help="Predictor constructor argument PREDICTOR.KEY=VALUE (value read as YAML); repeatable."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no table; still writes the files."),
 ) -> None:
     """Evaluate output-length predictors: fit each on a prompt-disjoint training side, score it
@@ -235,7 +235,7 @@ def eval_(
         evaluate_saved,
         generic_split,
     )
-    from presched.predict.report import render_table, write_all
+    from presched.predict.report import full_width, render_table, write_all
 
     explicit = _csv(predictors)
     missing = ensure_registered(explicit) if explicit and model_file is None else (
@@ -280,7 +280,9 @@ def eval_(
             result = evaluate(names, splits, params=_params(param, scoped=True), single_calls=single_calls,
                               seed=seed, on_step=lambda label: prog.update(task, advance=1, description=label))  # fmt: skip
     if not quiet:
-        render_table(result, Console(width=max(console.width, 150)))
+        if not console.is_terminal:  # logs and pipes: whole rows, headers on one line
+            console.width = max(console.width, full_width(result))
+        render_table(result, console)
         for mod, why in missing.items():
             console.print(f"[yellow]not available:[/yellow] {mod} ({why})", highlight=False)
     meta = {"data": data, "view": view, "quick": quick, "seed": seed, "predictors": names,

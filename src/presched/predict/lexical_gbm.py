@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from presched.predict import features as F
-from presched.predict.base import PREDICTORS, Predictor, check_requests
+from presched.predict.base import PREDICTORS, Predictor, check_requests, checked_params
 from presched.predict.conformal import ConformalQuantiles
 from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.predict.text_gbm import fit_and_calibration
@@ -88,10 +88,7 @@ class LexicalGBM(Predictor):
     name = "lexical-gbm"
 
     def __init__(self, **params: Any) -> None:
-        unknown = set(params) - set(DEFAULTS)
-        if unknown:
-            raise ValueError(f"lexical-gbm: unknown parameter(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-        super().__init__(**{**DEFAULTS, **params})
+        super().__init__(**checked_params("lexical-gbm", DEFAULTS, params))
         self.fit_info: dict[str, Any] = {}
 
     def _model_col(self, models: Sequence[str]) -> np.ndarray:

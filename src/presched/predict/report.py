@@ -13,6 +13,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from presched.fold import column_widths, fit, table_width, wrapped
 from presched.predict.estimate import LEVELS
 from presched.predict.evaluate import Evaluation
 
@@ -58,28 +59,52 @@ def _fmt(value: Any, fmt: str) -> str:
     return fmt.format(value)
 
 
-def _table(result: Evaluation, view: str, title: str, columns, caption: str | None = None) -> Table:
-    table = Table(title=title, caption=caption)
-    table.add_column("predictor", no_wrap=True)
-    for _, head, _f in columns:
-        table.add_column(head, justify="right")
+def _cells(result: Evaluation, view: str, columns) -> list[list[str]]:
+    rows = []
     for row in result.rows:
         if row["view"] != view:
             continue
         if row.get("status") != "ok":
-            table.add_row(row["predictor"], "[red]failed[/red]", *[""] * (len(columns) - 1))
+            rows.append([row["predictor"], "failed", *[""] * (len(columns) - 1)])
         else:
-            table.add_row(row["predictor"], *[_fmt(row.get(k), f) for k, _h, f in columns])
-    return table
+            rows.append([row["predictor"], *[_fmt(row.get(k), f) for k, _h, f in columns]])
+    return rows
+
+
+def _tables(result: Evaluation, view: str, title: str, columns, caption: str | None, width: int) -> list[Table]:
+    """The view's rows under `columns` as one table, or, when it would not fit in `width`
+    characters, as several, each repeating the predictor: a number is never cut."""
+    headers = ["predictor", *(h for _, h, _f in columns)]
+    cells = _cells(result, view, columns)
+    widths, groups = fit(headers, cells, keys=1, width=width)
+    tables = []
+    for k, group in enumerate(groups):
+        table = Table(title=title if k == 0 else None, caption=caption if k == len(groups) - 1 else None)
+        for i in group:
+            table.add_column(wrapped(headers[i], widths[i]), width=widths[i], justify="left" if i == 0 else "right")
+        for rc in cells:
+            table.add_row(*[("[red]failed[/red]" if rc[i] == "failed" and i == 1 else rc[i]) for i in group])
+        tables.append(table)
+    return tables
+
+
+def full_width(result: Evaluation) -> int:
+    """Characters the widest table needs with every header on one line (pipes and logs get it)."""
+    widths = [table_width(column_widths(["predictor", *(h for _, h, _f in cols)], _cells(result, view, cols), wrap=False))
+              for view in result.splits for cols in (ACCURACY, CALIBRATION_COST)]  # fmt: skip
+    return max(widths, default=80)
 
 
 def render_table(result: Evaluation, console: Console) -> None:
-    """Two rich tables per view (accuracy; calibration and cost), then failures, then a legend."""
+    """Two tables per view (accuracy; calibration and cost), each folded into several when the
+    console is too narrow, then failures, then a legend."""
     for view, info in result.splits.items():
         head = (f"{view}: {info['n_train']:,} train / {info['n_calibration']:,} calibration / "
                 f"{info['n_test']:,} test requests")  # fmt: skip
-        console.print(_table(result, view, head + " — accuracy", ACCURACY, info.get("description")))
-        console.print(_table(result, view, head + " — calibration and cost", CALIBRATION_COST))
+        for title, columns, caption in ((head + " — accuracy", ACCURACY, info.get("description")),
+                                        (head + " — calibration and cost", CALIBRATION_COST, None)):  # fmt: skip
+            for table in _tables(result, view, title, columns, caption, console.width):
+                console.print(table)
     for row in result.rows:
         if row.get("status") != "ok":
             console.print(f"[red]{row['view']} / {row['predictor']} failed:[/red] {row.get('error')}", highlight=False)

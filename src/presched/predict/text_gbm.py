@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from presched.predict import features as F
-from presched.predict.base import PREDICTORS, Predictor, check_requests, training_targets
+from presched.predict.base import PREDICTORS, Predictor, check_requests, checked_params, training_targets
 from presched.predict.conformal import ConformalQuantiles
 from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.workload.request import Request
@@ -125,13 +125,8 @@ class TextGBM(Predictor):
     name = "text-gbm"
 
     def __init__(self, **params: Any) -> None:
-        unknown = set(params) - set(DEFAULTS)
-        if unknown:
-            raise ValueError(f"text-gbm: unknown parameter(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-        super().__init__(**{**DEFAULTS, **params})
+        super().__init__(**checked_params("text-gbm", DEFAULTS, params))
         p = self.params
-        if not isinstance(p["cues"], bool):
-            raise ValueError(f"text-gbm: field 'cues' must be true or false, got {p['cues']!r}")
         self.hasher = F.NgramHasher(bits=p["bits"], order=p["order"], head=p["head"], tail=p["tail"])
         self._svd_pos: np.ndarray | None = None  # column id -> index in svd_cols (-1: not used)
         self.fit_info: dict[str, Any] = {}

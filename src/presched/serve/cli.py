@@ -18,20 +18,25 @@ from presched.serve.config import BackendConfig, LogConfig, ServeConfig
 _F = ServeConfig.model_fields
 
 
+def _d(text: str | None, default) -> str:
+    """Help text with the value used when neither the option nor the file gives one."""
+    return f"{text or ''} Default: {default}."
+
+
 def serve(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON file with the gateway's settings (ServeConfig: backends, mode, policy, router, predictor, tenants, log, limits); flags and --set override it."),
-    backend: list[str] = typer.Option([], "--backend", "-b", help="Backend base URL (repeatable), e.g. http://127.0.0.1:8001; replaces the file's backends."),
-    max_in_flight: Optional[int] = typer.Option(None, "--max-in-flight", help="max_in_flight of each backend: " + (BackendConfig.model_fields["max_in_flight"].description or "")),
-    mode: Optional[str] = typer.Option(None, "--mode", help=_F["mode"].description),
-    policy: Optional[str] = typer.Option(None, "--policy", "-p", help=_F["policy"].description),
-    router: Optional[str] = typer.Option(None, "--router", help=_F["router"].description),
+    backend: list[str] = typer.Option([], "--backend", "-b", metavar="URL", help="Backend base URL (repeatable), e.g. http://127.0.0.1:8001; replaces the file's backends."),
+    max_in_flight: Optional[int] = typer.Option(None, "--max-in-flight", help=_d("max_in_flight of each backend: " + (BackendConfig.model_fields["max_in_flight"].description or ""), BackendConfig.model_fields["max_in_flight"].default)),
+    mode: Optional[str] = typer.Option(None, "--mode", help=_d(_F["mode"].description, _F["mode"].default)),
+    policy: Optional[str] = typer.Option(None, "--policy", "-p", help=_d(_F["policy"].description, _F["policy"].default)),
+    router: Optional[str] = typer.Option(None, "--router", help=_d(_F["router"].description, _F["router"].default)),
     predictor: Optional[Path] = typer.Option(None, "--predictor", "-m", help=_F["predictor"].description),
-    host: Optional[str] = typer.Option(None, "--host", help=_F["host"].description),
-    port: Optional[int] = typer.Option(None, "--port", help=_F["port"].description),
-    log: Optional[str] = typer.Option(None, "--log", help=(LogConfig.model_fields["path"].description or "").replace("null disables it", "'none' disables it")),
+    host: Optional[str] = typer.Option(None, "--host", help=_d(_F["host"].description, _F["host"].default)),
+    port: Optional[int] = typer.Option(None, "--port", help=_d(_F["port"].description, _F["port"].default)),
+    log: Optional[str] = typer.Option(None, "--log", help=_d((LogConfig.model_fields["path"].description or "").replace("null disables it", "'none' disables it"), LogConfig.model_fields["path"].default)),
     store_prompts: bool = typer.Option(False, "--store-prompts", help=LogConfig.model_fields["store_prompts"].description),
     learn: bool = typer.Option(False, "--learn", help="Learn from completed requests: recalibrate the predictor's quantiles, raise a drift alarm, refit it in the background (learn.* fields; --set learn.state_dir=DIR saves and resumes it)."),
-    set_: list[str] = typer.Option([], "--set", "-s", help="Set any ServeConfig field by dotted path, e.g. --set max_queue=500 --set policy_params.starvation_s=30."),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="PATH=VALUE", help="Set any ServeConfig field by dotted path, e.g. --set max_queue=500 --set policy_params.starvation_s=30."),
 ) -> None:
     """Run the OpenAI-compatible gateway: predict each request's length, order and route by
     policy, relay the engines' answers, log every request (SQLite) and export /metrics."""

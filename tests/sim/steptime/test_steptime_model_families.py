@@ -145,11 +145,11 @@ def test_inline_hf_config_in_the_step_time_config():
     with pytest.raises(ValidationError) as e:
         StepTimeConfig.model_validate({"model": {"name": "x", "hf_config": bad}})
     msg = format_validation_error(e.value, "steptime")
-    assert msg.startswith("steptime.model: Value error, hf_config.vocab_size: missing")
+    assert msg.startswith("steptime.model: hf_config.vocab_size: missing")  # no pydantic prefix
     assert len(msg.splitlines()) == 1  # one problem, one line (not one per union member)
     with pytest.raises(ValidationError) as e:  # an inline ModelSpec: its own field named
         StepTimeConfig.model_validate({"model": {**BASE, "num_experts": 4}})
-    assert "steptime.model: Value error, experts_per_token: got 0" in format_validation_error(
+    assert "steptime.model: experts_per_token: got 0" in format_validation_error(
         e.value, "steptime")
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from presched.predict.base import Predictor, check_requests, request_samples, training_targets
+from presched.predict.base import Predictor, check_requests, checked_params, request_samples, training_targets
 from presched.predict.data import prompt_key
 from presched.predict.encoder.embed import PRETRAINED, EmbeddingCache, MiniLMEncoder, embed_texts
 from presched.predict.encoder.head import Head, ModelVocab
@@ -117,12 +117,10 @@ class EncoderPredictor(Predictor):
     loss_name = "?"
 
     def __init__(self, **params: Any) -> None:
-        unknown = set(params) - set(DEFAULTS) - set(self.extra_defaults())
         if params.get("early_stop", "tau") not in ("tau", "loss"):
             raise ValueError(f"{self.name}: early_stop must be 'tau' or 'loss'")
-        if unknown:
-            raise ValueError(f"{self.name}: unknown parameter(s) {sorted(unknown)}")
-        super().__init__(**{**DEFAULTS, **self.extra_defaults(), **params})
+        super().__init__(**checked_params(self.name, {**DEFAULTS, **self.extra_defaults()}, params,
+                                          nullable=("finetune_max_seconds", "class_weight")))  # fmt: skip
         p = self.params
         self.encoder = MiniLMEncoder(
             p["max_length"], p["truncation"], p["embed_batch"], p["num_threads"]
