@@ -208,7 +208,7 @@ def predict(
 
 def eval_(
     predictors: Optional[str] = typer.Option(None, "--predictors", "-p", help="Comma-separated predictor names (default: every registered predictor: the default text-gbm, the anchors s3, ssjf, listmle, lexical-gbm, encoder-l1 where installed, and the baselines)."),
-    view: str = typer.Option("all", "--view", help="CASTILLO view: in-dist (fit on train + validate, test on test), cross-model (train on 9 models, test on 4 others), cross-dataset (train without ShareGPT, test on ShareGPT), or all. Your own --data file: in-dist only (a random prompt-disjoint split)."),
+    view: str = typer.Option("all", "--view", help="CASTILLO view: in-dist (fit on train + validate, test on test), cross-model (train on 9 models, test on 4 others), cross-dataset (train without ShareGPT, test on ShareGPT), loso (leave-one-source-out: 7 fits, each trained on 6 of CASTILLO's prompt sources and tested on the seventh; per-source and mean τ-b, MAE, coverage error; not timed), or all (in-dist, cross-model, cross-dataset; not loso). Comma-separated views are run together. Your own --data file: in-dist only (a random prompt-disjoint split)."),
     data: str = DataOpt,
     model_file: Optional[Path] = typer.Option(None, "--model-file", "-m", help="Score this saved model on every row of --data (a held-out file) instead of training predictors."),
     out: Path = typer.Option(Path("presched-results/predictors"), "--out", "-o", help="Folder for predictors.json and the PNGs (calibration and predicted-vs-true per view)."),
@@ -235,6 +235,7 @@ def eval_(
         evaluate_saved,
         generic_split,
     )
+    from presched.predict.loso import evaluate_loso, loso_splits, merge
     from presched.predict.report import render_table, write_all
 
     explicit = _csv(predictors)
@@ -259,13 +260,17 @@ def eval_(
             if n not in PREDICTORS:
                 hint = f"; not importable here: {', '.join(missing)}" if missing else ""
                 raise UserError(f"--predictors: unknown predictor {n!r}; known: {', '.join(PREDICTORS.names())}{hint}")
-        views = list(VIEWS) if view == "all" else [view]
-        if any(v not in VIEWS for v in views):
-            raise UserError(f"--view: expected one of {', '.join(VIEWS)} or all, got {view!r}")
+        views = list(VIEWS) if view == "all" else _csv(view) or []
+        bad = [v for v in views if v not in (*VIEWS, "loso")]
+        if bad or not views:
+            raise UserError(f"--view: expected one of {', '.join(VIEWS)}, loso or all, got {view!r}")
+        loso = "loso" in views
+        views = [v for v in views if v != "loso"]
         if is_castillo:
             if not quiet and not console.is_terminal:  # the views take a while to build
-                err.print(f"building the CASTILLO views: {', '.join(views)}", highlight=False, soft_wrap=True)
+                err.print(f"building the CASTILLO views: {', '.join(views + ['loso'] * loso)}", highlight=False, soft_wrap=True)
             splits = [castillo_view(v, seed=seed, quick=quick) for v in views]
+            loso_folds = loso_splits(seed=seed, quick=quick) if loso else []
         else:
             if view not in ("all", "in-dist"):
                 raise UserError(f"--view: {view} needs CASTILLO (--data castillo); a file of your own has only in-dist")
@@ -275,10 +280,13 @@ def eval_(
                 splits = [generic_split(reqs, test_fraction, validation_fraction, seed)]
             except ValueError as e:
                 raise UserError(str(e)) from None
+            loso_folds = []
+        kwargs = _params(param, scoped=True)
         with _progress(console, quiet, lines=True) as prog:
-            task = prog.add_task("evaluating", total=len(splits) * len(names))
-            result = evaluate(names, splits, params=_params(param, scoped=True), single_calls=single_calls,
-                              seed=seed, on_step=lambda label: prog.update(task, advance=1, description=label))  # fmt: skip
+            task = prog.add_task("evaluating", total=(len(splits) + len(loso_folds)) * len(names))
+            step = lambda label: prog.update(task, advance=1, description=label)  # noqa: E731
+            result = merge(evaluate(names, splits, params=kwargs, single_calls=single_calls, seed=seed, on_step=step),
+                           evaluate_loso(names, loso_folds, params=kwargs, seed=seed, on_step=step))  # fmt: skip
     if not quiet:
         render_table(result, Console(width=max(console.width, 150)))
         for mod, why in missing.items():
