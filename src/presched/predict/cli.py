@@ -105,6 +105,21 @@ def _load_model(path: Path):
             raise UserError(f"{path}: {e}{hint}") from None
 
 
+def _resolve_models(pred, reqs: list) -> list:
+    """Requests with model names matched to the predictor's fitted ones; a `warning:` line on
+    stderr for each served model it was not fitted on (docs/predictors.md, unseen models)."""
+    import warnings
+
+    from presched.predict.served_models import resolve_for
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reqs, _ = resolve_for(pred, reqs)
+    for w in caught:
+        err.print(f"[yellow]warning:[/yellow] {w.message}", highlight=False, soft_wrap=True)
+    return reqs
+
+
 def train(
     predictor: str = typer.Option(..., "--predictor", "-p", help="Predictor to train, by name (e.g. text-gbm, lexical-gbm, model-median, linear-prompt; `presched eval --help` and docs/predictors.md list them)."),
     out: Path = typer.Option(..., "--out", "-o", help="Where to write the trained model (a single .npz file; `presched predict --model-file` and `presched eval --model-file` read it)."),
@@ -188,7 +203,7 @@ def predict(
     reqs = load_generic(input)
     if not reqs:
         raise UserError(f"--input: {input} has no requests")
-    est = pred.predict(reqs)
+    est = pred.predict(_resolve_models(pred, reqs))  # the rows keep the names as given
     surv = {x: est.survival(x) for x in xs}
     lines = []
     for i, r in enumerate(reqs):

@@ -189,6 +189,17 @@ class TextGBM(Predictor):
         """The lexical cues, or no columns with `cues=False` (the Python per-prompt stage)."""
         return F.lexical_cues(texts) if self.params["cues"] else np.zeros((len(texts), 0))
 
+    def known_models(self) -> list[str]:
+        return list(self.models)
+
+    def unknown_model_fallback(self, model: str) -> str:
+        fam = F.model_family(model)
+        same = [n for n in self.models if F.model_family(n) == fam]
+        if same:
+            return (f"the mean verbosity offset and spread of the {len(same)} {F.FAMILIES[fam]} model(s) it "
+                    f"was fitted on, and the size parsed from the name")  # fmt: skip
+        return f"the mean verbosity offset and spread of all {len(self.models)} models it was fitted on"
+
     def feature_names(self) -> list[str]:
         return ["text_score", *(f"svd{i}" for i in range(self.svd_comp.shape[0])), "log_prompt_tokens",
                 "log_o200k", *(F.CUE_NAMES if self.params["cues"] else ()), "model_offset", "model_spread",

@@ -49,6 +49,7 @@ from presched.serve.gateway import Gateway
 from presched.serve.guard import Guard, http_error
 from presched.serve.metrics import GatewayMetrics
 from presched.serve.outcome import Outcome, crash_row, log_row
+from presched.predict.served_models import fallback_note
 from presched.serve.predictions import PredictBatcher, Worker
 from presched.serve.relay import Relay, error_event, send_error
 from presched.serve.request_body import Done as _Done
@@ -74,7 +75,7 @@ class GatewayApp:
         self.worker = Worker()  # predictions and token counting, off the event loop
         self.predict = PredictBatcher(predictor, self.worker) if predictor is not None else None
         self.log = log
-        self.metrics = GatewayMetrics(self.gw)
+        self.metrics = GatewayMetrics(self.gw, self.predict)
         self.client: httpx.AsyncClient | None = None  # health checks and model discovery
         self.upstream: Upstream | None = None  # generation requests
         self.relay: Relay | None = None  # sends them and relays the answers (over `upstream`)
@@ -144,6 +145,10 @@ class GatewayApp:
             except Exception:  # noqa: BLE001 - a down backend is found by the health loop
                 self.gw.set_health(b, False)
         self.models = sorted({b.model for b in self.gw.backends if b.model})
+        known = self.predict.known if self.predict is not None else None
+        for m in self.models if known is not None else ():
+            if known.match(m) is None:
+                logger.warning("startup: %s", fallback_note(self.predict.predictor, m))
 
     async def _health_loop(self) -> None:
         while True:
