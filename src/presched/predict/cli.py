@@ -283,7 +283,8 @@ def eval_(
         views = [v for v in views if v != "loso"]
         if is_castillo:
             if not quiet and not console.is_terminal:  # the views take a while to build
-                err.print(f"building the CASTILLO views: {', '.join(views + ['loso'] * loso)}", highlight=False, soft_wrap=True)
+                names_built = ", ".join(views + ["loso"] * loso)
+                err.print(f"building the CASTILLO views: {names_built}", highlight=False, soft_wrap=True)
             splits = [castillo_view(v, seed=seed, quick=quick) for v in views]
             loso_folds = loso_splits(seed=seed, quick=quick) if loso else []
         else:

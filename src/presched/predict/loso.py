@@ -94,9 +94,10 @@ def loso_summary(result: Evaluation, name: str) -> dict[str, Any]:
         if row is not None:
             per[view[len(PREFIX):]] = {"n": row.get("n"), **{k: _num(row.get(k)) for k in METRICS}}
     mean = lambda k: float(np.mean([v[k] for v in per.values()])) if per else math.nan  # noqa: E731
+    worst = max((v["max_coverage_error_pts"] for v in per.values()), default=math.nan)
     return {"per_source": per, "folds": len(per), "mean_kendall_tau_b": mean("kendall_tau_b"),
             "mean_mae": mean("mae"), "mean_coverage_error_pts": mean("max_coverage_error_pts"),
-            "max_coverage_error_pts": max((v["max_coverage_error_pts"] for v in per.values()), default=math.nan)}  # fmt: skip
+            "max_coverage_error_pts": worst}  # fmt: skip
 
 
 def _num(v: Any) -> float:
