@@ -126,3 +126,14 @@ def test_bad_input_names_the_field_without_traceback(log, tmp_path, capsys, monk
         assert code == 2, (args, stderr)
         assert needle in stderr, (args, stderr)
         assert "Traceback" not in stderr, (args, stderr)
+
+
+def test_train_default_trains_the_recommended_predictor(log, tmp_path):
+    from presched.predict import load_predictor
+    from presched.predict.evaluate import DEFAULT
+
+    out = tmp_path / "d.npz"
+    r = presched("train", "-p", "default", "-d", str(log), "-o", str(out), "--param", "max_rounds=20",
+                 "--param", "svd=4", "--param", "folds=2", "--param", "scale_folds=2")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert f"trained {DEFAULT}" in r.stdout and load_predictor(out).name == DEFAULT

@@ -51,14 +51,18 @@ def _params(items: list[str], scoped: bool) -> dict:
     return out
 
 
-def _check_predictor(name: str) -> None:
+def _check_predictor(name: str) -> str:
+    """The registered name (`default`: the recommended predictor, evaluate.DEFAULT); a clear
+    error for an unknown one."""
     from presched.predict import PREDICTORS
-    from presched.predict.evaluate import ensure_registered
+    from presched.predict.evaluate import DEFAULT, ensure_registered
 
+    name = DEFAULT if name == "default" else name
     ensure_registered([name])
     if name not in PREDICTORS:
         known = ", ".join(sorted(PREDICTORS.names()))
-        raise UserError(f"predictor: unknown predictor {name!r}; known: {known}")
+        raise UserError(f"predictor: unknown predictor {name!r}; known: default, {known}")
+    return name
 
 
 def _load_data(data: str, split: Optional[str]) -> tuple[list, bool]:
@@ -121,7 +125,7 @@ def _resolve_models(pred, reqs: list) -> list:
 
 
 def train(
-    predictor: str = typer.Option(..., "--predictor", "-p", help="Predictor to train, by name (e.g. text-gbm, lexical-gbm, model-median, linear-prompt; `presched eval --help` and docs/predictors.md list them)."),
+    predictor: str = typer.Option(..., "--predictor", "-p", help="Predictor to train, by name (e.g. text-gbm, text-gbm-static, lexical-gbm, model-median, linear-prompt; `presched eval --help` and docs/predictors.md list them), or `default`: the recommended one (text-gbm)."),
     out: Path = typer.Option(..., "--out", "-o", help="Where to write the trained model (a single .npz file; `presched predict --model-file` and `presched eval --model-file` read it)."),
     data: str = DataOpt,
     split: Optional[str] = typer.Option(None, "--split", help="Comma-separated splits to train on. CASTILLO: train, validate, test (default train,validate, i.e. everything but the test split). Your own file: values of its `split` column (default: every row)."),
@@ -139,7 +143,7 @@ def train(
     from presched.predict import PREDICTORS
     from presched.predict.evaluate import check_labelled, group_split
 
-    _check_predictor(predictor)
+    predictor = _check_predictor(predictor)
     if not 0 <= validation_fraction < 1:
         raise UserError(f"--validation-fraction: expected a number in [0, 1), got {validation_fraction}")
     kwargs = _params(param, scoped=False)

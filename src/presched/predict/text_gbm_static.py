@@ -11,8 +11,8 @@ model2vec, keyed on the o200k ids text-gbm already computes; no tokenizer, no ne
   embedding, out of fold over prompts in training, as text-gbm's n-gram score is;
 - the first `static_features` embedding dimensions themselves (PCA order: the first carry most
   variance), for the booster to split on;
-- `ngram_score=False` drops the n-gram ridge score (its column is constant 0), `svd=0` the LSA
-  topics: fewer memorising n-gram features.
+- no LSA topics by default (`svd=0`; text-gbm's 24 with `svd=24`), and `ngram_score=False`
+  drops the n-gram ridge score too (its column is constant 0): fewer memorising n-gram features.
 
 Everything else (booster, spread model, conformal calibration, model conditioning) is text-gbm's.
 Fitting needs the `encoder` extra and `model2vec` (to distil, once, cached); predicting needs
@@ -32,6 +32,9 @@ from presched.predict.text_gbm import TextGBM
 
 STATIC_DEFAULTS: dict[str, Any] = {"static_dims": 64, "static_features": 16, "static_alpha": 1.0,
                                    "ngram_score": True}  # fmt: skip
+BASE_OVERRIDES: dict[str, Any] = {"svd": 0}
+"""text-gbm parameters whose default differs here: no LSA topics (best leave-one-source-out τ-b
+of the variants measured, docs/predictors/text-gbm-static.md)."""
 
 
 @PREDICTORS.register("text-gbm-static")
@@ -44,7 +47,7 @@ class TextGBMStatic(TextGBM):
             raise ValueError(f"{self.name}: unknown parameter(s) {sorted(unknown)}; "
                              f"known: {sorted({**BASE_DEFAULTS, **STATIC_DEFAULTS})}")  # fmt: skip
         static = {**STATIC_DEFAULTS, **{k: v for k, v in params.items() if k in STATIC_DEFAULTS}}
-        super().__init__(**{k: v for k, v in params.items() if k in BASE_DEFAULTS})
+        super().__init__(**{**BASE_OVERRIDES, **{k: v for k, v in params.items() if k in BASE_DEFAULTS}})
         if not 0 <= static["static_features"] <= static["static_dims"]:
             raise ValueError(f"{self.name}: static_features must be in [0, static_dims], got {static['static_features']}")
         self.params.update(static)
