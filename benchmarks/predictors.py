@@ -1,18 +1,21 @@
 """Output-length predictors on CASTILLO: every registered predictor, every view.
 
-    python benchmarks/predictors.py [--quick N] [--views in-dist,cross-model,cross-dataset]
+    python benchmarks/predictors.py [--quick N] [--views in-dist,cross-model,cross-dataset,loso]
                                     [--predictors a,b] [--out benchmarks/results]
 
 Views (see `presched.predict.evaluate`): in-dist (fit on CASTILLO train + 75 % of validate,
 calibrate on the other 25 %, test on the test split, 13 models), cross-model (9 models train,
-4 held-out models test), cross-dataset (no ShareGPT in training, ShareGPT test). Targets: the
+4 held-out models test), cross-dataset (no ShareGPT in training, ShareGPT test), loso (7 fits,
+each trained on 6 of CASTILLO's prompt sources and tested on the seventh; `presched.predict.loso`;
+`--loso-predictors` picks who runs it). Targets: the
 per-request mean of the 10 sampled lengths (samples at the 14,999-token cap left out); single-
 sample scores beside. The default predictor is `text-gbm`; the anchors are `s3`, `ssjf`,
 `listmle`, `lexical-gbm` and `encoder-l1` (the encoder family needs the `encoder` extra: torch).
 A predictor that fails is reported and the run goes on.
 
 Writes `<out>/predictors.json` (every row, the headline figures, what was not available) and
-`<out>/predictors-{calibration,scatter}-<view>.png`, prints the tables, then exactly:
+`<out>/predictors-{calibration,scatter}-<view>.png` and `<out>/predictors-loso.png`, prints the
+tables, then exactly:
 
     figure: default_kendall_tau = …       in-dist τ-b of text-gbm
     figure: best_anchor_kendall_tau = …   best in-dist τ-b among the anchors
@@ -22,6 +25,8 @@ Writes `<out>/predictors.json` (every row, the headline figures, what was not av
     figure: cross_model_tau_drop = …      text-gbm: τ-b on the 4 held-out models when trained on
                                           them (in-dist) minus τ-b when not (cross-model)
     figure: default_single_latency_ms = … text-gbm, one request per call, p50 (this CPU)
+    figure: loso_mean_tau = …             text-gbm: τ-b on the held-out source, mean over the 7 folds
+    figure: loso_max_coverage_error_pts = … text-gbm: the worst fold's max coverage error (q10…q90)
 
 A figure that cannot be computed (its predictor missing or failed) prints as `nan`.
 `--quick N` keeps about N requests per side (seeded whole prompts) for a smoke run.
@@ -43,6 +48,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from presched import __version__
 from presched.predict.evaluate import (
     ANCHORS,
+    BASELINES,
     DEFAULT,
     VIEWS,
     available_predictors,
@@ -51,6 +57,7 @@ from presched.predict.evaluate import (
     evaluate,
     headline_figures,
 )
+from presched.predict.loso import evaluate_loso, loso_figures, loso_splits, merge
 from presched.predict.report import markdown_table, render_table, write_all
 
 QUICK_ENCODER = {"finetune_max_seconds": 20.0}
@@ -79,7 +86,9 @@ def encoder_params(names: list[str], values: dict) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", type=int, default=None, help="about N requests per side (smoke run)")
-    ap.add_argument("--views", default=",".join(VIEWS), help="comma-separated subset of " + ", ".join(VIEWS))
+    ap.add_argument("--views", default=",".join((*VIEWS, "loso")), help="comma-separated subset of " + ", ".join((*VIEWS, "loso")))
+    ap.add_argument("--loso-predictors", default=None,
+                    help="who runs the 7 LOSO fits (default: the default, the anchors and the baselines among --predictors)")
     ap.add_argument("--predictors", default=None, help="comma-separated names (default: all registered)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
@@ -103,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     if absent:
         console.print(f"[yellow]not registered / not selected: {', '.join(absent)}[/yellow]")
     views = [v.strip() for v in args.views.split(",") if v.strip()]
+    bad = [v for v in views if v not in (*VIEWS, "loso")]
+    if bad:
+        ap.error(f"--views: {bad[0]!r} is not one of {', '.join((*VIEWS, 'loso'))}")
+    loso_names = ([n.strip() for n in args.loso_predictors.split(",")] if args.loso_predictors
+                  else [n for n in names if n in (DEFAULT, *ANCHORS, *BASELINES)]) if "loso" in views else []  # fmt: skip
+    views = [v for v in views if v != "loso"]
     if args.quick:
         params = encoder_params(names, QUICK_ENCODER)
     else:
@@ -116,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     splits = [castillo_view(v, seed=args.seed, quick=args.quick) for v in views]
+    folds = loso_splits(seed=args.seed, quick=args.quick) if loso_names else []
     load_s = time.perf_counter() - t0
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True,
@@ -128,15 +144,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"done {label} ({time.perf_counter() - started:.0f} s)", flush=True)
 
     with progress:
-        task = progress.add_task("evaluating", total=len(splits) * len(names))
-        result = evaluate(names, splits, params=params, seed=args.seed, single_calls=50 if args.quick else 200, on_step=step)
+        task = progress.add_task("evaluating", total=len(splits) * len(names) + len(folds) * len(loso_names))
+        result = merge(
+            evaluate(names, splits, params=params, seed=args.seed, single_calls=50 if args.quick else 200, on_step=step),
+            evaluate_loso(loso_names, folds, params=params, seed=args.seed, on_step=step))
     render_table(result, console)
     if args.markdown:
         print(markdown_table(result))
-    figures = headline_figures(result)
+    figures = {**headline_figures(result), **loso_figures(result)}
     meta = {
         "command": "python benchmarks/predictors.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "quick": args.quick, "params": params, "seed": args.seed, "views": views, "predictors": names,
+        "quick": args.quick, "params": params, "seed": args.seed, "views": views + ["loso"] * bool(loso_names),
+        "predictors": names, "loso_predictors": loso_names,
         "default": DEFAULT, "anchors": list(ANCHORS), "not_available": missing,
         "presched": __version__, "python": platform.python_version(), "machine": platform.processor() or platform.machine(),
         "data_load_s": load_s, "wall_s": time.perf_counter() - t0,

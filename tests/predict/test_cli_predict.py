@@ -143,3 +143,14 @@ def test_predict_ignores_output_lengths(tmp_path, capsys, monkeypatch):
     assert code in (0, None), stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 and rows[0]["point"] == rows[1]["point"] > 0
+
+
+def test_train_default_trains_the_recommended_predictor(log, tmp_path):
+    from presched.predict import load_predictor
+    from presched.predict.evaluate import DEFAULT
+
+    out = tmp_path / "d.npz"
+    r = presched("train", "-p", "default", "-d", str(log), "-o", str(out), "--param", "max_rounds=20",
+                 "--param", "svd=4", "--param", "folds=2", "--param", "scale_folds=2")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert f"trained {DEFAULT}" in r.stdout and load_predictor(out).name == DEFAULT

@@ -83,6 +83,16 @@ class Predictor(ABC):
     def predict(self, requests: Sequence[Request]) -> LengthEstimate:
         """One distribution per request, in order. Must not read the requests' lengths."""
 
+    # --- served models (presched.predict.served_models) ----------------------------------------
+    def known_models(self) -> list[str] | None:
+        """The served-model names this predictor was fitted on, or None if it does not
+        condition on the model (then no model is "unknown" to it)."""
+        return None
+
+    def unknown_model_fallback(self, model: str) -> str:
+        """What it predicts for a served model it was not fitted on (a phrase for warnings)."""
+        return "its estimate pooled over all the models it was fitted on"
+
     # --- persistence: subclasses provide their state as arrays + JSON-able values -------------
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """(arrays, json_values) that `from_state` turns back into an equal predictor."""

@@ -91,6 +91,12 @@ class ModelMedian(_Baseline):
         med = q[:, LEVELS.index(0.5)]
         return LengthEstimate(q, med, med)
 
+    def known_models(self) -> list[str]:
+        return [n for n in self.table if n != GLOBAL]
+
+    def unknown_model_fallback(self, model: str) -> str:
+        return "the quantiles of all training lengths (every model pooled)"
+
     def state(self):
         names = sorted(self.table)
         return {"q": np.array([self.table[n] for n in names])}, {"models": names}
@@ -129,6 +135,12 @@ class LinearPrompt(_Baseline):
         mu = rows[:, 0] + rows[:, 1] * np.log([r.prompt_tokens for r in requests])
         q = np.exp(mu[:, None] + rows[:, 2:])
         return LengthEstimate(q, q[:, LEVELS.index(0.5)], mu)
+
+    def known_models(self) -> list[str]:
+        return [n for n in self.coef if n != GLOBAL]
+
+    def unknown_model_fallback(self, model: str) -> str:
+        return "the fit pooled over every model"
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         names = sorted(self.coef)

@@ -51,14 +51,18 @@ def _params(items: list[str], scoped: bool) -> dict:
     return out
 
 
-def _check_predictor(name: str) -> None:
+def _check_predictor(name: str) -> str:
+    """The registered name (`default`: the recommended predictor, evaluate.DEFAULT); a clear
+    error for an unknown one."""
     from presched.predict import PREDICTORS
-    from presched.predict.evaluate import ensure_registered
+    from presched.predict.evaluate import DEFAULT, ensure_registered
 
+    name = DEFAULT if name == "default" else name
     ensure_registered([name])
     if name not in PREDICTORS:
         known = ", ".join(sorted(PREDICTORS.names()))
-        raise UserError(f"predictor: unknown predictor {name!r}; known: {known}")
+        raise UserError(f"predictor: unknown predictor {name!r}; known: default, {known}")
+    return name
 
 
 def _load_data(data: str, split: Optional[str]) -> tuple[list, bool]:
@@ -105,8 +109,23 @@ def _load_model(path: Path):
             raise UserError(f"{path}: {e}{hint}") from None
 
 
+def _resolve_models(pred, reqs: list) -> list:
+    """Requests with model names matched to the predictor's fitted ones; a `warning:` line on
+    stderr for each served model it was not fitted on (docs/predictors.md, unseen models)."""
+    import warnings
+
+    from presched.predict.served_models import resolve_for
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reqs, _ = resolve_for(pred, reqs)
+    for w in caught:
+        err.print(f"[yellow]warning:[/yellow] {w.message}", highlight=False, soft_wrap=True)
+    return reqs
+
+
 def train(
-    predictor: str = typer.Option(..., "--predictor", "-p", help="Predictor to train, by name (e.g. text-gbm, lexical-gbm, model-median, linear-prompt; `presched eval --help` and docs/predictors.md list them)."),
+    predictor: str = typer.Option(..., "--predictor", "-p", help="Predictor to train, by name (e.g. text-gbm, text-gbm-static, lexical-gbm, model-median, linear-prompt; `presched eval --help` and docs/predictors.md list them), or `default`: the recommended one (text-gbm)."),
     out: Path = typer.Option(..., "--out", "-o", help="Where to write the trained model (a single .npz file; `presched predict --model-file` and `presched eval --model-file` read it)."),
     data: str = DataOpt,
     split: Optional[str] = typer.Option(None, "--split", help="Comma-separated splits to train on. CASTILLO: train, validate, test (default train,validate, i.e. everything but the test split). Your own file: values of its `split` column (default: every row)."),
@@ -124,7 +143,7 @@ def train(
     from presched.predict import PREDICTORS
     from presched.predict.evaluate import check_labelled, group_split
 
-    _check_predictor(predictor)
+    predictor = _check_predictor(predictor)
     if not 0 <= validation_fraction < 1:
         raise UserError(f"--validation-fraction: expected a number in [0, 1), got {validation_fraction}")
     kwargs = _params(param, scoped=False)
@@ -188,7 +207,7 @@ def predict(
     reqs = load_generic(input, ignore=("output_tokens", "output_samples"))
     if not reqs:
         raise UserError(f"--input: {input} has no requests")
-    est = pred.predict(reqs)
+    est = pred.predict(_resolve_models(pred, reqs))  # the rows keep the names as given
     surv = {x: est.survival(x) for x in xs}
     lines = []
     for i, r in enumerate(reqs):
@@ -208,7 +227,7 @@ def predict(
 
 def eval_(
     predictors: Optional[str] = typer.Option(None, "--predictors", "-p", help="Comma-separated predictor names (default: every registered predictor: the default text-gbm, the anchors s3, ssjf, listmle, lexical-gbm, encoder-l1 where installed, and the baselines)."),
-    view: str = typer.Option("all", "--view", help="CASTILLO view: in-dist (fit on train + validate, test on test), cross-model (train on 9 models, test on 4 others), cross-dataset (train without ShareGPT, test on ShareGPT), or all. Your own --data file: in-dist only (a random prompt-disjoint split)."),
+    view: str = typer.Option("all", "--view", help="CASTILLO view: in-dist (fit on train + validate, test on test), cross-model (train on 9 models, test on 4 others), cross-dataset (train without ShareGPT, test on ShareGPT), loso (leave-one-source-out: 7 fits, each trained on 6 of CASTILLO's prompt sources and tested on the seventh; per-source and mean τ-b, MAE, coverage error; not timed), or all (in-dist, cross-model, cross-dataset; not loso). Comma-separated views are run together. Your own --data file: in-dist only (a random prompt-disjoint split)."),
     data: str = DataOpt,
     model_file: Optional[Path] = typer.Option(None, "--model-file", "-m", help="Score this saved model on every row of --data (a held-out file) instead of training predictors."),
     out: Path = typer.Option(Path("presched-results/predictors"), "--out", "-o", help="Folder for predictors.json and the PNGs (calibration and predicted-vs-true per view)."),
@@ -235,6 +254,7 @@ def eval_(
         evaluate_saved,
         generic_split,
     )
+    from presched.predict.loso import evaluate_loso, loso_splits, merge
     from presched.predict.report import full_width, render_table, write_all
 
     explicit = _csv(predictors)
@@ -259,13 +279,18 @@ def eval_(
             if n not in PREDICTORS:
                 hint = f"; not importable here: {', '.join(missing)}" if missing else ""
                 raise UserError(f"--predictors: unknown predictor {n!r}; known: {', '.join(PREDICTORS.names())}{hint}")
-        views = list(VIEWS) if view == "all" else [view]
-        if any(v not in VIEWS for v in views):
-            raise UserError(f"--view: expected one of {', '.join(VIEWS)} or all, got {view!r}")
+        views = list(VIEWS) if view == "all" else _csv(view) or []
+        bad = [v for v in views if v not in (*VIEWS, "loso")]
+        if bad or not views:
+            raise UserError(f"--view: expected one of {', '.join(VIEWS)}, loso or all, got {view!r}")
+        loso = "loso" in views
+        views = [v for v in views if v != "loso"]
         if is_castillo:
             if not quiet and not console.is_terminal:  # the views take a while to build
-                err.print(f"building the CASTILLO views: {', '.join(views)}", highlight=False, soft_wrap=True)
+                names_built = ", ".join(views + ["loso"] * loso)
+                err.print(f"building the CASTILLO views: {names_built}", highlight=False, soft_wrap=True)
             splits = [castillo_view(v, seed=seed, quick=quick) for v in views]
+            loso_folds = loso_splits(seed=seed, quick=quick) if loso else []
         else:
             if view not in ("all", "in-dist"):
                 raise UserError(f"--view: {view} needs CASTILLO (--data castillo); a file of your own has only in-dist")
@@ -275,10 +300,13 @@ def eval_(
                 splits = [generic_split(reqs, test_fraction, validation_fraction, seed)]
             except ValueError as e:
                 raise UserError(str(e)) from None
+            loso_folds = []
+        kwargs = _params(param, scoped=True)
         with _progress(console, quiet, lines=True) as prog:
-            task = prog.add_task("evaluating", total=len(splits) * len(names))
-            result = evaluate(names, splits, params=_params(param, scoped=True), single_calls=single_calls,
-                              seed=seed, on_step=lambda label: prog.update(task, advance=1, description=label))  # fmt: skip
+            task = prog.add_task("evaluating", total=(len(splits) + len(loso_folds)) * len(names))
+            step = lambda label: prog.update(task, advance=1, description=label)  # noqa: E731
+            result = merge(evaluate(names, splits, params=kwargs, single_calls=single_calls, seed=seed, on_step=step),
+                           evaluate_loso(names, loso_folds, params=kwargs, seed=seed, on_step=step))  # fmt: skip
     if not quiet:
         if not console.is_terminal:  # logs and pipes: whole rows, headers on one line
             console.width = max(console.width, full_width(result))

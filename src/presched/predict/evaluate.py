@@ -51,7 +51,8 @@ DEFAULT = "text-gbm"
 ANCHORS = ("s3", "ssjf", "listmle", "lexical-gbm", "encoder-l1")
 """Re-implementations of published predictors the default is compared with."""
 BASELINES = ("global-median", "model-median", "linear-prompt")
-OPTIONAL_MODULES = ("presched.predict.text_gbm", "presched.predict.lexical_gbm", "presched.predict.encoder")
+OPTIONAL_MODULES = ("presched.predict.text_gbm", "presched.predict.text_gbm_static", "presched.predict.lexical_gbm",
+                    "presched.predict.encoder")
 """Modules that register more predictors; imported when present (the encoder family needs torch)."""
 
 VIEWS = ("in-dist", "cross-model", "cross-dataset")

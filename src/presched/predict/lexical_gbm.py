@@ -138,6 +138,12 @@ class LexicalGBM(Predictor):
         q = self.conformal.apply(np.exp(mu))
         return LengthEstimate(q, q[:, _MED], mu)
 
+    def known_models(self) -> list[str]:
+        return list(self.model_mean)
+
+    def unknown_model_fallback(self, model: str) -> str:
+        return "the mean log length of the fitted models of its family (else of all fitted models)"
+
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         names = sorted(self.model_mean)
         arrays, values = self.conformal.state()

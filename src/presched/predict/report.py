@@ -1,6 +1,8 @@
 """Reporting an `Evaluation`: a rich table per view, a JSON file, and two PNGs per view
 (calibration: nominal vs empirical coverage, one line per predictor; predicted point vs true
-length, log-log, one panel per predictor)."""
+length, log-log, one panel per predictor). The leave-one-source-out folds (`loso-<source>`
+views) get one summary table, a `loso` block in the JSON and one bar chart instead
+(`presched.predict.loso`)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from rich.table import Table
 from presched.fold import column_widths, fit, table_width, wrapped
 from presched.predict.estimate import LEVELS
 from presched.predict.evaluate import Evaluation
+from presched.predict.loso import is_loso, loso_markdown, loso_summaries, loso_table, plot_loso
 
 ACCURACY: tuple[tuple[str, str, str], ...] = (
     # (row key, header, format)
@@ -91,20 +94,24 @@ def _tables(result: Evaluation, view: str, title: str, columns, caption: str | N
 def full_width(result: Evaluation) -> int:
     """Characters the widest table needs with every header on one line (pipes and logs get it)."""
     widths = [table_width(column_widths(["predictor", *(h for _, h, _f in cols)], _cells(result, view, cols), wrap=False))
-              for view in result.splits for cols in (ACCURACY, CALIBRATION_COST)]  # fmt: skip
+              for view in result.splits if not is_loso(view) for cols in (ACCURACY, CALIBRATION_COST)]  # fmt: skip
     return max(widths, default=80)
 
 
 def render_table(result: Evaluation, console: Console) -> None:
     """Two tables per view (accuracy; calibration and cost), each folded into several when the
-    console is too narrow, then failures, then a legend."""
+    console is too narrow, one for all LOSO folds, then failures, then a legend."""
     for view, info in result.splits.items():
+        if is_loso(view):
+            continue
         head = (f"{view}: {info['n_train']:,} train / {info['n_calibration']:,} calibration / "
                 f"{info['n_test']:,} test requests")  # fmt: skip
         for title, columns, caption in ((head + " — accuracy", ACCURACY, info.get("description")),
                                         (head + " — calibration and cost", CALIBRATION_COST, None)):  # fmt: skip
             for table in _tables(result, view, title, columns, caption, console.width):
                 console.print(table)
+    if any(is_loso(v) for v in result.splits):
+        console.print(loso_table(result))
     for row in result.rows:
         if row.get("status") != "ok":
             console.print(f"[red]{row['view']} / {row['predictor']} failed:[/red] {row.get('error')}", highlight=False)
@@ -115,6 +122,8 @@ def markdown_table(result: Evaluation) -> str:
     """The same numbers as Markdown (for docs): one accuracy and one calibration/cost table per view."""
     out = []
     for view, info in result.splits.items():
+        if is_loso(view):
+            continue
         out.append(f"**{view}** ({info['n_train']:,} train / {info['n_calibration']:,} calibration / "
                    f"{info['n_test']:,} test; {info.get('description', '')})\n")  # fmt: skip
         for columns in (ACCURACY, CALIBRATION_COST):
@@ -127,6 +136,8 @@ def markdown_table(result: Evaluation) -> str:
                          else ["failed"] + [""] * (len(columns) - 1))  # fmt: skip
                 out.append(f"| {row['predictor']} | " + " | ".join(cells) + " |")
             out.append("")
+    if any(is_loso(v) for v in result.splits):
+        out.append(loso_markdown(result))
     return "\n".join(out)
 
 
@@ -147,12 +158,13 @@ def _clean(x: Any) -> Any:
 
 def write_json(result: Evaluation, path: str | Path, meta: dict[str, Any] | None = None,
                figures: dict[str, float] | None = None) -> Path:  # fmt: skip
-    """{"meta", "levels", "views", "rows", "figures"}; non-finite numbers are written as null."""
+    """{"meta", "levels", "views", "rows", "figures", "loso"}; non-finite numbers are written as
+    null. "loso": `loso_summary` per predictor (empty without LOSO folds)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [{k: v for k, v in r.items() if k != "traceback"} for r in result.rows]
     doc = {"meta": meta or {}, "levels": list(LEVELS), "views": result.splits, "rows": rows,
-           "figures": figures or {}}  # fmt: skip
+           "figures": figures or {}, "loso": loso_summaries(result)}  # fmt: skip
     path.write_text(json.dumps(_clean(doc), indent=2) + "\n")
     return path
 
@@ -232,10 +244,16 @@ def plot_scatter(result: Evaluation, view: str, path: str | Path, max_points: in
 
 def write_all(result: Evaluation, out_dir: str | Path, name: str = "predictors", meta: dict[str, Any] | None = None,
               figures: dict[str, float] | None = None) -> dict[str, Path]:  # fmt: skip
-    """`<name>.json` plus `<name>-calibration-<view>.png` and `<name>-scatter-<view>.png`."""
+    """`<name>.json` plus `<name>-calibration-<view>.png` and `<name>-scatter-<view>.png`, and
+    `<name>-loso.png` for the LOSO folds (not one pair per fold)."""
     out = Path(out_dir)
     paths: dict[str, Path] = {"json": write_json(result, out / f"{name}.json", meta, figures)}
+    loso = plot_loso(result, out / f"{name}-loso.png")
+    if loso is not None:
+        paths["loso"] = loso
     for view in result.splits:
+        if is_loso(view):
+            continue
         for kind, fn in (("calibration", plot_calibration), ("scatter", plot_scatter)):
             p = fn(result, view, out / f"{name}-{kind}-{view}.png")
             if p is not None:

@@ -58,5 +58,8 @@ def predictions_for(requests: Sequence[Request], cfg: PredictionsConfig) -> Leng
 
         return prompt_oracle(requests)
     from presched.predict.base import load_predictor
+    from presched.predict.served_models import resolve_for
 
-    return load_predictor(cfg.path).predict(list(requests))
+    pred = load_predictor(cfg.path)
+    reqs, _ = resolve_for(pred, requests)  # an UnknownModelWarning per model it was not fitted on
+    return pred.predict(reqs)

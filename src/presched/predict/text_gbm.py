@@ -132,13 +132,6 @@ class TextGBM(Predictor):
         self.fit_info: dict[str, Any] = {}
 
     # --- features ---------------------------------------------------------------------------
-    def _text_block(self, texts: Sequence[str]) -> tuple[Any, np.ndarray, np.ndarray]:
-        """One o200k encoding of `texts` -> (hashed n-grams, their LSA projection, exact token
-        counts)."""
-        ids, off = F.encode(texts)
-        X = self.hasher.from_ids(ids, off)
-        return X, self._project(X), np.diff(off)
-
     def _project(self, X: Any) -> np.ndarray:
         """LSA topics X[:, svd_cols] @ svd_comp.T. The columns are remapped through a lookup
         table (scipy's column fancy-indexing costs ~0.3 ms per call) and multiplied by a
@@ -175,19 +168,45 @@ class TextGBM(Predictor):
         return out
 
     def _dense(self, score: np.ndarray, proj: np.ndarray, tok: np.ndarray, cues: np.ndarray,
-               inv: np.ndarray, requests: Sequence[Request]) -> np.ndarray:  # fmt: skip
+               inv: np.ndarray, requests: Sequence[Request], extra: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
         pt = np.log(np.array([r.prompt_tokens for r in requests], dtype=float))
-        return np.column_stack([score[inv], proj[inv], pt, np.log1p(tok[inv]), cues[inv],
-                                self._model_rows([r.model for r in requests])])  # fmt: skip
+        cols = [score[inv], proj[inv], pt, np.log1p(tok[inv]), cues[inv], self._model_rows([r.model for r in requests])]
+        if extra is not None and extra.shape[1]:
+            cols.append(extra[inv])
+        return np.column_stack(cols)
+
+    # --- extra per-prompt features: none here; subclasses (text_gbm_static) add theirs -------
+    def _extra_fit(self, ids: np.ndarray, off: np.ndarray, tp: np.ndarray, fold: np.ndarray) -> np.ndarray:
+        """Fit the extra features on the training prompts (o200k ids, verbosity targets `tp`,
+        the text score's `fold` of each prompt) and return theirs, out of fold where fitted."""
+        return np.zeros((off.size - 1, 0))
+
+    def _extra(self, ids: np.ndarray, off: np.ndarray) -> np.ndarray:
+        """The extra features of unseen prompts."""
+        return np.zeros((off.size - 1, 0))
+
+    def _extra_names(self) -> list[str]:
+        return []
 
     def _cues(self, texts: Sequence[str]) -> np.ndarray:
         """The lexical cues, or no columns with `cues=False` (the Python per-prompt stage)."""
         return F.lexical_cues(texts) if self.params["cues"] else np.zeros((len(texts), 0))
 
+    def known_models(self) -> list[str]:
+        return list(self.models)
+
+    def unknown_model_fallback(self, model: str) -> str:
+        fam = F.model_family(model)
+        same = [n for n in self.models if F.model_family(n) == fam]
+        if same:
+            return (f"the mean verbosity offset and spread of the {len(same)} {F.FAMILIES[fam]} model(s) it "
+                    f"was fitted on, and the size parsed from the name")  # fmt: skip
+        return f"the mean verbosity offset and spread of all {len(self.models)} models it was fitted on"
+
     def feature_names(self) -> list[str]:
         return ["text_score", *(f"svd{i}" for i in range(self.svd_comp.shape[0])), "log_prompt_tokens",
                 "log_o200k", *(F.CUE_NAMES if self.params["cues"] else ()), "model_offset", "model_spread",
-                "family", "log_params"]  # fmt: skip
+                "family", "log_params", *self._extra_names()]  # fmt: skip
 
     # --- fit --------------------------------------------------------------------------------
     def fit(self, requests: Sequence[Request], validation: Sequence[Request] | None = None) -> TextGBM:
@@ -235,7 +254,8 @@ class TextGBM(Predictor):
             self.svd_comp = svd.components_.astype(np.float32)
         else:
             self.svd_comp = np.zeros((0, self.svd_cols.size), dtype=np.float32)
-        D = self._dense(score, self._project(X), tok, self._cues(texts), ti, reqs)
+        extra = self._extra_fit(ids, off, tp, fold)
+        D = self._dense(score, self._project(X), tok, self._cues(texts), ti, reqs, extra)
         t_feat = time.perf_counter() - t0
 
         # validation features (full ridge)
@@ -283,9 +303,11 @@ class TextGBM(Predictor):
         text_idx: dict[str, int] = {}
         inv = np.array([text_idx.setdefault(r.prompt, len(text_idx)) for r in requests])
         texts = list(text_idx)
-        X, proj, tok = self._text_block(texts)
+        ids, off = F.encode(texts)
+        X = self.hasher.from_ids(ids, off)
         score = (X @ self.coef).astype(np.float64) + self.intercept
-        return self._dense(score, proj, tok, self._cues(texts), inv, requests)
+        return self._dense(score, self._project(X), np.diff(off), self._cues(texts), inv, requests,
+                           self._extra(ids, off))  # fmt: skip
 
     def _mu_sigma(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mu = self.booster.predict(D, num_threads=1)

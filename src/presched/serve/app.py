@@ -41,6 +41,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
 from starlette.routing import Route
 
+from presched.predict.served_models import fallback_note
 from presched.serve.asgi import RawASGI, until_disconnect
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
@@ -77,7 +78,7 @@ class GatewayApp:
         self.worker = Worker()  # predictions and token counting, off the event loop
         self.predict = PredictBatcher(predictor, self.worker) if predictor is not None else None
         self.log = log
-        self.metrics = GatewayMetrics(self.gw)
+        self.metrics = GatewayMetrics(self.gw, self.predict)
         self.learner = predictor if isinstance(predictor, OnlineLearner) else None  # --learn
         if self.learner is not None:
             self.metrics.registry.register(LearnCollector(self.learner))
@@ -152,6 +153,10 @@ class GatewayApp:
             except Exception:  # noqa: BLE001 - a down backend is found by the health loop
                 self.gw.set_health(b, False)
         self.models = sorted({b.model for b in self.gw.backends if b.model})
+        known = self.predict.known if self.predict is not None else None
+        for m in self.models if known is not None else ():
+            if known.match(m) is None:
+                logger.warning("startup: %s", fallback_note(self.predict.predictor, m))
 
     async def _health_loop(self) -> None:
         while True:

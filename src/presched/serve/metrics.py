@@ -9,8 +9,10 @@ the gateway: `presched_waiting{backend}`, `presched_running{backend}`, `presched
 `presched_policy_errors_total` (policy hooks that raised at run time; see docs/gateway.md),
 and the rolling prediction error of the last completed requests (`ErrorTracker`, the numbers
 the `fallback` policy acts on): `presched_predictor_mae_tokens`, `..._rel_mae`,
-`..._kendall_tau`, `..._discordance`, `..._coverage_q50`, `..._coverage_q90`, `..._samples`.
-The process's live heap (`serve.memory.heap`): `presched_python_allocated_blocks`, and on glibc
+`..._kendall_tau`, `..._discordance`, `..._coverage_q50`, `..._coverage_q90`, `..._samples`;
+`presched_predictor_unknown_model_total{model}`: requests predicted for a served model the
+predictor was not fitted on (it used its fallback; `serve.predictions`). The process's live heap
+(`serve.memory.heap`): `presched_python_allocated_blocks`, and on glibc
 `presched_malloc_in_use_bytes`, `presched_malloc_free_bytes`.
 """
 
@@ -30,7 +32,7 @@ _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80,
 
 
 class GatewayMetrics:
-    def __init__(self, gateway) -> None:
+    def __init__(self, gateway, predict=None) -> None:
         self.gw = gateway
         self.registry = r = CollectorRegistry()
         self.requests = Counter("presched_requests", "Requests that ended, by tenant and HTTP status.",
@@ -48,7 +50,7 @@ class GatewayMetrics:
                                  ["endpoint", "status"], registry=r)  # fmt: skip
         self.unhandled = Counter("presched_unhandled_errors", "Exceptions no endpoint handled "
                                  "(answered 500 and logged: a gateway bug).", registry=r)  # fmt: skip
-        r.register(_Live(gateway))
+        r.register(_Live(gateway, predict))
 
     def observe(self, seq, status: int) -> None:
         self.requests.labels(seq.tenant, str(status)).inc()
@@ -77,8 +79,9 @@ _HEAP_HELP = {
 class _Live:
     """Gauges read from the gateway at scrape time."""
 
-    def __init__(self, gateway) -> None:
+    def __init__(self, gateway, predict=None) -> None:
         self.gw = gateway
+        self.predict = predict  # serve.predictions.PredictBatcher, or None without a predictor
 
     def collect(self):
         waiting = GaugeMetricFamily("presched_waiting", "Requests in the gateway queue.", labels=["backend"])
@@ -99,3 +102,10 @@ class _Live:
                                   f"Length prediction {name} over the last completed requests (NaN before any).")  # fmt: skip
             g.add_metric([], value if value is not None else math.nan)
             yield g
+        if self.predict is not None and self.predict.known is not None:
+            c = CounterMetricFamily("presched_predictor_unknown_model", "Requests predicted for a served "
+                                    "model the predictor was not fitted on (it used its fallback; at most "
+                                    "32 model names, the rest as 'other').", labels=["model"])  # fmt: skip
+            for model, n in sorted(self.predict.unknown_models.items()):
+                c.add_metric([model], n)
+            yield c

@@ -9,15 +9,28 @@ are batch-first (a LightGBM call costs about the same for 1 row as for 50), so t
 not predict per request: the requests that ask in the same event-loop turn form one batch, and
 those that ask while a batch is being predicted form the next one. Under load this amortises the
 predictor's fixed cost; when idle it adds one loop turn and a thread hand-off (microseconds).
+
+Served models the predictor was not fitted on (`presched.predict.served_models`; names match
+canonically, `org/name` = `org--name`) are predicted with its documented fallback, counted per
+model in `unknown_models` (`presched_predictor_unknown_model_total{model}` in /metrics; at most
+`MAX_MODEL_LABELS` names, the rest as "other") and logged once per model as a warning.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from presched.predict.served_models import ServedModels, fallback_note
 from presched.workload.request import Request
+
+logger = logging.getLogger(__name__)
+MAX_MODEL_LABELS = 32
+"""Distinct model names counted by name in `unknown_models` (clients choose the name: bound the
+metric's label set); later ones are counted as "other"."""
 
 
 class Worker:
@@ -41,6 +54,9 @@ class PredictBatcher:
         self._draining: asyncio.Task | None = None
         self.calls = 0
         self.predicted = 0
+        self.known = ServedModels.of(predictor)
+        self.unknown_models: collections.Counter[str] = collections.Counter()
+        """Requests predicted for a served model the predictor was not fitted on, by model."""
 
     async def estimate(self, request: Request):
         """The request's `RequestEstimate` (raises what the predictor raised)."""
@@ -79,8 +95,22 @@ class PredictBatcher:
 
     def _predict(self, requests: list[Request]) -> list:
         """On the worker thread: one estimate per request, in order."""
+        if self.known is not None:
+            requests, unknown = self.known.resolve(requests)
+            if unknown:
+                self._count_unknown(requests, set(unknown))
         est = self.predictor.predict(requests)
         if len(est) != len(requests):
             raise ValueError(f"the predictor returned {len(est)} estimates for "
                              f"{len(requests)} requests")  # fmt: skip
         return [est[i] for i in range(len(requests))]
+
+    def _count_unknown(self, requests: list[Request], unknown: set[str]) -> None:
+        for r in requests:
+            if r.model not in unknown:
+                continue
+            name = r.model or "(none)"
+            label = name if name in self.unknown_models or len(self.unknown_models) < MAX_MODEL_LABELS else "other"
+            if label not in self.unknown_models and label != "other":
+                logger.warning("%s", fallback_note(self.predictor, name))
+            self.unknown_models[label] += 1

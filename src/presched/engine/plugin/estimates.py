@@ -97,8 +97,14 @@ class EnginePredictor:
     def __init__(self, path: Path, tokenizer: str, model_name: str) -> None:
         from presched.predict.base import load_predictor
 
+        from presched.predict.served_models import ServedModels, fallback_note
+
         self.predictor = load_predictor(path)
-        self.model_name = model_name
+        known = ServedModels.of(self.predictor)
+        matched = known.match(model_name) if known is not None else model_name
+        if matched is None:
+            log.warning("presched: %s", fallback_note(self.predictor, model_name))
+        self.model_name = matched or model_name  # the fitted spelling when it is a known model
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)

@@ -326,6 +326,12 @@ class EncoderPredictor(Predictor):
         out, m = self.outputs(requests)
         return self._estimate(out, m)
 
+    def known_models(self) -> list[str]:
+        return list(self.vocab.names[1:])
+
+    def unknown_model_fallback(self, model: str) -> str:
+        return "its learnt 'unknown model' vector (trained on the model_dropout share of rows)"
+
     # --- persistence --------------------------------------------------------------------------
     def state(self):
         arrays = {f"head/{k}": v.detach().numpy().copy() for k, v in self.head.state_dict().items()}

@@ -1,0 +1,59 @@
+"""text-gbm-static on a real CASTILLO slice: its extra columns are the semantic ridge score and
+the first embedding components, the saved file predicts alone (the table is inside), and
+ngram_score=False really drops the n-gram score. The distilled MiniLM table is replaced by a
+TEST DOUBLE (seeded random vectors over the same o200k ids): distilling takes minutes of CPU
+and needs model2vec, which the test environment does not have; the benchmark runs the real one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from presched.predict import load_predictor
+from presched.predict.data import castillo_requests
+from presched.predict.static_embed import StaticTable
+from presched.predict.text_gbm_static import TextGBMStatic
+
+FAST = {"folds": 3, "svd": 8, "max_rounds": 60, "scale_folds": 2, "static_dims": 12, "static_features": 4}
+MODELS = ["llama-3.1-8b"]
+
+
+@pytest.fixture(autouse=True)
+def fake_distill(monkeypatch):
+    def distill(dims, vocab_ids, head=256, tail=64):
+        ids = np.unique(np.asarray(vocab_ids, dtype=np.int64))
+        return StaticTable(ids, np.random.default_rng(0).normal(size=(ids.size, dims)), head, tail)
+
+    monkeypatch.setattr(StaticTable, "distill", staticmethod(distill))
+
+
+@pytest.fixture(scope="module")
+def small(data_dir):
+    return castillo_requests("validate", models=MODELS), castillo_requests("test", models=MODELS)[:300]
+
+
+def test_fit_save_load_and_extra_columns(small, tmp_path, fake_distill):
+    train, test = small
+    p = TextGBMStatic(**FAST).fit(train)
+    names = p.feature_names()
+    assert names[-5:] == ["sem_score", "static0", "static1", "static2", "static3"]
+    D = p._features(test)
+    assert D.shape[1] == len(names) == p.booster.num_feature()
+    assert p.table.vectors.shape[1] == 1 + 4  # only the columns predict reads are kept
+    back = load_predictor(p.save(tmp_path / "s.npz"))
+    assert isinstance(back, TextGBMStatic)
+    assert np.allclose(back.predict(test).quantiles, p.predict(test).quantiles)
+
+
+def test_ngram_score_off_is_a_constant_column(small, fake_distill):
+    train, test = small
+    p = TextGBMStatic(**FAST, ngram_score=False).fit(train)
+    D = p._features(test)
+    assert np.all(D[:, p.feature_names().index("text_score")] == 0)
+
+
+def test_parameters_are_checked():
+    with pytest.raises(ValueError, match="unknown parameter"):
+        TextGBMStatic(static_dim=3)
+    with pytest.raises(ValueError, match="static_features"):
+        TextGBMStatic(static_dims=8, static_features=9)
