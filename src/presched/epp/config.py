@@ -85,7 +85,7 @@ class EppConfig(Config):
     max_prompt_tokens: int = Field(32_768, ge=1, description="Longer prompts get 413.")
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="Larger request bodies get 413.")
     max_response_bytes: int = Field(64 * 2**20, ge=1024, description="A non-streaming response larger than this is passed on but not parsed for usage.")
-    fallbacks: int = Field(2, ge=0, le=16, description="Fallback endpoints listed after the primary in the envoy.lb metadata (GIE's fallback list; the header names the primary only, which is all Envoy's ORIGINAL_DST cluster reads).")
+    fallbacks: int = Field(2, ge=0, le=16, description="Fallback endpoints listed after the primary in the destination header and the envoy.lb metadata (GIE's fallback list); the Envoy that `presched epp --envoy-port` runs retries that many times, each to the next listed endpoint.")
     health_interval_s: float = Field(2.0, gt=0, description="Seconds between health checks (GET /health) of each endpoint.")
     connect_timeout_s: float = Field(2.0, gt=0, description="Timeout of a health check.")
     destination_header: str = Field("x-gateway-destination-endpoint", description="The header (and envoy.lb metadata key) that names the picked endpoint.")
