@@ -89,6 +89,29 @@ def gie_cluster(name: str, endpoints: list[str], dest_header: str = DEST_HEADER)
     return c
 
 
+MODES = {"request_header_mode": "SEND", "request_body_mode": "FULL_DUPLEX_STREAMED",
+         "request_trailer_mode": "SEND", "response_header_mode": "SEND",
+         "response_body_mode": "FULL_DUPLEX_STREAMED", "response_trailer_mode": "SEND"}  # fmt: skip
+
+
+def ext_proc_filter(failure_mode_allow: bool = False, message_timeout_s: float = 600.0,
+                    cluster: str = "epp", modes: dict | None = None) -> dict:
+    """The ext_proc filter that asks the picker (gRPC cluster `cluster`); `modes` overrides
+    fields of its processing_mode (MODES: every phase sent, bodies FULL_DUPLEX_STREAMED)."""
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": cluster}, "timeout": f"{message_timeout_s:g}s"},
+            "failure_mode_allow": failure_mode_allow,
+            "message_timeout": f"{message_timeout_s:g}s",
+            "processing_mode": {**MODES, **(modes or {})},
+            "response_attributes": ["upstream.address"],
+            "metadata_options": {"forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]}},
+        },
+    }  # fmt: skip
+
+
 def bootstrap(listen_port: int, epp_port: int, admin_port: int,
               failure_mode_allow: bool = False, message_timeout_s: float = 600.0,
               host: str = "127.0.0.1", epp_host: str = "127.0.0.1",
@@ -99,20 +122,7 @@ def bootstrap(listen_port: int, epp_port: int, admin_port: int,
     `epp_host:epp_port` -> `gie_cluster` over `endpoints`, `fallbacks` retries to the next
     listed endpoint on a connect failure or reset); `baselines` adds plain listeners {name:
     (port, lb_policy)} over the same `endpoints` (ROUND_ROBIN, LEAST_REQUEST) for comparisons."""
-    ext_proc = {
-        "name": "envoy.filters.http.ext_proc",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": f"{message_timeout_s:g}s"},
-            "failure_mode_allow": failure_mode_allow,
-            "message_timeout": f"{message_timeout_s:g}s",
-            "processing_mode": {"request_header_mode": "SEND", "request_body_mode": "FULL_DUPLEX_STREAMED",
-                                "request_trailer_mode": "SEND", "response_header_mode": "SEND",
-                                "response_body_mode": "FULL_DUPLEX_STREAMED", "response_trailer_mode": "SEND"},
-            "response_attributes": ["upstream.address"],
-            "metadata_options": {"forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]}},
-        },
-    }  # fmt: skip
+    ext_proc = ext_proc_filter(failure_mode_allow, message_timeout_s)
     retry = {"retry_on": RETRY_ON, "num_retries": fallbacks,
              "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"}}  # fmt: skip
     listeners = [_listener("gie", listen_port, "gie_pool", [ext_proc], host, retry)]
