@@ -26,7 +26,8 @@ def test_destination_header_prediction_and_log_row(stack):
     served = r.headers["x-presched-endpoint"]
     eng = stack.st.engines[[e.address for e in stack.st.picker.cfg.endpoints].index(served)]
     headers, body = eng.seen[-1]
-    assert headers["x-gateway-destination-endpoint"] == served  # Envoy's ORIGINAL_DST went there
+    listed = headers["x-gateway-destination-endpoint"].split(",")
+    assert listed[0] == served and len(listed) == 3  # override_host went to the primary
     pred = float(headers["x-presched-predicted-tokens"])
     assert body["vllm_xargs"]["presched_pred_mean"] == pytest.approx(pred, abs=0.05)
     assert body["vllm_xargs"]["presched_pred_q90"] >= body["vllm_xargs"]["presched_pred_mean"]

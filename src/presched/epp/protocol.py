@@ -7,9 +7,9 @@ Per HTTP request the proxy opens one bidirectional `ExternalProcessor.Process` s
     -> response_headers -> response_body chunks [-> response_trailers]
 
 The picker answers the request headers only once the whole body is in (as GIE's picker does),
-with a header mutation setting `x-gateway-destination-endpoint: ip:port` and, in the `envoy.lb`
-dynamic metadata under the same key, that endpoint followed by its ordered fallbacks
-(`ip:port,ip:port,...`); the body goes back as a streamed body mutation. Refusals are `ImmediateResponse`s (503 when no
+with a header mutation setting `x-gateway-destination-endpoint` to the picked endpoint followed
+by its ordered fallbacks (`ip:port,ip:port,...`), and the same value in the `envoy.lb` dynamic
+metadata under the same key; the body goes back as a streamed body mutation. Refusals are `ImmediateResponse`s (503 when no
 endpoint is eligible, 429 when the request is shed) with an OpenAI-format JSON body.
 
 Inputs: the subset hint in `metadata_context.filter_metadata["envoy.lb.subset_hint"]
@@ -76,13 +76,14 @@ def _set(headers: dict[str, str]) -> pb.HeaderMutation:
 
 
 def route(dest_header: str, destinations: list[str], extra: dict[str, str]) -> pb.ProcessingResponse:
-    """The answer to the request headers: the destination header names the primary (Envoy's
-    ORIGINAL_DST cluster reads one address from it); the `envoy.lb` dynamic metadata under the
-    same key carries the primary and the ordered fallbacks, comma-separated (GIE's fallback
-    list, for proxies that try them in order)."""
+    """The answer to the request headers: the primary and its ordered fallbacks,
+    `ip:port,ip:port,...`, in the destination header and in the `envoy.lb` dynamic metadata
+    under the same key (GIE's protocol; Envoy's `override_host` policy reads either and tries
+    the next address on each retry)."""
+    dests = ",".join(destinations)
     md = struct_pb2.Struct()
-    md.update({LB_NAMESPACE: {dest_header: ",".join(destinations)}})
-    mut = _set({dest_header: destinations[0], **extra})
+    md.update({LB_NAMESPACE: {dest_header: dests}})
+    mut = _set({dest_header: dests, **extra})
     # the body is rewritten (streamed mutation): its length is no longer the client's
     mut.remove_headers.append("content-length")
     return pb.ProcessingResponse(

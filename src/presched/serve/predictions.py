@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -47,9 +48,15 @@ class Worker:
 
 
 class PredictBatcher:
-    def __init__(self, predictor: Any, worker: Worker | None = None) -> None:
+    def __init__(self, predictor: Any, worker: Worker | None = None, inline_s: float = 0.0) -> None:
+        """`inline_s` > 0: while the predictor's calls take at most that long (a moving average of
+        the measured calls) and no batch is pending, a request is predicted at once on the event
+        loop: a hand-off to the worker thread and back costs more than such a call (~0.7 ms on a
+        busy 2-core machine, benchmarks/epp_latency.py)."""
         self.predictor = predictor
         self.worker = worker or Worker()
+        self.inline_s = inline_s
+        self.call_s: float | None = None  # moving average of a call's seconds
         self._pending: list[tuple[Request, asyncio.Future]] = []
         self._draining: asyncio.Task | None = None
         self.calls = 0
@@ -60,6 +67,11 @@ class PredictBatcher:
 
     async def estimate(self, request: Request):
         """The request's `RequestEstimate` (raises what the predictor raised)."""
+        if (self.inline_s > 0 and self.call_s is not None and self.call_s <= self.inline_s
+                and self._draining is None and not self._pending):  # fmt: skip
+            self.calls += 1
+            self.predicted += 1
+            return self._predict([request])[0]
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((request, fut))
         if self._draining is None:
@@ -94,12 +106,15 @@ class PredictBatcher:
                     fut.cancel()
 
     def _predict(self, requests: list[Request]) -> list:
-        """On the worker thread: one estimate per request, in order."""
+        """One estimate per request, in order (on the worker thread, or inline: see above)."""
         if self.known is not None:
             requests, unknown = self.known.resolve(requests)
             if unknown:
                 self._count_unknown(requests, set(unknown))
+        t = time.perf_counter()
         est = self.predictor.predict(requests)
+        dt = time.perf_counter() - t
+        self.call_s = dt if self.call_s is None else 0.8 * self.call_s + 0.2 * dt
         if len(est) != len(requests):
             raise ValueError(f"the predictor returned {len(est)} estimates for "
                              f"{len(requests)} requests")  # fmt: skip
