@@ -31,7 +31,8 @@ recent completions not distributed as predicted). While it is, the conservative 
 whatever the tracker says; when it clears, the tracker's mode holds again. It is read each time
 the waiting queue checks `epoch`, i.e. before every decision, so the queue re-keys once at the
 first decision after the alarm changed (in the gateway: the first arrival or completion after
-the completion that raised or cleared it). Without a learner (the simulator, the engine plugin)
+the completion that raised or cleared it), and at each arrival and completion (so `mode` and
+`switches` follow it between decisions too). Without a learner (the simulator, the engine plugin)
 there is no alarm and only the tracker decides. `drift_alarm=False` ignores it.
 
 Config (`FallbackParams`): `inner` (predictive, default "fcfs"), `inner_params`, `conservative`
@@ -181,10 +182,12 @@ class Fallback(Wrapper):
 
     def on_arrival(self, seq, now):
         self._now = now
+        self._read_alarm()
         super().on_arrival(seq, now)
 
     def on_finish(self, seq, now):
         self._now = now
+        self._read_alarm()
         if seq.estimate is not None:
             self.tracker.add(seq.estimate, seq.generated)
             self._update_mode(now)
