@@ -68,6 +68,11 @@ def test_engine_records_teach_the_learner_and_raise_its_alarm(tmp_path):
     assert last == 90 and counts["ok"] == 30 and learner.counts["learned"] == 80
     assert len(learner.buffer) == 50  # rows without prompt text recalibrate, never refit
     assert learner.alarm.alarms and learner.alarm.alarms[0] > seen  # raised by the new rows
+    w = RecordWriter(path)  # a row without a prompt length, and one failed
+    w.write({"id": "np", "ts": 2000.0, "status": 200, "output_tokens": 5, "finish_reason": "stop"})
+    w.write({"id": "f", "ts": 2001.0, "status": 500, "prompt_tokens": 4})
+    w.close()
+    assert feed(learner, path, after=last, batch=1) == (92, {"ok": 0, "length": 0, "cancelled": 0, "failed": 1, "skipped": 1})
 
 
 def test_row_status_maps_what_a_row_teaches():

@@ -60,37 +60,42 @@ def feed(learner: Any, path: str | Path, after: int = 0, batch: int = 256) -> tu
     rowid read, rows by what they taught: ok / length / cancelled / failed / skipped)."""
     conn, path = connect_ro(path)
     try:
-        rows = conn.execute(f"SELECT {_COLS} FROM {TABLE} WHERE rowid > ? ORDER BY rowid", (after,)).fetchall()
+        cur = conn.execute(f"SELECT {_COLS} FROM {TABLE} WHERE rowid > ? ORDER BY rowid", (after,))
+        counts = {"ok": 0, "length": 0, "cancelled": 0, "failed": 0, "skipped": 0}
+        while rows := cur.fetchmany(batch):  # bounded memory on a large file
+            after = rows[-1][0]
+            _teach(learner, rows, counts)
     finally:
         conn.close()
-    counts = {"ok": 0, "length": 0, "cancelled": 0, "failed": 0, "skipped": 0}
-    for lo in range(0, len(rows), batch):
-        chunk, reqs = [], []
-        for rowid, rid, ts, tenant, model, status, p_tok, max_tok, o_tok, finish, prompt in rows[lo: lo + batch]:
-            o_tok, p_tok, max_tok = _int(o_tok), _int(p_tok), _int(max_tok)
-            kind = row_status(status, o_tok, finish, max_tok)
-            now = float(ts) if isinstance(ts, (int, float)) and math.isfinite(ts) else None
-            if kind in ("ok", "length") and (p_tok is None or p_tok < 1):
-                counts["skipped"] += 1  # no prompt length: nothing to predict from
-                continue
-            req = Request(id=str(rid), prompt_tokens=max(p_tok or 1, 1), model=model or "", tenant=tenant or "default",
-                          prompt=prompt if isinstance(prompt, str) else None,
-                          max_tokens=max_tok if max_tok and max_tok > 0 else None)  # fmt: skip
-            chunk.append((req, kind, o_tok, now))
-            if kind in ("ok", "length"):
-                reqs.append(req)
-        version = learner.version
-        if reqs:
-            learner.predict(reqs)  # remembered by id until observed
-        for i, (req, kind, o_tok, now) in enumerate(chunk):
-            counts[kind] += 1
-            learner.observe(req, o_tok if kind in ("ok", "length") else None, status=kind, now=now)
-            if learner.version != version:  # a refit was swapped in: predict the rest with it
-                version = learner.version
-                rest = [r for r, k, _, _ in chunk[i + 1:] if k in ("ok", "length")]
-                if rest:
-                    learner.predict(rest)
-    return (rows[-1][0] if rows else after), counts
+    return after, counts
+
+
+def _teach(learner: Any, rows: list[tuple], counts: dict[str, int]) -> None:
+    chunk, reqs = [], []
+    for _rowid, rid, ts, tenant, model, status, p_tok, max_tok, o_tok, finish, prompt in rows:
+        o_tok, p_tok, max_tok = _int(o_tok), _int(p_tok), _int(max_tok)
+        kind = row_status(status, o_tok, finish, max_tok)
+        now = float(ts) if isinstance(ts, (int, float)) and math.isfinite(ts) else None
+        if kind in ("ok", "length") and (p_tok is None or p_tok < 1):
+            counts["skipped"] += 1  # no prompt length: nothing to predict from
+            continue
+        req = Request(id=str(rid), prompt_tokens=max(p_tok or 1, 1), model=model or "", tenant=tenant or "default",
+                      prompt=prompt if isinstance(prompt, str) else None,
+                      max_tokens=max_tok if max_tok and max_tok > 0 else None)  # fmt: skip
+        chunk.append((req, kind, o_tok, now))
+        if kind in ("ok", "length"):
+            reqs.append(req)
+    version = learner.version
+    if reqs:
+        learner.predict(reqs)  # remembered by id until observed
+    for i, (req, kind, o_tok, now) in enumerate(chunk):
+        counts[kind] += 1
+        learner.observe(req, o_tok if kind in ("ok", "length") else None, status=kind, now=now)
+        if learner.version != version:  # a refit was swapped in: predict the rest with it
+            version = learner.version
+            rest = [r for r, k, _, _ in chunk[i + 1:] if k in ("ok", "length")]
+            if rest:
+                learner.predict(rest)
 
 
 def read_position(state: str | Path, log: str | Path) -> int:
