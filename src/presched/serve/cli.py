@@ -131,7 +131,7 @@ def gateway_server(app, cfg: ServeConfig):
 
 
 def learn(
-    from_log: Path = typer.Option(..., "--from-log", help="A request log in the gateway's schema: the gateway's log.path, or the engine plugin's records file (PRESCHED_RECORDS). Read-only; may be written meanwhile."),
+    from_log: Path = typer.Option(..., "--from-log", help="A request log in the gateway's schema: the gateway's log.path, or the engine plugin's records file (its `records` option; `python -m presched.engine.launch --records FILE`). Read-only; may be written meanwhile."),
     state: Path = typer.Option(..., "--state", help="The learner's state folder (a gateway's learn.state_dir reads it): resumed when it holds a learner, saved after each pass, with the last row learned (log-position.json)."),
     predictor: Optional[Path] = typer.Option(None, "--predictor", "-m", help="The model to start from (a file from `presched train`) when --state holds no learner yet."),
     set_: list[str] = typer.Option([], "--set", "-s", metavar="FIELD=VALUE", help="Set a learn: field (OnlineConfig; `presched config` lists them), e.g. --set refit_every=1000."),
