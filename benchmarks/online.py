@@ -17,7 +17,10 @@ three predictors, both shifts), then prints:
     figure: online_update_us = …              CPU per learned completion (observe), refits apart
 
 A 200-request window has sampling noise: a perfectly calibrated predictor's max |error| over the
-nine levels is ~5 pts there (`coverage_noise_floor_pts`, simulated and printed beside). `--quick`
+nine levels is ~5 pts there (`coverage_noise_floor_pts`, simulated and printed beside), and
+`calibrated_coverage_err_after_500` is the same figure, in the same window of the same stream,
+for a reference calibrated by construction (each request's quantiles are the order statistics of
+the other 9 CASTILLO samples of its answer: `online_streams.calibrated_reference`). `--quick`
 runs small streams (a smoke run; the figures need the full streams). `--gateway` also drives a
 short stream through `presched serve --learn` against the stub (`online_gateway.py`).
 """
@@ -35,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from online_streams import predict_all, run_online, score, sources_shift, swap_shift, window_scores  # noqa: E402
+from online_streams import calibrated_reference, predict_all, run_online, score, sources_shift, swap_shift, window_scores  # noqa: E402
 
 from presched.predict import LEVELS  # noqa: E402
 from presched.predict.online import OnlineConfig  # noqa: E402
@@ -66,8 +69,10 @@ def run_shift(shift, gbm_params: dict, cfg: OnlineConfig, inflight: int, batch: 
     rows = {k: window_scores(e, y, WINDOW) for k, e in est.items()}
     starts = (500, 1000, *((shift.change_at,) if shift.change_at is not None else ()))
     after = {k: {str(lo): score(e, y, lo, WINDOW) for lo in starts} for k, e in est.items()}
+    ref, y_ref = calibrated_reference(shift)  # the coverage's noise floor, window by window
+    reference = {"windows": window_scores(ref, y_ref, WINDOW), "after": {str(lo): score(ref, y_ref, lo, WINDOW) for lo in starts}}
     return {"shift": shift.name, "n": len(y), "change_at": shift.change_at, "windows": rows, "after": after,
-            "fit_seconds": fit_s, **online}  # fmt: skip
+            "calibrated_reference": reference, "fit_seconds": fit_s, **online}  # fmt: skip
 
 
 def alarm_delay(res: dict) -> tuple[float, int]:
@@ -102,6 +107,8 @@ def figures(a: dict, b: dict, c: dict) -> dict[str, float]:
         "online_coverage_err_mean_after_500": at(wa["online"], 500, "coverage_err_mean_pts"),
         "online_coverage_err_after_500_swap": at(b["after"]["online"], 500, "coverage_err_max_pts"),
         "coverage_noise_floor_pts": noise_floor(),
+        "calibrated_coverage_err_after_500": at(a["calibrated_reference"]["after"], 500, "coverage_err_max_pts"),
+        "calibrated_coverage_err_windows_mean": float(np.nanmean([w["coverage_err_max_pts"] for w in a["calibrated_reference"]["windows"]])),
         "false_alarms_before_swap": float(before_b + before_c),
         "drift_alarm_delay_requests_gemma": delay_c,
         "frozen_coverage_err_after_swap": at(b["after"]["frozen"], b["change_at"], "coverage_err_max_pts"),
@@ -122,6 +129,9 @@ def plot(results: list[dict], path: Path) -> None:
             x = [w["start"] + WINDOW / 2 for w in rows]
             axes[0][col].plot(x, [w["tau_b"] for w in rows], marker="o", label=name)
             axes[1][col].plot(x, [w["coverage_err_max_pts"] for w in rows], marker="o", label=name)
+        ref = res["calibrated_reference"]["windows"]
+        axes[1][col].plot([w["start"] + WINDOW / 2 for w in ref], [w["coverage_err_max_pts"] for w in ref],
+                          color="grey", ls=":", marker=".", label="calibrated reference (noise floor)")  # fmt: skip
         for row in (0, 1):
             for t in res["alarms"]:
                 axes[row][col].axvline(t, color="red", alpha=0.3, lw=1)
@@ -132,6 +142,7 @@ def plot(results: list[dict], path: Path) -> None:
         axes[1][col].set_ylabel("max coverage error q10..q90 (pts)")
         axes[1][col].set_xlabel("request (arrival order)")
         axes[0][col].legend()
+        axes[1][col].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

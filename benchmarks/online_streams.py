@@ -50,6 +50,9 @@ class Shift:
     retrain_train: list[Request]
     stream: list[Request]
     change_at: int | None = None  # completions before the change (model swap)
+    others: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    """Per stream row, the other samples of the answer served (same prompt, same answering
+    model): what `calibrated_reference` reads."""
 
 
 def _split_prompts(reqs: Sequence[Request], share: float, seed: int) -> tuple[list[Request], list[Request]]:
@@ -63,6 +66,13 @@ def _split_prompts(reqs: Sequence[Request], share: float, seed: int) -> tuple[li
 def _one_sample(r: Request, model: str | None = None, length: int | None = None) -> Request:
     """The request as served: one answer (`output_tokens`), no other samples."""
     return dataclasses.replace(r, model=model or r.model, output_tokens=length or r.output_tokens, output_samples=())
+
+
+def _others(r: Request, length: int) -> tuple[int, ...]:
+    """`r`'s samples less one occurrence of the served `length`."""
+    rest = list(r.output_samples)
+    rest.remove(length)
+    return tuple(rest)
 
 
 def _once_each(reqs: Sequence[Request], seed: int) -> list[Request]:
@@ -81,10 +91,12 @@ def sources_shift(models: Sequence[str] = MODELS, stream_share: float = 0.7, lim
     base = castillo_requests(None, models=models, datasets=CODE)
     target = castillo_requests(None, models=models, datasets=TARGET)
     stream, retrain = _split_prompts(target, stream_share, seed)
-    stream = [_one_sample(r) for r in _once_each(stream, seed + 1)]
+    rows = _once_each(stream, seed + 1)
+    stream = [_one_sample(r) for r in rows]
+    others = [_others(r, r.output_tokens) for r in rows]
     if limit:
-        base, retrain, stream = base[: 2 * limit], retrain[: 2 * limit], stream[:limit]
-    return Shift("sources", base, retrain, stream)
+        base, retrain, stream, others = base[: 2 * limit], retrain[: 2 * limit], stream[:limit], others[:limit]
+    return Shift("sources", base, retrain, stream, others=others)
 
 
 def swap_shift(served: str = "llama-3.1-8b", swap_to: str = "qwen2.5-14b", swap_at: int = 1200,
@@ -95,13 +107,14 @@ def swap_shift(served: str = "llama-3.1-8b", swap_to: str = "qwen2.5-14b", swap_
     base, stream_rows = _split_prompts(old, 0.5, seed)  # every source on both sides
     served_name = old[0].model
     retrain = [dataclasses.replace(new[prompt_key(r)], model=served_name) for r in base]
-    stream = []
+    stream, others = [], []
     for k, r in enumerate(_once_each(stream_rows, seed + 2)):
-        length = r.output_tokens if k < swap_at else new[prompt_key(r)].output_tokens
-        stream.append(_one_sample(r, served_name, length))
+        answer = r if k < swap_at else new[prompt_key(r)]
+        stream.append(_one_sample(r, served_name, answer.output_tokens))
+        others.append(_others(answer, answer.output_tokens))
     if limit:
-        base, retrain, stream = base[: 2 * limit], retrain[: 2 * limit], stream[:limit]
-    return Shift(f"model-swap:{served}->{swap_to}", base, retrain, stream, min(swap_at, len(stream)))
+        base, retrain, stream, others = base[: 2 * limit], retrain[: 2 * limit], stream[:limit], others[:limit]
+    return Shift(f"model-swap:{served}->{swap_to}", base, retrain, stream, min(swap_at, len(stream)), others)
 
 
 def score(est: LengthEstimate, y: np.ndarray, lo: int, window: int) -> dict[str, float]:
@@ -113,6 +126,23 @@ def score(est: LengthEstimate, y: np.ndarray, lo: int, window: int) -> dict[str,
     err = np.abs(coverage(est.quantiles[sl], y[sl]) - np.asarray(LEVELS))[CORE] * 100
     return {"start": lo, "tau_b": kendall_tau_b(est.rank_score[sl], y[sl]),
             "coverage_err_max_pts": float(err.max()), "coverage_err_mean_pts": float(err.mean())}  # fmt: skip
+
+
+def calibrated_reference(shift: Shift, seed: int = 0) -> tuple[LengthEstimate, np.ndarray]:
+    """A perfectly calibrated reference for the coverage figure, on the stream itself: request
+    i's quantile at level k/10 (k = 1..9) is the k-th smallest of the other 9 samples of its
+    answer. The served answer and those 9 are exchangeable draws, so P(y <= X_(k)) = k / 10
+    exactly (the closed form of order statistics) once ties are broken at random, here by a
+    uniform sub-token jitter on all ten lengths; (quantiles, jittered lengths). Only q10..q90 are
+    meaningful (q95 and q99 repeat the largest sample); its coverage error in a window is the
+    sampling noise of that window's coverage, nothing else."""
+    if not shift.others or any(len(o) != 9 for o in shift.others):
+        raise ValueError("calibrated_reference needs the other 9 samples of every answer")
+    rng = np.random.default_rng(seed)
+    y = np.array([r.output_tokens for r in shift.stream], dtype=float) + rng.random(len(shift.stream))
+    rest = np.sort(np.array(shift.others, dtype=float) + rng.random((len(shift.others), 9)), axis=1)
+    q = np.concatenate([rest, rest[:, -1:], rest[:, -1:]], axis=1)  # q10..q90, then q95 = q99 = max
+    return LengthEstimate(q, q[:, 4], q[:, 4]), y
 
 
 def window_scores(est: LengthEstimate, y: np.ndarray, window: int) -> list[dict[str, float]]:

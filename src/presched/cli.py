@@ -277,6 +277,7 @@ from presched.loadgen.cli import replay as _replay  # noqa: E402
 from presched.predict.cli import eval_ as _eval  # noqa: E402
 from presched.predict.cli import predict as _predict  # noqa: E402
 from presched.predict.cli import train as _train  # noqa: E402
+from presched.serve.cli import learn as _learn  # noqa: E402
 from presched.serve.cli import serve as _serve  # noqa: E402
 from presched.epp.cli import epp as _epp  # noqa: E402 (grpc and Envoy's protos load when it runs)
 
@@ -284,6 +285,7 @@ app.command("train")(_train)
 app.command("predict")(_predict)
 app.command("eval")(_eval)
 app.command("serve")(_serve)
+app.command("learn")(_learn)
 app.command("replay")(_replay)
 app.command("epp")(_epp)
 

@@ -13,14 +13,14 @@ def test_every_command_is_on_the_presched_app_in_order():
     from presched.predict import cli as predict_cli
 
     names = [c.name or c.callback.__name__ for c in app.registered_commands]
-    assert names == ["bench", "simulate", "config", "train", "predict", "eval", "serve", "replay"]
+    assert names == ["bench", "simulate", "config", "train", "predict", "eval", "serve", "learn", "replay", "epp"]
     by_name = {c.name or c.callback.__name__: c.callback for c in app.registered_commands}
     assert by_name["train"] is predict_cli.train and by_name["eval"] is predict_cli.eval_
     assert by_name["predict"] is predict_cli.predict
 
 
 def test_command_modules_do_not_import_presched_cli():
-    code = ("import sys, presched.predict.cli, presched.loadgen.cli, presched.serve.cli; "
+    code = ("import sys, presched.predict.cli, presched.loadgen.cli, presched.serve.cli, presched.epp.cli; "
             "assert 'presched.cli' not in sys.modules, 'a command module imported presched.cli'")  # fmt: skip
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr

@@ -11,9 +11,11 @@ from __future__ import annotations
 import sqlite3
 
 import httpx
+import numpy as np
 import pytest
 
 from presched.predict.base import PREDICTORS
+from presched.predict.estimate import LEVELS
 from presched.serve.app import build_app
 from presched.serve.config import ServeConfig
 from presched.serve.learn import make_learner
@@ -22,6 +24,7 @@ from presched.serve.log_format import COLUMNS, NAMES
 from presched.serve.log_read import load_log_requests, read_log
 from presched.workload.request import Request
 from serve.test_gateway_api import metric_values, settle
+from serve.test_gateway_order import WORDS, burst_behind_blocker
 
 LEARN = {"enabled": True, "refit_every": 40, "min_refit": 30, "holdout": 10, "min_group": 5,
          "tenant_rate": 1000.0, "tenant_burst": 1000}  # fmt: skip
@@ -94,3 +97,60 @@ def test_a_log_written_before_the_learning_columns_still_reads_and_trains(tmp_pa
     have = [r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(requests)")]
     assert set(NAMES) <= set(have)
     assert read_log(path).set_index("id").loc["new", "predictor_version"] == 3
+
+
+def test_the_drift_alarm_turns_fallback_to_arrival_order_and_back(asgi_server, stub_server):
+    # fallback(sjf) behind a learner whose alarm trips fast (alarm_h 4: three answers far longer
+    # than predicted) and clears after a calm window of 10; the tracker never decides
+    # (min_samples 1000) and nothing recalibrates or refits, so only the alarm moves the order.
+    # The bursts are cut by max_tokens (censored: the alarm does not see them).
+    rng = np.random.default_rng(0)
+    train = [Request(id=f"t{i}", prompt_tokens=p, output_tokens=max(1, int(2 * p * rng.lognormal(0, 0.5))), model="stub")
+             for i, p in enumerate(rng.integers(2, 300, 400).tolist())]  # fmt: skip
+    pred = PREDICTORS.create("linear-prompt").fit(train)
+    up, engine = stub_server(model="stub", token_s=0.002, max_concurrency=1)
+    learn = {**LEARN, "alarm_h": 4.0, "alarm_window": 10, "min_group": 10_000, "refit_every": 0}
+    cfg = ServeConfig(backends=[{"url": up, "model": "stub", "max_in_flight": 1}], policy="fallback",
+                      policy_params={"inner": "sjf", "min_samples": 1000, "window": 1000},
+                      learn=learn, log={"path": None})  # fmt: skip
+    learner = make_learner(cfg, pred)
+    app = build_app(cfg, learner)
+    url = asgi_server(app)
+    gw = app.state.gateway.gw
+    order = [WORDS[k] for k in (90, 8, 150, 3, 45, 20)]
+    sjf = sorted(order, key=len)
+    done = 1  # the probe of the policy's start-up check is not counted; requests so far
+
+    def burst():
+        nonlocal done
+        started, _ = burst_behind_blocker(url, engine, order, [2] * 6, lambda: gw.num_waiting)
+        engine.started.clear()
+        done += 7
+        settle(gw, done - 1)
+        return started
+
+    def answers(n, ratio):  # sequential requests whose answers are `ratio` x the predicted median
+        nonlocal done
+        for k in range(n):
+            prompt = " ".join(["w"] * (5 + 2 * k))
+            probe = Request(id="probe", prompt_tokens=app.state.gateway.count(prompt), model="stub")
+            median = float(pred.predict([probe]).quantiles[0, LEVELS.index(0.5)])
+            body = {"model": "stub", "prompt": prompt, "max_tokens": 100_000,
+                    "stub_output_tokens": max(1, round(ratio * median))}  # fmt: skip
+            assert httpx.post(url + "/v1/completions", json=body, timeout=30).status_code == 200
+            done += 1
+            settle(gw, done - 1)
+        engine.started.clear()
+
+    def alarm_metric():
+        return metric_values(httpx.get(url + "/metrics").text)["presched_drift_alarm"]
+
+    assert burst() == sjf and alarm_metric() == 0
+    answers(5, 10.0)  # far longer than predicted: the alarm is raised
+    assert learner.alarm.active and alarm_metric() == 1
+    assert burst() == order  # fallback runs fcfs: arrival order
+    answers(12, 1.0)  # as predicted: a calm window clears it
+    assert not learner.alarm.active and alarm_metric() == 0
+    assert burst() == sjf
+    pol = gw.backends[0].policy
+    assert [m for _, _, m in pol.switches] == ["conservative", "predictive"] and pol.tracked == "predictive"

@@ -122,7 +122,7 @@ class PoolGateway(Gateway):
             if self.by_address(addr) is None:
                 bc = BackendConfig(url=f"http://{addr}", name=addr, model=e.model,
                                    max_in_flight=e.max_in_flight, kv_tokens=e.kv_tokens)  # fmt: skip
-                self.backends.append(Backend(len(self.backends), bc, self._new_policy()))
+                self.backends.append(Backend(len(self.backends), bc, self._new_policy(), self._drift_alarm))
 
 
 class Picker:

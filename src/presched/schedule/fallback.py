@@ -25,17 +25,28 @@ count and both policies' epochs), so the waiting queue is re-keyed once by the n
 Both policies receive every notification, so either can take over with its state up to date;
 the decisions (priority, rekey_at, admit, victim, preempt_for, wakeup) are the active one's.
 
+The drift alarm: where the driver runs an online learner (the gateway with `--learn`), its
+`EngineInfo.drift_alarm` says whether the learner's drift alarm is raised (`predict.online`:
+recent completions not distributed as predicted). While it is, the conservative policy runs
+whatever the tracker says; when it clears, the tracker's mode holds again. It is read each time
+the waiting queue checks `epoch`, i.e. before every decision, so the queue re-keys once at the
+first decision after the alarm changed (in the gateway: the first arrival or completion after
+the completion that raised or cleared it), and at each arrival and completion (so `mode` and
+`switches` follow it between decisions too). Without a learner (the simulator, the engine plugin)
+there is no alarm and only the tracker decides. `drift_alarm=False` ignores it.
+
 Config (`FallbackParams`): `inner` (predictive, default "fcfs"), `inner_params`, `conservative`
 ("fcfs"), `conservative_params`, `metric` ("discordance"), `threshold` (0.3), `hysteresis`
 (0.05, < threshold), `min_samples` (100), `window` (500, >= min_samples), `level` (0.9, for
-coverage_error). Delegation is `Wrapper`'s, with `active` switched and both policies members.
+coverage_error), `drift_alarm` (True). Delegation is `Wrapper`'s, with `active` switched and both policies members.
 
 Caveat (measured, docs/policies/fallback.md): the window holds the requests that completed last,
 and a predictive policy chooses them by their predictions, so under saturation their predicted
 lengths span a narrow range and the window's discordance rises even for a good predictor (range
 restriction: 0.15 under FCFS, up to 0.5 under SJF for the same predictor). A long window (500)
 averages over it; with 200 a good predictor was switched off 5 times in a 3000-request run.
-`switches` lists (completion count, time, new mode) for inspection and tests.
+`switches` lists (completion count, time, new mode) for inspection and tests (an alarm's switch
+carries the time of the policy's last notification: `epoch` has no clock).
 """
 
 from __future__ import annotations
@@ -65,6 +76,7 @@ class FallbackParams(WrapperParams):
     min_samples: int = Field(100, ge=2, le=1_000_000, description="Completions tracked before the first decision.")
     window: int = Field(500, ge=2, le=1_000_000, description="Completions the error is computed over (the latest); must be >= min_samples.")
     level: float = Field(0.9, gt=0, lt=1, description="Quantile level checked by `coverage_error`.")
+    drift_alarm: bool = Field(True, description="Also run `conservative` while the online learner's drift alarm is raised (the gateway with --learn; no effect where no learner runs).")
 
     @field_validator("conservative")
     @classmethod
@@ -111,15 +123,32 @@ class Fallback(Wrapper):
         self.min_samples, self.level = p.min_samples, p.level
         self.tracker = ErrorTracker(p.window, levels=(p.level,))
         self.delegate(self.inner, (self.inner, self.conservative))
-        self.mode = PREDICTIVE
+        self.mode = PREDICTIVE  # in force: CONSERVATIVE if the tracker or the alarm says so
+        self.tracked = PREDICTIVE  # what the tracker's hysteresis rule says
+        self.alarm = False  # the drift alarm, as last read
+        self._alarm_of = None  # EngineInfo.drift_alarm (attach)
+        self._now = 0.0  # time of the last notification
         self.switches: list[tuple[int, float, str]] = []
+
+    def attach(self, engine):
+        super().attach(engine)
+        self._alarm_of = engine.drift_alarm if self.params.drift_alarm else None
 
     def new_queue(self):
         return Policy.new_queue(self)
 
     @property
     def epoch(self):  # type: ignore[override]
+        self._read_alarm()  # the queue reads epoch before each decision
         return (len(self.switches), self.inner.epoch, self.conservative.epoch)
+
+    def _read_alarm(self) -> None:
+        if self._alarm_of is None:
+            return
+        raised = bool(self._alarm_of())
+        if raised != self.alarm:
+            self.alarm = raised
+            self._apply(self._now)
 
     def error(self) -> float:
         t = self.tracker
@@ -135,17 +164,30 @@ class Fallback(Wrapper):
         err = self.error()
         if math.isnan(err):
             return
-        if self.mode == PREDICTIVE and err > self.threshold:
-            self._switch(CONSERVATIVE, now)
-        elif self.mode == CONSERVATIVE and err < self.threshold - self.hysteresis:
-            self._switch(PREDICTIVE, now)
+        if self.tracked == PREDICTIVE and err > self.threshold:
+            self.tracked = CONSERVATIVE
+        elif self.tracked == CONSERVATIVE and err < self.threshold - self.hysteresis:
+            self.tracked = PREDICTIVE
+        self._apply(now)
+
+    def _apply(self, now: float) -> None:
+        want = CONSERVATIVE if self.alarm or self.tracked == CONSERVATIVE else PREDICTIVE
+        if want != self.mode:
+            self._switch(want, now)
 
     def _switch(self, mode: str, now: float) -> None:
         self.mode = mode
         self.active = self.inner if mode == PREDICTIVE else self.conservative
         self.switches.append((self.tracker.total, now, mode))
 
+    def on_arrival(self, seq, now):
+        self._now = now
+        self._read_alarm()
+        super().on_arrival(seq, now)
+
     def on_finish(self, seq, now):
+        self._now = now
+        self._read_alarm()
         if seq.estimate is not None:
             self.tracker.add(seq.estimate, seq.generated)
             self._update_mode(now)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from abc import ABC
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, Sequence
 
 from presched.schedule.params import NoParams, PolicyParams, parse
 
@@ -71,6 +71,10 @@ class EngineInfo:
     max_num_seqs         the most requests that run at once (the gateway: max in-flight)
     max_num_batched_tokens  token budget of one step (None if unknown)
     step_model           a `sim.steptime.StepTimeModel` of this engine (seconds per step), or None
+    drift_alarm          a zero-argument callable: True while the online learner's drift alarm is
+                         raised (`predict.online`; the gateway with `--learn`), read at decisions
+                         (`fallback` falls back while it is); None where no learner runs (the
+                         simulator, the engine plugin)
     """
 
     kv_tokens: int | None = None
@@ -78,6 +82,7 @@ class EngineInfo:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     step_model: Any = None
+    drift_alarm: Callable[[], bool] | None = None
 
 
 class Policy(ABC):

@@ -70,7 +70,10 @@ class GatewayApp:
 
     def __init__(self, cfg: ServeConfig, predictor: Any = None, log: Any = None) -> None:
         self.cfg = cfg
-        self.gw = Gateway(cfg, predicts=predictor is not None)
+        self.learner = predictor if isinstance(predictor, OnlineLearner) else None  # --learn
+        learner = self.learner  # its drift alarm, for the policies (fallback reads it)
+        alarm = None if learner is None else (lambda: learner.alarm.active)
+        self.gw = Gateway(cfg, predicts=predictor is not None, drift_alarm=alarm)
         self.tenants = Tenants(cfg.tenants)
         self.count, self.count_how = counter(cfg.tokenizer)
         # prefix-aware routers read each prompt's block hashes (the simulator's chain hash)
@@ -79,7 +82,6 @@ class GatewayApp:
         self.predict = PredictBatcher(predictor, self.worker) if predictor is not None else None
         self.log = log
         self.metrics = GatewayMetrics(self.gw, self.predict)
-        self.learner = predictor if isinstance(predictor, OnlineLearner) else None  # --learn
         if self.learner is not None:
             self.metrics.registry.register(LearnCollector(self.learner))
         self.client: httpx.AsyncClient | None = None  # health checks and model discovery

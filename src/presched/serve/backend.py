@@ -14,6 +14,8 @@ here), and holds the backend down for `health_interval_s * 2**(strikes - 1)` sec
 
 from __future__ import annotations
 
+from typing import Callable
+
 from presched.schedule.interface import EngineInfo, Policy
 from presched.serve.config import BackendConfig
 from presched.serve.seq import GatewaySeq
@@ -22,7 +24,9 @@ MAX_HOLD_S = 300.0  # longest a failing backend is held down before a health che
 
 
 class Backend:
-    def __init__(self, index: int, cfg: BackendConfig, policy: Policy) -> None:
+    def __init__(self, index: int, cfg: BackendConfig, policy: Policy,
+                 drift_alarm: Callable[[], bool] | None = None) -> None:  # fmt: skip
+        """`drift_alarm`: reads the online learner's drift alarm (`--learn`), for the policy."""
         self.index = index
         self.cfg = cfg
         self.url = cfg.url
@@ -30,7 +34,7 @@ class Backend:
         self.model = cfg.model
         self.max_in_flight = cfg.max_in_flight
         self.policy = policy
-        self.engine = EngineInfo(kv_tokens=cfg.kv_tokens, max_num_seqs=cfg.max_in_flight)
+        self.engine = EngineInfo(kv_tokens=cfg.kv_tokens, max_num_seqs=cfg.max_in_flight, drift_alarm=drift_alarm)
         policy.attach(self.engine)
         self.queue = policy.new_queue()
         self.running: list[GatewaySeq] = []

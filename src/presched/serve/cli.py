@@ -3,6 +3,7 @@
     presched serve --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 \
                    --policy sjf --predictor model.npz --max-in-flight 16
     presched serve -c serve.yaml --set mode=passthrough
+    presched learn --from-log records.sqlite --state learn-state --predictor model.npz
 """
 
 from __future__ import annotations
@@ -127,3 +128,65 @@ def gateway_server(app, cfg: ServeConfig):
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=cfg.drain_timeout_s + 5)  # fmt: skip
     return _Server(config)
+
+
+def learn(
+    from_log: Path = typer.Option(..., "--from-log", help="A request log in the gateway's schema: the gateway's log.path, or the engine plugin's records file (its `records` option; `python -m presched.engine.launch --records FILE`). Read-only; may be written meanwhile."),
+    state: Path = typer.Option(..., "--state", help="The learner's state folder (a gateway's learn.state_dir reads it): resumed when it holds a learner, saved after each pass, with the last row learned (log-position.json)."),
+    predictor: Optional[Path] = typer.Option(None, "--predictor", "-m", help="The model to start from (a file from `presched train`) when --state holds no learner yet."),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="FIELD=VALUE", help="Set a learn: field (OnlineConfig; `presched config` lists them), e.g. --set refit_every=1000."),
+    follow: Optional[float] = typer.Option(None, "--follow", metavar="SECONDS", help="Keep reading the rows appended to the log, every SECONDS, until interrupted (Ctrl-C; each pass is saved as it ends)."),
+) -> None:
+    """Teach the online learner from a request log (the engine plugin's records or the
+    gateway's log): recalibration, drift alarm and refits, as `presched serve --learn` does live;
+    the rows learned are remembered in --state, so each run reads only what was appended."""
+    import time
+
+    from rich.console import Console
+
+    from presched.config import UserError, apply_overrides, format_validation_error
+    from presched.predict.online import OnlineConfig, OnlineLearner
+    from presched.serve.learn_log import feed, read_position, write_position
+    from presched.serve.log_format import LogFileError
+
+    data = apply_overrides({"enabled": True}, {}, set_, "refit_every=1000")
+    try:
+        cfg = OnlineConfig.model_validate({**data, "state_dir": str(state)})
+    except ValidationError as e:
+        raise UserError("invalid learn settings:\n" + format_validation_error(e, "learn")) from None
+    if follow is not None and not follow > 0:
+        raise UserError(f"--follow: expected a number of seconds > 0, got {follow}")
+    anchor = []
+    if cfg.anchor_data is not None:
+        from presched.workload.loaders.generic import load_generic
+
+        anchor = load_generic(cfg.anchor_data)
+    learner = OnlineLearner.resume(str(state), cfg, anchor, background=False)
+    if learner is None:
+        if predictor is None:
+            raise UserError(f"--predictor: {state} holds no learner yet; give the model to start from")
+        from presched.predict.base import ModelFileError, load_predictor
+
+        try:
+            learner = OnlineLearner(load_predictor(predictor), cfg, anchor, background=False)
+        except (ModelFileError, FileNotFoundError, ValueError) as e:
+            raise UserError(f"--predictor: {e}") from None
+    out = Console()
+    after = read_position(state, from_log)
+    try:
+        while True:
+            try:
+                after, counts = feed(learner, from_log, after)
+            except LogFileError as e:
+                raise UserError(f"--from-log: {e}") from None
+            learner.save(str(state))
+            write_position(state, from_log, after)
+            s = learner.status()
+            out.print(f"{sum(counts.values()):,} new rows ({', '.join(f'{k} {n:,}' for k, n in counts.items() if n) or 'none'}); "
+                      f"predictor version {s['predictor_version']}, drift alarm {'RAISED' if s['drift_alarm'] else 'off'} "
+                      f"({s['drift_alarms']} raised so far); state saved in {state}", highlight=False)  # fmt: skip
+            if follow is None:
+                break
+            time.sleep(follow)
+    except KeyboardInterrupt:  # the state and position of the last whole pass are saved
+        return

@@ -52,8 +52,11 @@ _log = logging.getLogger("presched.serve")
 
 class Gateway:
     def __init__(self, cfg: ServeConfig, predicts: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-        """`predicts`: whether requests come with length estimates (a predictor is loaded)."""
+                 clock: Callable[[], float] = time.monotonic,
+                 drift_alarm: Callable[[], bool] | None = None) -> None:  # fmt: skip
+        """`predicts`: whether requests come with length estimates (a predictor is loaded);
+        `drift_alarm`: reads the online learner's drift alarm (`--learn`), given to each
+        backend's policy in its `EngineInfo` (the `fallback` policy reads it)."""
         self.cfg = cfg
         self.clock = clock
         self._t0 = clock()
@@ -61,11 +64,12 @@ class Gateway:
         if cfg.policy == "vtc" and cfg.tenants and "weights" not in params:
             params["weights"] = {t.name: t.weight for t in cfg.tenants}
         self._params = params
+        self._drift_alarm = drift_alarm
         self.backends = []
         for i, b in enumerate(cfg.backends):
             policy = self._new_policy()
             try:
-                self.backends.append(Backend(i, b, policy))
+                self.backends.append(Backend(i, b, policy, drift_alarm))
             except ValueError as e:  # what the policy needs of the engine (e.g. kv_tokens)
                 raise ValueError(attach_error(i, e)) from None
         try:

@@ -1,0 +1,115 @@
+"""Teaching an `OnlineLearner` from a request log: the gateway's (`log.path`) or the engine
+plugin's per-request records (`engine/plugin/records.py`, the same schema).
+
+    presched learn --from-log records.sqlite --state DIR [--predictor model.npz] [--follow 5]
+    last, counts = feed(learner, "records.sqlite", after=0)   # rows with rowid > after, in order
+
+`feed` reads the rows appended after `after` (SQLite rowids: the order rows were written, which
+for the engine's records is the order requests were freed), read-only, while the writer goes on
+(WAL). Each row teaches what the gateway's live path teaches (`serve/learn.py`): status 200 with
+an output length is a label (`ok`), or a lower bound when a length limit cut it (`is_censored`:
+`length`); status 499 (`cancelled`) and any other status (`failed`) teach nothing. The learner
+predicts each row's request (in batches, again after a refit) just before it observes it: the model scored is the
+learner's own, not whatever predicted the request in the engine (the records' `pred_*` columns
+are left alone), so the recalibration and the drift alarm measure the learner's model on the
+engine's answers. The rate caps run on the rows' own clock (`ts`). Rows without prompt text
+(the plugin's `store_prompts` off) still recalibrate and move the alarm, but never join the
+refit buffer (the learner refits on rows with prompt text only).
+
+The position (the last rowid learned, and the log's path) is kept beside the learner's state in
+`log-position.json`, written after the state (a crash in between learns those rows again).
+What reads the state: a gateway with `learn.state_dir` set to the same folder resumes the
+learner (recalibration, alarm, refitted model). The engine plugin does not: it loads the `.npz`
+model it was started with and has no learner of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from presched.serve.log_format import TABLE, connect_ro
+from presched.serve.log_read import is_censored
+from presched.workload.request import Request
+
+POSITION = "log-position.json"
+_COLS = "rowid, id, ts, tenant, model, status, prompt_tokens, max_tokens, output_tokens, finish_reason, prompt"
+
+
+def row_status(status: Any, output_tokens: int | None, finish_reason: str | None, max_tokens: int | None) -> str:
+    """What a log row teaches: ok / length (censored) / cancelled / failed."""
+    if status == 200 and output_tokens is not None and output_tokens >= 1:
+        return "length" if is_censored(finish_reason, output_tokens, max_tokens) else "ok"
+    return "cancelled" if status == 499 else "failed"
+
+
+def _int(v: Any) -> int | None:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def feed(learner: Any, path: str | Path, after: int = 0, batch: int = 256) -> tuple[int, dict[str, int]]:
+    """Teach `learner` the rows of the log at `path` with rowid > `after`; returns (the last
+    rowid read, rows by what they taught: ok / length / cancelled / failed / skipped)."""
+    conn, path = connect_ro(path)
+    try:
+        cur = conn.execute(f"SELECT {_COLS} FROM {TABLE} WHERE rowid > ? ORDER BY rowid", (after,))
+        counts = {"ok": 0, "length": 0, "cancelled": 0, "failed": 0, "skipped": 0}
+        while rows := cur.fetchmany(batch):  # bounded memory on a large file
+            after = rows[-1][0]
+            _teach(learner, rows, counts)
+    finally:
+        conn.close()
+    return after, counts
+
+
+def _teach(learner: Any, rows: list[tuple], counts: dict[str, int]) -> None:
+    chunk, reqs = [], []
+    for _rowid, rid, ts, tenant, model, status, p_tok, max_tok, o_tok, finish, prompt in rows:
+        o_tok, p_tok, max_tok = _int(o_tok), _int(p_tok), _int(max_tok)
+        kind = row_status(status, o_tok, finish, max_tok)
+        now = float(ts) if isinstance(ts, (int, float)) and math.isfinite(ts) else None
+        if kind in ("ok", "length") and (p_tok is None or p_tok < 1):
+            counts["skipped"] += 1  # no prompt length: nothing to predict from
+            continue
+        req = Request(id=str(rid), prompt_tokens=max(p_tok or 1, 1), model=model or "", tenant=tenant or "default",
+                      prompt=prompt if isinstance(prompt, str) else None,
+                      max_tokens=max_tok if max_tok and max_tok > 0 else None)  # fmt: skip
+        chunk.append((req, kind, o_tok, now))
+        if kind in ("ok", "length"):
+            reqs.append(req)
+    version = learner.version
+    if reqs:
+        learner.predict(reqs)  # remembered by id until observed
+    for i, (req, kind, o_tok, now) in enumerate(chunk):
+        counts[kind] += 1
+        learner.observe(req, o_tok if kind in ("ok", "length") else None, status=kind, now=now)
+        if learner.version != version:  # a refit was swapped in: predict the rest with it
+            version = learner.version
+            rest = [r for r, k, _, _ in chunk[i + 1:] if k in ("ok", "length")]
+            if rest:
+                learner.predict(rest)
+
+
+def read_position(state: str | Path, log: str | Path) -> int:
+    """The last rowid learned from `log` (0 if none, or if the position is of another log)."""
+    p = Path(state) / POSITION
+    if not p.exists():
+        return 0
+    pos = json.loads(p.read_text(encoding="utf-8"))
+    return int(pos["rowid"]) if pos.get("log") == str(Path(log).resolve()) else 0
+
+
+def write_position(state: str | Path, log: str | Path, rowid: int) -> None:
+    folder = Path(state)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".tmp-{POSITION}"
+    tmp.write_text(json.dumps({"log": str(Path(log).resolve()), "rowid": rowid}), encoding="utf-8")
+    os.replace(tmp, folder / POSITION)

@@ -1,0 +1,111 @@
+"""The learner fed from the engine plugin's per-request records (`presched learn --from-log`).
+
+The records are written by the plugin's own writer (`RecordWriter`, `record_row`, `EngineSeq`);
+only vLLM's request object is a stand-in (`vreq`, a SimpleNamespace with the attributes
+`EngineSeq` reads: vLLM is not importable in this venv; tests/engine runs the real engine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+
+from presched.engine.plugin.records import RecordWriter, record_row
+from presched.engine.plugin.seq import EngineSeq
+from presched.predict.base import PREDICTORS
+from presched.predict.online import OnlineConfig, OnlineLearner
+from presched.serve.learn_log import feed, read_position, row_status
+from presched.workload.request import Request
+
+LEARN = {"min_group": 20, "refit_every": 40, "min_refit": 30, "holdout": 10}
+
+
+def write_records(path, start, n, ratio, rng, aborted_every=0, capped_every=0, prompts=False):
+    """`n` engine records of requests whose answers are `ratio` x twice their prompt
+    (`prompts`: with the prompt text, as the plugin's store_prompts writes it)."""
+    w = RecordWriter(path)
+    for i in range(start, start + n):
+        p = int(rng.integers(5, 200))
+        out = max(1, round(2 * ratio * p * rng.lognormal(0, 0.2)))
+        status, max_tokens = "FINISHED_STOPPED", 10_000
+        if capped_every and i % capped_every == 0:
+            status, max_tokens, out = "FINISHED_LENGTH_CAPPED", 3, 3
+        if aborted_every and i % aborted_every == 1:
+            status = "FINISHED_ABORTED"
+        vreq = SimpleNamespace(request_id=f"e{i}", prompt_token_ids=list(range(p)), max_tokens=max_tokens,
+                               arrival_time=1000.0 + i, num_output_tokens=out, num_preemptions=0,
+                               sampling_params=None)  # fmt: skip
+        seq = EngineSeq(vreq)
+        seq.finish = 1001.0 + i
+        w.write(record_row(seq, status, "m", prompt=" ".join(["w"] * p) if prompts else None))
+    w.close()
+
+
+def trained():
+    rng = np.random.default_rng(7)  # the records' own noise: calibrated on them
+    train = [Request(id=f"t{i}", prompt_tokens=p, output_tokens=max(1, round(2 * p * rng.lognormal(0, 0.2))), model="m")
+             for i, p in enumerate(rng.integers(5, 200, 400).tolist())]  # fmt: skip
+    return PREDICTORS.create("linear-prompt").fit(train)
+
+
+def test_engine_records_teach_the_learner_and_raise_its_alarm(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "records.sqlite"
+    write_records(path, 0, 60, 1.0, rng, aborted_every=10, capped_every=15, prompts=True)  # as trained
+    learner = OnlineLearner(trained(), OnlineConfig(enabled=True, tenant_rate=1e9, **LEARN), background=False)
+    last, counts = feed(learner, path)
+    assert last == 60 and counts == {"ok": 50, "length": 4, "cancelled": 6, "failed": 0, "skipped": 0}
+    assert learner.counts["learned"] == 50 and learner.counts["censored"] == 4 and learner.counts["ignored"] == 6
+    assert learner.counts["refits"] >= 1 and len(learner.buffer) == 50 and not learner.alarm.active
+    assert learner.counts["stale"] == 0  # rows after a refit are predicted by the new model
+    seen = learner.alarm.count
+    # the engine's answers turn 5x longer: appended rows raise the alarm, and only they are read
+    write_records(path, 60, 30, 5.0, rng)
+    last, counts = feed(learner, path, after=last)
+    assert last == 90 and counts["ok"] == 30 and learner.counts["learned"] == 80
+    assert len(learner.buffer) == 50  # rows without prompt text recalibrate, never refit
+    assert learner.alarm.alarms and learner.alarm.alarms[0] > seen  # raised by the new rows
+    w = RecordWriter(path)  # a row without a prompt length, and one failed
+    w.write({"id": "np", "ts": 2000.0, "status": 200, "output_tokens": 5, "finish_reason": "stop"})
+    w.write({"id": "f", "ts": 2001.0, "status": 500, "prompt_tokens": 4})
+    w.close()
+    assert feed(learner, path, after=last, batch=1) == (92, {"ok": 0, "length": 0, "cancelled": 0, "failed": 1, "skipped": 1})
+
+
+def test_row_status_maps_what_a_row_teaches():
+    assert row_status(200, 12, "stop", 100) == "ok"
+    assert row_status(200, 100, "length", 100) == "length"
+    assert row_status(200, 100, None, 100) == "length"  # unknown reason at the cap: censored
+    assert row_status(499, 7, "abort", 100) == "cancelled"
+    assert row_status(500, None, None, None) == "failed"
+    assert row_status(200, None, "stop", 100) == "failed"  # no usage: nothing to learn
+
+
+def test_presched_learn_resumes_and_reads_only_new_rows(tmp_path):
+    rng = np.random.default_rng(1)
+    path, state, model = tmp_path / "records.sqlite", tmp_path / "state", tmp_path / "model.npz"
+    trained().save(model)
+    write_records(path, 0, 40, 1.0, rng)
+
+    def learn(*args):
+        return subprocess.run([sys.executable, "-m", "presched.cli", "learn", "--from-log", str(path),
+                               "--state", str(state), "--set", "refit_every=0", *args],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    r = learn()
+    assert r.returncode == 2 and "--predictor" in r.stderr and "Traceback" not in r.stderr
+    r = learn("--predictor", str(model))
+    assert r.returncode == 0, r.stderr
+    assert "40 new rows (ok 40)" in r.stdout
+    write_records(path, 40, 10, 1.0, rng)
+    r = learn()  # resumed from --state: no --predictor needed, only the 10 new rows read
+    assert r.returncode == 0, r.stderr
+    assert "10 new rows (ok 10)" in r.stdout
+    back = OnlineLearner.resume(str(state), OnlineConfig(enabled=True), background=False)
+    assert back.counts["learned"] == 50 and read_position(state, path) == 50
+    assert json.loads((state / "log-position.json").read_text())["rowid"] == 50
+    r = learn("--set", "alarm_h=-1")
+    assert r.returncode == 2 and "learn.alarm_h" in r.stderr and "Traceback" not in r.stderr
