@@ -235,6 +235,9 @@ def default_batches(max_num_seqs: int) -> list[int]:
     return out + [max_num_seqs]
 
 
+PROBE_TRIES = 3  # a spoiled mixed probe (a decoder ended inside its window) is retried
+
+
 async def calibrate_async(
     url: str,
     model: str,
@@ -292,10 +295,13 @@ async def calibrate_async(
                     probes.append(await _decode_probe(e, plan[1], plan[2], decode_tokens))
                 else:
                     dec = max_num_seqs - 1 if plan[0] == "mixed" else 0
-                    # decoders run long enough to cover the probe (its prefill + HTTP)
-                    p = await _prefill_probe(e, plan[1], dec, 32, 96 + plan[1] // 8)
-                    if p is not None:
-                        probes.append(p)
+                    # decoders run long enough to cover the probe (its prefill + HTTP); on a busy
+                    # machine one may still finish inside it: tried again with twice as long
+                    for attempt in range(PROBE_TRIES):
+                        p = await _prefill_probe(e, plan[1], dec, 32, (96 + plan[1] // 8) << attempt)
+                        if p is not None:
+                            probes.append(p)
+                            break
                 done += 1
                 if progress is not None:
                     progress(done, total)
