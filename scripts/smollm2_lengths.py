@@ -193,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                 n_cap += sum(caps)
             f.flush()
             bar.update(task, advance=len(chunk), rate=f"{n_tok / t_gen:.0f} tok/s")
+            if not bar.console.is_terminal:  # logs: one line per batch
+                print(f"{i + len(chunk)}/{len(todo)} prompts, {n_tok} tokens, {n_tok / t_gen:.1f} tok/s", flush=True)
     per_prompt = t_gen / len(todo)
     print(f"figure: gen_tok_per_s = {n_tok / t_gen:.1f}")
     print(f"figure: mean_length = {n_tok / n_ans:.1f}")
