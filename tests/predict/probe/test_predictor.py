@@ -110,3 +110,11 @@ def test_bad_params_and_unfitted_use_are_clear_errors():
         PREDICTORS.create("probe").predict_features(np.zeros((1, D)))
     with pytest.raises(ModelFileError):
         load_predictor("/nonexistent/probe.npz")
+
+
+def test_hidden_state_predictors_are_registered_but_not_in_the_default_eval_list():
+    from presched.predict.evaluate import available_predictors
+
+    assert {"probe", "egtp"} <= set(PREDICTORS.names())
+    names = available_predictors()
+    assert "text-gbm" in names and "probe" not in names and "egtp" not in names
