@@ -27,7 +27,9 @@ Speed measured here (2 cores shared with ~6 other jobs, load average 9-12, this 
 enforce_eager, default 64 in flight) generated 17,346 tokens in 1,400 s = 12.4 tok/s wall (the
 vLLM worker got ~0.54 of a core: 12.4 CPU-min, ~23 tok per CPU-second); mean length 271,
 capped fraction 0.297 at 512. The transformers backend (`--limit 4 --batch 4 --backend hf`,
-16 sequences, one thread) ran alongside it and had not finished its one batch after 13 min (HF generate pads every sequence of a batch to the longest, here the 512 cap). Projected for 1,500 prompts x 4 answers with
+16 sequences, one thread) ran alongside it (same load; vLLM ended 2 min before it): 1,851 tokens in ~840 s = 2.2 tok/s wall, 4.9 CPU-min = ~6
+tok per CPU-second (it steps every sequence of a batch until the longest stops). vLLM is the
+faster one: ~5.6x in tok/s, ~3.7x per CPU-second (different batch sizes; one run each). Projected for 1,500 prompts x 4 answers with
 vLLM: 36 h at this load (1,500/16 x 1,400 s); ~10 h with two free cores if the ~23 tok/CPU-s
 holds (not measured on a quiet machine). Either way: run it on a quiet or bigger machine, resumed
 from the cache (`--limit 1500`); the 16-prompt result is benchmarks/results/smollm2_lengths.jsonl.
