@@ -81,3 +81,19 @@ def test_real_smollm2_features_shapes_and_the_sink_token_left_out(smollm2):
 def test_featurizer_refuses_a_layer_the_model_does_not_have(smollm2):
     with pytest.raises(ValueError, match="layer: 30 is not in 0..29"):
         PromptFeaturizer(smollm2.model_dir, layer=30)
+
+
+def test_probe_with_a_model_dir_computes_missing_vectors_with_the_featurizer(smollm2):
+    from presched.predict import PREDICTORS
+    from presched.workload.request import Request
+
+    texts = ["Say hi.", "Name a colour.", "Explain relativity in depth.", "Write a poem about rain.",
+             "List three fruits.", "Describe a cat."]
+    reqs = [Request(id=str(i), prompt_tokens=5, prompt=t, output_tokens=10 + 40 * i) for i, t in enumerate(texts)]
+    pred = PREDICTORS.create("egtp", model_dir=str(smollm2.model_dir), model="smollm2-135m")
+    pred._featurizer = smollm2  # the module's loaded model (the same folder, layer and sink)
+    pred.fit(reqs[:4], validation=reqs[4:])
+    assert pred.spec.key() == "hidden:smollm2-135m:L15:egtp:s1" and pred.spec.hidden == 576
+    attached = [Request(id="a", prompt_tokens=5, prompt="Describe a cat.",
+                        metadata={pred.spec.key(): smollm2.encode(["Describe a cat."])["egtp"][0]})]
+    np.testing.assert_allclose(pred.predict(attached).point, pred.predict(reqs[5:]).point, rtol=1e-6)

@@ -66,7 +66,7 @@ class HiddenStateProbe(Predictor):
         """(n, d) vectors of `requests`: attached ones (metadata[key]), the rest computed by the
         featurizer on `model_dir`; ValueError naming the request and key when neither exists."""
         p = self.params
-        key = self.wanted_spec(self.spec.hidden if self.spec else 1).key()
+        key = (self.spec or self.wanted_spec(hidden=1)).key()  # the key leaves out the width
         rows: list[np.ndarray | None] = [r.metadata.get(key) for r in requests]
         missing = [i for i, v in enumerate(rows) if v is None]
         if missing:
@@ -78,8 +78,7 @@ class HiddenStateProbe(Predictor):
                                  + f"; attach them or set {self.name}'s model_dir")  # fmt: skip
             for i, v in zip(missing, self._compute([requests[i] for i in missing])):
                 rows[i] = v
-        X = np.asarray(np.stack([np.asarray(v, dtype=float).reshape(-1) for v in rows]), dtype=float)
-        return X
+        return np.stack([np.asarray(v, dtype=float).reshape(-1) for v in rows])
 
     def _compute(self, requests: Sequence[Request]) -> np.ndarray:
         from presched.predict.probe.features import PromptFeaturizer
