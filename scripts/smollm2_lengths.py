@@ -32,7 +32,9 @@ tok per CPU-second (it steps every sequence of a batch until the longest stops).
 faster one: ~5.6x in tok/s, ~3.7x per CPU-second (different batch sizes; one run each). Projected for 1,500 prompts x 4 answers with
 vLLM: 36 h at this load (1,500/16 x 1,400 s); ~10 h with two free cores if the ~23 tok/CPU-s
 holds (not measured on a quiet machine). Either way: run it on a quiet or bigger machine, resumed
-from the cache (`--limit 1500`); the 16-prompt result is benchmarks/results/smollm2_lengths.jsonl.
+from the cache (`--limit 1500`). A resumed `--limit 20 --batch 4` run (4 new prompts, load 4-6)
+made 21.3 tok/s. The 20-prompt result (80 answers, 32.5 % capped) is
+benchmarks/results/smollm2_lengths.jsonl.
 """
 
 from __future__ import annotations
