@@ -1,0 +1,184 @@
+"""`probe` and `egtp`: output length from the serving model's own pooled prompt state.
+
+    pred = PREDICTORS.create("probe", model="smollm2-135m", layer=15)
+    pred.fit(train_requests, validation=calib_requests)   # features: Request.metadata[spec.key()]
+    est = pred.predict(requests)                          # LengthEstimate, like every predictor
+    pred.fit_features(X, y, X_cal, y_cal)                 # or straight from arrays
+    est = pred.predict_features(X, spec)                  # refused when spec differs from the fit
+
+`probe` reads the mean-pooled residual stream at `layer` (sink tokens left out: TRAIL's
+step-0 embedding); `egtp` reads the entropy-weighted pool (EGTP). Both come from
+`features.PromptFeaturizer` (transformers) or, in the engine, from the worker hook, which attach
+the vector to `Request.metadata[FeatureSpec.key()]`. With `model_dir` set, missing vectors are
+computed by a `PromptFeaturizer` on that folder (needs torch).
+
+Head (numpy only): standardised features -> ridge regression on log length (mu), a second
+ridge on the absolute in-sample residual (sigma, floored), then split-conformal normalised
+quantiles on the calibration set (`validation`, else a prompt-disjoint `calib_frac`), as in
+text-gbm. `point` = calibrated median, `rank_score` = mu. A saved probe stores its
+`FeatureSpec`; features of another model, layer, pooling or sink are refused with the fields named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from presched.predict.base import PREDICTORS, Predictor, checked_params
+from presched.predict.conformal import ConformalQuantiles
+from presched.predict.estimate import LEVELS, LengthEstimate
+from presched.predict.probe.spec import FeatureSpec
+from presched.predict.text_gbm import fit_and_calibration
+from presched.workload.request import Request
+
+DEFAULTS: dict[str, Any] = {"model": "smollm2-135m", "layer": 15, "sink": 1, "alpha": 10.0,
+                            "sigma_floor": 0.05, "calib_frac": 0.2, "seed": 0, "model_dir": None}  # fmt: skip
+_MED = LEVELS.index(0.5)
+
+
+def ridge(X: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
+    """(w, b) minimising |y - Xw - b|^2 + alpha |w|^2 (intercept unpenalised)."""
+    xm, ym = X.mean(0), y.mean()
+    Xc = X - xm
+    w = np.linalg.solve(Xc.T @ Xc + alpha * np.eye(X.shape[1]), Xc.T @ (y - ym))
+    return w, float(ym - xm @ w)
+
+
+class HiddenStateProbe(Predictor):
+    """Shared by `probe` and `egtp`; they differ only in the pooling they read."""
+
+    pooling: str = "mean"
+    needs_hidden_states = True  # left out of `available_predictors` (text-only evaluations)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**checked_params(self.name, DEFAULTS, params, nullable=("model_dir",)))
+        self._featurizer: Any = None
+        self.spec: FeatureSpec | None = None
+
+    def wanted_spec(self, hidden: int) -> FeatureSpec:
+        p = self.params
+        return FeatureSpec(model=p["model"], layer=p["layer"], hidden=hidden, pooling=self.pooling, sink=p["sink"])
+
+    # --- features ---------------------------------------------------------------------------
+    def features(self, requests: Sequence[Request]) -> np.ndarray:
+        """(n, d) vectors of `requests`: attached ones (metadata[key]), the rest computed by the
+        featurizer on `model_dir`; ValueError naming the request and key when neither exists."""
+        p = self.params
+        key = (self.spec or self.wanted_spec(hidden=1)).key()  # the key leaves out the width
+        rows: list[np.ndarray | None] = [r.metadata.get(key) for r in requests]
+        missing = [i for i, v in enumerate(rows) if v is None]
+        if missing:
+            if p["model_dir"] is None:
+                r = requests[missing[0]]
+                other = sorted(k for k in r.metadata if str(k).startswith("hidden:"))
+                raise ValueError(f"request {r.id!r}: no hidden-state features {key!r} in metadata"
+                                 + (f" (it has {other})" if other else "")
+                                 + f"; attach them or set {self.name}'s model_dir")  # fmt: skip
+            for i, v in zip(missing, self._compute([requests[i] for i in missing])):
+                rows[i] = v
+        return np.stack([np.asarray(v, dtype=float).reshape(-1) for v in rows])
+
+    def _compute(self, requests: Sequence[Request]) -> np.ndarray:
+        from presched.predict.probe.features import PromptFeaturizer
+
+        p = self.params
+        if self._featurizer is None:
+            self._featurizer = PromptFeaturizer(p["model_dir"], layer=p["layer"], sink=p["sink"],
+                                                model_name=p["model"])  # fmt: skip
+        for r in requests:
+            if not r.prompt:
+                raise ValueError(f"request {r.id!r}: field 'prompt' is empty; {self.name} needs the text")
+        return self._featurizer.encode([r.prompt for r in requests])[self.pooling]
+
+    # --- fit / predict ----------------------------------------------------------------------
+    def fit(self, requests: Sequence[Request], validation: Sequence[Request] | None = None) -> "HiddenStateProbe":
+        p = self.params
+        reqs, y, cal, y_cal = fit_and_calibration(requests, validation, p["calib_frac"], p["seed"])
+        X, X_cal = self.features(reqs), self.features(cal)
+        return self.fit_features(X, y, X_cal, y_cal)
+
+    def fit_features(self, X: np.ndarray, y: np.ndarray, X_cal: np.ndarray, y_cal: np.ndarray,
+                     spec: FeatureSpec | None = None) -> "HiddenStateProbe":  # fmt: skip
+        """Fit on (features, true length) pairs; `spec` (default: this predictor's params) is stored."""
+        X, X_cal = np.asarray(X, dtype=float), np.asarray(X_cal, dtype=float)
+        y, y_cal = np.asarray(y, dtype=float), np.asarray(y_cal, dtype=float)
+        if X.ndim != 2 or X_cal.ndim != 2 or X.shape[1] != X_cal.shape[1]:
+            raise ValueError(f"features: expected two (n, d) arrays of one d, got {X.shape} and {X_cal.shape}")
+        if len(X) != len(y) or len(X_cal) != len(y_cal) or len(X) < 2 or len(X_cal) < 1:
+            raise ValueError("features and lengths: need >= 2 fit rows, >= 1 calibration row, one length per row")
+        if (y <= 0).any() or (y_cal <= 0).any():
+            raise ValueError("lengths: must be positive token counts")
+        spec = spec or self.wanted_spec(X.shape[1])
+        if spec.hidden != X.shape[1]:
+            raise ValueError(f"features: {X.shape[1]} columns but spec.hidden is {spec.hidden}")
+        self.spec = spec
+        self.x_mean, self.x_std = X.mean(0), X.std(0) + 1e-6
+        Z = (X - self.x_mean) / self.x_std
+        ly = np.log(y)
+        self.w, self.b = ridge(Z, ly, self.params["alpha"])
+        self.sw, self.sb = ridge(Z, np.abs(ly - Z @ self.w - self.b), self.params["alpha"])
+        mu, sigma = self._mu_sigma(X_cal)
+        self.conformal = ConformalQuantiles(LEVELS).fit(np.exp(mu), y_cal, scale=sigma)
+        self.fitted = True
+        return self
+
+    def _mu_sigma(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        Z = (np.asarray(X, dtype=float) - self.x_mean) / self.x_std
+        return Z @ self.w + self.b, np.maximum(Z @ self.sw + self.sb, self.params["sigma_floor"])
+
+    def predict(self, requests: Sequence[Request]) -> LengthEstimate:
+        self.check_fitted()
+        if len(requests) == 0:
+            raise ValueError("requests: empty")
+        return self.predict_features(self.features(requests))
+
+    def predict_features(self, X: np.ndarray, spec: FeatureSpec | None = None) -> LengthEstimate:
+        """Distributions from (n, d) features; `spec` (when the caller knows it) must equal the fit's."""
+        self.check_fitted()
+        assert self.spec is not None
+        if spec is not None:
+            self.spec.check(spec, f"{self.name}")
+        X = np.asarray(X, dtype=float)
+        if X.ndim != 2 or X.shape[1] != self.spec.hidden:
+            raise ValueError(f"features: expected shape (n, {self.spec.hidden}) for {self.spec.key()}, got {X.shape}")
+        mu, sigma = self._mu_sigma(X)
+        q = self.conformal.apply(np.exp(mu), scale=sigma)
+        return LengthEstimate(q, q[:, _MED], mu)
+
+    # --- persistence ------------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, values = self.conformal.state()
+        arrays.update(x_mean=self.x_mean, x_std=self.x_std, w=self.w, sw=self.sw, bias=np.array([self.b, self.sb]))
+        assert self.spec is not None
+        values["spec"] = self.spec.model_dump()
+        return arrays, values
+
+    @classmethod
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray], values: dict[str, Any]) -> "HiddenStateProbe":
+        pred = cls(**params)
+        pred.spec = FeatureSpec.parse(values.get("spec"), f"{cls.name} file")
+        if pred.spec.pooling != cls.pooling:
+            raise ValueError(f"{cls.name} file: its features are {pred.spec.pooling!r}-pooled, not {cls.pooling!r}")
+        pred.conformal = ConformalQuantiles.from_state(arrays, values)
+        pred.x_mean, pred.x_std, pred.w, pred.sw = (arrays[k] for k in ("x_mean", "x_std", "w", "sw"))
+        pred.b, pred.sb = (float(v) for v in arrays["bias"])
+        pred.fitted = True
+        return pred
+
+
+@PREDICTORS.register("probe")
+class Probe(HiddenStateProbe):
+    """TRAIL step 0: the mean-pooled residual stream at a middle layer (sink left out)."""
+
+    name = "probe"
+    pooling = "mean"
+
+
+@PREDICTORS.register("egtp")
+class EGTP(HiddenStateProbe):
+    """EGTP: the residual stream pooled with weights proportional to next-token entropy."""
+
+    name = "egtp"
+    pooling = "egtp"

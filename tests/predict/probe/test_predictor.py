@@ -1,0 +1,120 @@
+"""`probe` / `egtp`: the ridge + conformal head on pooled hidden states (numpy only; the vectors
+here are synthetic with a known log-linear length law, since what is tested is the head, its
+file and its refusals — the real features are tested in test_features.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import kendalltau
+
+from presched.predict import LEVELS, PREDICTORS, ModelFileError, load_predictor
+from presched.predict.probe import FeatureSpec
+from presched.workload.request import Request
+
+D = 16
+
+
+def _data(n, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, D))
+    y = np.exp(4 + 0.8 * X[:, 0] - 0.5 * X[:, 1] + 0.2 * rng.normal(size=n))
+    return X, np.maximum(np.round(y), 1)
+
+
+def _requests(X, y, key, prefix):
+    return [Request(id=f"{prefix}{i}", prompt_tokens=10, output_tokens=int(v), prompt=f"p{prefix}{i}",
+                    metadata={key: x}) for i, (x, v) in enumerate(zip(X, y))]
+
+
+SPEC = FeatureSpec(model="smollm2-135m", layer=15, hidden=D, pooling="mean", sink=1)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    X, y = _data(600, 0)
+    Xc, yc = _data(2000, 1)  # enough calibration rows for coverage within a few points
+    return PREDICTORS.create("probe").fit_features(X, y, Xc, yc)
+
+
+def test_probe_learns_a_log_linear_length_law_with_calibrated_quantiles(fitted):
+    X, y = _data(2000, 2)
+    est = fitted.predict_features(X, SPEC)
+    assert est.quantiles.shape == (2000, len(LEVELS))
+    assert kendalltau(est.rank_score, y).statistic > 0.6
+    cover = (y[:, None] <= est.quantiles).mean(0)
+    assert np.abs(cover[:9] - np.array(LEVELS[:9])).max() < 0.05
+
+
+def test_fit_and_predict_from_requests_read_the_attached_vectors():
+    X, y = _data(300, 3)
+    Xc, yc = _data(100, 4)
+    key = SPEC.key()
+    pred = PREDICTORS.create("probe").fit(_requests(X, y, key, "a"), validation=_requests(Xc, yc, key, "b"))
+    Xt, yt = _data(50, 5)
+    reqs = _requests(Xt, yt, key, "t")
+    np.testing.assert_allclose(pred.predict(reqs).point, pred.predict_features(Xt).point)
+
+
+def test_save_load_round_trip_gives_the_same_estimates(fitted, tmp_path):
+    X, _ = _data(40, 6)
+    path = fitted.save(tmp_path / "probe.npz")
+    back = load_predictor(path)
+    assert type(back).__name__ == "Probe" and back.spec == fitted.spec
+    a, b = fitted.predict_features(X), back.predict_features(X, SPEC)
+    np.testing.assert_array_equal(a.quantiles, b.quantiles)
+    np.testing.assert_array_equal(a.rank_score, b.rank_score)
+
+
+@pytest.mark.parametrize("change, field", [({"layer": 20}, "layer"), ({"model": "gemma-3-270m"}, "model"),
+                                           ({"pooling": "egtp"}, "pooling"), ({"sink": 0}, "sink")])
+def test_a_loaded_probe_refuses_features_of_another_model_or_layer(fitted, tmp_path, change, field):
+    back = load_predictor(fitted.save(tmp_path / "probe.npz"))
+    other = SPEC.model_copy(update=change)
+    with pytest.raises(ValueError, match=f"other hidden states.*{field}: fitted on"):
+        back.predict_features(_data(3, 7)[0], other)
+
+
+def test_requests_carrying_another_layers_vectors_are_refused_naming_both_keys(fitted):
+    other = SPEC.model_copy(update={"layer": 20}).key()
+    reqs = _requests(*_data(2, 8), other, "o")
+    with pytest.raises(ValueError, match=r"no hidden-state features 'hidden:smollm2-135m:L15:mean:s1'.*L20"):
+        fitted.predict(reqs)
+
+
+def test_wrong_width_and_a_file_of_the_other_pooling_are_refused(fitted, tmp_path):
+    with pytest.raises(ValueError, match=f"expected shape \\(n, {D}\\)"):
+        fitted.predict_features(np.zeros((2, D + 1)))
+    path = fitted.save(tmp_path / "p.npz")
+    with np.load(path) as z:  # relabel the file as an egtp probe: its stored spec says mean
+        arrays = dict(z)
+    import json
+
+    head = json.loads(str(arrays.pop("__header__")))
+    head["predictor"] = "egtp"
+    np.savez(tmp_path / "e.npz", __header__=np.array(json.dumps(head)), **arrays)
+    with pytest.raises(ValueError, match="'mean'-pooled, not 'egtp'"):
+        load_predictor(tmp_path / "e.npz")
+
+
+def test_egtp_is_registered_and_reads_its_own_key():
+    X, y = _data(200, 9)
+    pred = PREDICTORS.create("egtp", layer=12).fit_features(X, y, *_data(100, 10))
+    assert pred.spec.key() == "hidden:smollm2-135m:L12:egtp:s1"
+
+
+def test_bad_params_and_unfitted_use_are_clear_errors():
+    with pytest.raises(ValueError, match="parameter 'layer' must be an integer"):
+        PREDICTORS.create("probe", layer="mid")
+    with pytest.raises(ValueError, match="fit"):
+        PREDICTORS.create("probe").predict_features(np.zeros((1, D)))
+    with pytest.raises(ModelFileError):
+        load_predictor("/nonexistent/probe.npz")
+
+
+def test_hidden_state_predictors_are_registered_but_not_in_the_default_eval_list():
+    from presched.predict.evaluate import available_predictors
+
+    assert {"probe", "egtp"} <= set(PREDICTORS.names())
+    names = available_predictors()
+    assert "text-gbm" in names and "probe" not in names and "egtp" not in names
