@@ -89,7 +89,9 @@ def test_gateway_headers_give_queue_wait_and_backend(asgi_server):
         return h
 
     url = asgi_server(Recorder(StubEngine().app(), headers))
-    res = run_replay(make_reqs([2, 2, 2, 2], gap_s=0.02), ReplayConfig(url=url, model="stub"))
+    # one at a time: the k-th request the server receives is request k (20 ms apart, two could
+    # reach a busy server in either order, and the headers follow the order received)
+    res = run_replay(make_reqs([2, 2, 2, 2], gap_s=0.02), ReplayConfig(url=url, model="stub", max_concurrency=1))
     assert [r["instance"] for r in res.rows] == [0, 1, 0, 1]
     waits = [r["queue_wait_s"] for r in res.rows]
     assert waits[0] == pytest.approx(0.01) and waits[2] == pytest.approx(0.03)
