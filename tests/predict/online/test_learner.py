@@ -87,7 +87,9 @@ class RecordingMedian(type(PREDICTORS.create("model-median"))):
 def test_refit_runs_in_the_background_and_swaps_the_version():
     b = RecordingMedian().fit(reqs(300, 100, start=10**6))
     RecordingMedian.threads.clear()
-    learner = OnlineLearner(b, OnlineConfig(enabled=True, refit_every=400, min_refit=300, holdout=100,
+    # the refit starts at the stream's last completion (min_refit = 400): none of the stream's
+    # completions can race a refit that finishes while they are still being observed
+    learner = OnlineLearner(b, OnlineConfig(enabled=True, refit_every=400, min_refit=400, holdout=100,
                                             tenant_rate=1e9, tenant_burst=10**9, anchor_rows=0))  # fmt: skip
     stream = reqs(400, 1000)
     learner.predict(stream)
