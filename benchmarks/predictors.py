@@ -55,8 +55,8 @@ from presched.predict.evaluate import (
     castillo_view,
     discover_predictors,  # fmt: skip
     evaluate,
-    headline_figures,
 )
+from presched.predict.figures import headline_figures
 from presched.predict.loso import evaluate_loso, loso_figures, loso_splits, merge
 from presched.predict.report import markdown_table, render_table, write_all
 

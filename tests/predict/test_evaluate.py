@@ -15,13 +15,12 @@ from presched.predict.evaluate import (
     HELD_OUT_MODELS,
     Evaluation,
     castillo_view,
-    cross_model_tau_drop,
     evaluate,
     generic_split,
     group_split,
-    headline_figures,  # fmt: skip
     subsample,
 )
+from presched.predict.figures import cross_model_tau_drop, headline_figures
 from presched.workload.request import Request
 
 

@@ -41,7 +41,8 @@ from presched.schedule.registry import POLICIES
 from presched.schedule.routers import ROUTERS
 from presched.serve.backend import Backend
 from presched.serve.config import ServeConfig
-from presched.serve.errors import GatewayError, PolicyError
+from presched.serve.errors import GatewayError
+from presched.serve.faults import PolicyFaults
 from presched.serve.probe import attach_error, check_policy
 from presched.serve.seq import GatewaySeq
 from presched.serve.tenants import QueueShares
@@ -50,7 +51,7 @@ from presched.workload.request import Request
 _log = logging.getLogger("presched.serve")
 
 
-class Gateway:
+class Gateway(PolicyFaults):
     def __init__(self, cfg: ServeConfig, predicts: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  drift_alarm: Callable[[], bool] | None = None) -> None:  # fmt: skip
@@ -321,33 +322,6 @@ class Gateway:
     def _remove(self, b: Backend, seq: GatewaySeq) -> None:
         b.queue.remove(seq)
         self.shares.sub(seq.tenant)
-
-    # --- policy errors ----------------------------------------------------------------------
-    def _policy_error(self, b: Backend, seq: GatewaySeq | None, hook: str, e: Exception) -> None:
-        self.policy_errors += 1
-        _log.warning("policy %r failed in %s on backend %s (request %s): %s: %s", b.policy.name,
-                     hook, b.name, seq.id if seq is not None else "-", type(e).__name__, e)  # fmt: skip
-
-    def _fault(self, b: Backend, seq: GatewaySeq, hook: str, e: Exception) -> None:
-        """A hook raised for `seq`, not yet released: it leaves `b` and its `wait` raises."""
-        self._policy_error(b, seq, hook, e)
-        if seq in b.queue:
-            self._remove(b, seq)
-        if seq in b.running:
-            b.running.remove(seq)
-        self._cancelled(b, seq, self.now())
-        if seq.released is not None and not seq.released.done():
-            seq.released.set_exception(PolicyError(b.policy.name, hook, e))
-
-    def _fault_queue(self, b: Backend, e: Exception) -> None:
-        """The queue of `b` failed (not attributable to one request): every request waiting
-        there is failed, and `b` gets a fresh queue."""
-        waiting = list(b.queue)
-        b.queue = b.policy.new_queue()
-        for s in waiting:
-            self.shares.sub(s.tenant)
-        for s in waiting:
-            self._fault(b, s, "the waiting queue", e)
 
     def _route_done(self, seq: GatewaySeq, finished: bool) -> None:
         """The router hears `on_finish` (completed) or `on_cancel` (left unfinished)."""
