@@ -15,7 +15,6 @@ endpoints come and go (`set_endpoints`: a removed one is retired, never picked a
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +25,7 @@ from presched.serve.errors import GatewayError
 from presched.serve.gateway import Gateway
 from presched.serve.outcome import Outcome, log_row
 from presched.serve.predictions import PredictBatcher, Worker
-from presched.serve.request_body import Done, parse_body
+from presched.serve.request_body import Done, new_request, parse_body
 from presched.serve.seq import GatewaySeq
 from presched.serve.tokens import counter
 from presched.workload.request import Request
@@ -181,16 +180,11 @@ class Picker:
         if n_prompt > self.cfg.max_prompt_tokens:
             raise Refusal(413, f"prompt: {n_prompt} tokens exceed the limit of {self.cfg.max_prompt_tokens}",
                           param="prompt")  # fmt: skip
-        max_tokens = body.get("max_tokens")
-        if chat and body.get("max_completion_tokens") is not None:
-            max_tokens = body["max_completion_tokens"]
-        req = Request(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}", prompt_tokens=n_prompt,
-                      tenant=tenant, model=body.get("model") or "", prompt=text, max_tokens=max_tokens,
-                      slo_ttft=slo.ttft_s, slo_tpot=slo.tpot_s, slo_e2e=slo.e2e_s)  # fmt: skip
+        req, target = new_request(body, chat, n_prompt, tenant, text,
+                                  slo_ttft=slo.ttft_s, slo_tpot=slo.tpot_s, slo_e2e=slo.e2e_s)  # fmt: skip
         if subset is not None and not any(b.name in subset for b in self.gw.backends if b.healthy):
             raise Refusal(503, "no eligible endpoint: none of the subset hint's endpoints is a healthy "
                           "member of the pool", kind="server_error")  # fmt: skip
-        target = max_tokens if body.get("ignore_eos") and max_tokens else None
         estimate = None
         if self.predict is not None:
             try:

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import uuid
 from functools import partial
 from typing import Any
 
@@ -54,13 +53,12 @@ from presched.serve.outcome import Outcome, crash_row, log_row
 from presched.serve.predictions import PredictBatcher, Worker
 from presched.serve.relay import Relay, error_event, send_error
 from presched.serve.request_body import Done as _Done
-from presched.serve.request_body import check_content_type, error_response, parse_body, read_body
+from presched.serve.request_body import check_content_type, error_response, new_request, parse_body, read_body
 from presched.serve.seq import GatewaySeq
 from presched.serve.status import health, list_models, prometheus
 from presched.serve.tenants import Tenants
 from presched.serve.tokens import counter, encoder, prompt_hashes
 from presched.serve.upstream import Upstream
-from presched.workload.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -249,14 +247,8 @@ class GatewayApp:
         if wait is not None:
             raise _Done(error_response(429, f"tenant {tenant!r} is over its rate limit",
                                        "rate_limit_error", retry_after=wait))  # fmt: skip
-        max_tokens = body.get("max_tokens")
-        if chat and body.get("max_completion_tokens") is not None:  # null: max_tokens still counts
-            max_tokens = body["max_completion_tokens"]
-        req = Request(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}",
-                      prompt_tokens=n_prompt, tenant=tenant, model=body.get("model") or "",
-                      prompt=text, max_tokens=max_tokens, block_hashes=hashes,
-                      hash_block_tokens=self.cfg.prefix_block_tokens if hashes else 0)  # fmt: skip
-        target = max_tokens if body.get("ignore_eos") and max_tokens else None
+        req, target = new_request(body, chat, n_prompt, tenant, text, block_hashes=hashes,
+                                  hash_block_tokens=self.cfg.prefix_block_tokens if hashes else 0)  # fmt: skip
         estimate = None
         if self.predict is not None:
             try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from typing import Any
 
 from starlette.requests import ClientDisconnect
@@ -25,6 +26,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from presched.serve.tokens import prompt_text
+from presched.workload.request import Request
 
 
 MAX_DEPTH = 64
@@ -202,3 +204,18 @@ def check_fields(body: dict, chat: bool, models: list[str]) -> tuple[str, str, i
     if chat and "prompt" in body:
         return "prompt", "prompt: not a field of chat completions (use messages)", 400
     return None
+
+
+def new_request(body: dict, chat: bool, prompt_tokens: int, tenant: str, prompt: str | None,
+                **fields: Any) -> tuple[Request, int | None]:
+    """The `Request` of a checked body, for every front (the gateway's app, the endpoint picker):
+    its id, model and `max_tokens` (chat: `max_completion_tokens` when set; null leaves
+    max_tokens), `fields` passed on (SLOs, block hashes); and the forced length the oracles may
+    read (`max_tokens` under `ignore_eos`, else None)."""
+    max_tokens = body.get("max_tokens")
+    if chat and body.get("max_completion_tokens") is not None:
+        max_tokens = body["max_completion_tokens"]
+    req = Request(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:20]}", prompt_tokens=prompt_tokens,
+                  tenant=tenant, model=body.get("model") or "", prompt=prompt, max_tokens=max_tokens,
+                  **fields)  # fmt: skip
+    return req, (max_tokens if body.get("ignore_eos") and max_tokens else None)
