@@ -24,7 +24,8 @@ from builders import BENCHMARKS, load_benchmark, printed_figures
 
 SCRIPT = BENCHMARKS / "soak.py"
 FIGURES = ("soak_lost", "soak_duplicated", "soak_gateway_5xx", "soak_rss_growth_mb",
-           "soak_victim_p99_wait_s", "soak_live_blocks_growth")  # fmt: skip
+           "soak_live_blocks_growth", "soak_victim_p99_wait_s", "soak_rss_high_water_mb",
+           "soak_peak_in_flight")  # the lines, then context, in the printed order  # fmt: skip
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -176,7 +177,7 @@ def run_quick(tmp_path, *extra):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert time.monotonic() - t < 60  # ~20 s on 2 busy cores
     figures = printed_figures(proc.stdout)
-    assert set(FIGURES) <= set(figures), proc.stdout[-2000:]
+    assert list(figures) == list(FIGURES), proc.stdout[-2000:]
     res = json.loads((tmp_path / "soak.json").read_text())
     assert (tmp_path / "soak.png").stat().st_size > 10_000
     assert res["figures"] == pytest.approx({k: figures[k] for k in FIGURES}, rel=1e-3, nan_ok=True)
@@ -215,6 +216,11 @@ def test_quick_chaos_run_reports_every_figure_and_its_counts_add_up(tmp_path):
     assert all(s["rss_mb"] >= s["anon_mb"] > 10 for s in res["samples"]) and res["drain"]["clean"]
     growth = res["end"]["anon_mb"] - res["after_warmup"]["anon_mb"]
     assert figures["soak_rss_growth_mb"] == pytest.approx(growth, abs=1e-3)
+    # the warm-up takes in the first kill, so the growth starts after its backlog's high-water mark
+    assert res["after_warmup"]["t"] >= res["meta"]["warmup_s"] >= res["meta"]["kill_every_s"]
+    high = max(s["anon_mb"] for s in res["samples"]) - res["samples"][0]["anon_mb"]
+    assert figures["soak_rss_high_water_mb"] == pytest.approx(high, abs=1e-3) and high >= 0
+    assert figures["soak_peak_in_flight"] == max(s["in_flight"] for s in res["samples"]) >= 1
     live = [s["python_allocated_blocks"] for s in res["samples"]]  # the gateway's /metrics, each sample
     assert all(v > 10_000 for v in live)  # read while the gateway runs (NaN: /metrics did not answer)
     blocks = res["end"]["python_allocated_blocks"] - res["after_warmup"]["python_allocated_blocks"]
