@@ -1,5 +1,7 @@
 """Every command of README.md, as written, works: each ```bash block is parsed, each command
-run for real (a subprocess, in a scratch folder that sees `examples/`), in order, with a quick
+run for real (a subprocess, in a scratch folder that sees `examples/`), in order within its
+block (a block is self-contained: `train` then the commands that use its model; two blocks run
+side by side, each subprocess is one CLI call mostly spent importing), with a quick
 variant where a flag allows (fewer requests, one load). Commands that install software, start a
 server in the foreground, or take over a minute are listed in SKIP with the reason, so a new
 command is run unless someone says why not. The README's sample table must be the output of
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,17 +43,20 @@ QUICK = [  # (command prefix, extra arguments): the same command, smaller
 ]
 
 
-def readme_commands(text: str) -> list[str]:
-    """The commands of every ```bash block: continuation lines joined, comments and blank
-    lines dropped."""
-    cmds = []
+def readme_blocks(text: str) -> list[list[str]]:
+    """The commands of each ```bash block: continuation lines joined, comments and blank lines
+    dropped."""
+    blocks = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         joined = re.sub(r"\\\n\s*", " ", block)
-        for line in joined.splitlines():
-            line = line.split(" #")[0].strip()
-            if line and not line.startswith("#"):
-                cmds.append(line)
-    return cmds
+        lines = (line.split(" #")[0].strip() for line in joined.splitlines())
+        blocks.append([line for line in lines if line and not line.startswith("#")])
+    return blocks
+
+
+def readme_commands(text: str) -> list[str]:
+    """Every command of every ```bash block, in order."""
+    return [cmd for block in readme_blocks(text) for cmd in block]
 
 
 def _argv(cmd: str) -> list[str]:
@@ -72,13 +78,20 @@ def test_readme_commands_parse_into_known_kinds():
 
 def test_every_readme_command_runs(tmp_path, data_dir):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
-    failures = []
-    for cmd in readme_commands(README.read_text()):
-        if any(cmd.startswith(p) for p in SKIP):
-            continue
-        r = subprocess.run(_argv(cmd), cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        if r.returncode != 0:
-            failures.append(f"{cmd}\n  exit {r.returncode}: {r.stderr.strip()[-500:]}")
+
+    def run_block(block: list[str]) -> list[str]:
+        failures = []
+        for cmd in block:
+            if any(cmd.startswith(p) for p in SKIP):
+                continue
+            r = subprocess.run(_argv(cmd), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+            if r.returncode != 0:
+                failures.append(f"{cmd}\n  exit {r.returncode}: {r.stderr.strip()[-500:]}")
+        return failures
+
+    blocks = readme_blocks(README.read_text())
+    with ThreadPoolExecutor(2) as pool:
+        failures = [f for fs in pool.map(run_block, blocks) for f in fs]
     assert not failures, "README commands that fail:\n" + "\n".join(failures)
 
 

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from builders import require_engine
@@ -213,13 +214,16 @@ def test_natural_lengths_from_a_real_instruct_model_feed_the_log_and_training(as
         url, gw = asgi_server(app), app.state.gateway.gw
         questions = ["What is the capital of France?", "Say hello.", "Name three colours.",
                      "What is 2 + 2?", "Write one word.", "Is water wet?"]  # fmt: skip
-        replies = []
-        for q in questions:
+
+        def ask(q: str) -> str:
             body = {"model": "smollm2", "messages": [{"role": "user", "content": q}],
                     "max_tokens": 40, "temperature": 0, "stream": q.startswith("W")}  # fmt: skip
             r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
             assert r.status_code == 200
-            replies.append(r.text)
+            return r.text
+
+        with ThreadPoolExecutor(4) as pool:  # the engine's 4 slots decode them together
+            replies = list(pool.map(ask, questions))
         assert "Paris" in replies[0]
         settle(gw, len(questions), log)
     rows = read_log(tmp_path / "log.sqlite")

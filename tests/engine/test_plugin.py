@@ -12,7 +12,10 @@ from outside (HTTP responses, vLLM's /metrics, the plugin's request records and 
 - a bad config stops the engine at start with the field named; a policy that raises is counted
   and the engine keeps serving.
 
-Engines are shared per config (`plugin_engine`); each start costs ~45 s on two cores.
+Engines are shared per config (`plugin_engine`); each start costs ~30-45 s on two cores, so
+the order, fault, predictor and gateway tests share one (`sjf_engine`: `sjf` with injected
+faults on the requests that ask for one, the in-engine predictor for requests without a
+prediction) and look only at the records and counters of their own requests (`_Since`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,40 @@ def plugin_engine(engine_factory, tmp_path_factory):
         return made[key]
 
     return start
+
+
+@pytest.fixture(scope="module")
+def linear_predictor(tmp_path_factory) -> Path:
+    """A predictor trained here, in the main venv: output = 3 x prompt tokens."""
+    from presched.predict.baselines import LinearPrompt
+
+    train = [Request(id=f"t{i}", prompt_tokens=p, output_tokens=3 * p, model="tiny")
+             for i, p in enumerate([4, 8, 16, 32, 64] * 4)]  # fmt: skip
+    return LinearPrompt().fit(train).save(tmp_path_factory.mktemp("pred") / "linear.npz")
+
+
+@pytest.fixture(scope="module")
+def sjf_engine(plugin_engine, linear_predictor):
+    """One saturated engine (max_num_seqs=1) for the order, fault, predictor and gateway tests:
+    `test-faulty` is `sjf` hook for hook except on requests that name a fault; requests without
+    a prediction get the in-engine predictor's; prompts are recorded."""
+    return plugin_engine("test-faulty", {}, imports=(str(HERE / "faulty_policy.py"),), max_num_seqs=1,
+                         predictor=str(linear_predictor), store_prompts=True)  # fmt: skip
+
+
+class _Since:
+    """The records and counters a shared engine gained after this point: one test's own."""
+
+    def __init__(self, rec: Path, stats_path: Path) -> None:
+        self.rec, self.stats_path = rec, stats_path
+        self.ids = set(_records(rec)) if rec.exists() else set()
+        self.stats0 = json.loads(stats_path.read_text())
+
+    def rows(self) -> dict[str, dict]:
+        return {k: r for k, r in _records(self.rec).items() if k not in self.ids}
+
+    def stat(self, name: str) -> float:
+        return json.loads(self.stats_path.read_text())[name] - self.stats0.get(name, 0)
 
 
 def _metric(url: str, name: str) -> float:
@@ -123,8 +160,9 @@ async def _queue_behind_blocker(url: str, lengths: list[int]) -> list[dict]:
         return list(await asyncio.gather(*tasks))
 
 
-def test_completion_order_follows_sjf(plugin_engine):
-    eng, rec, stats_path = plugin_engine("sjf", {}, max_num_seqs=1)
+def test_completion_order_follows_sjf(sjf_engine):
+    eng, rec, stats_path = sjf_engine
+    since = _Since(rec, stats_path)
     lengths = [60, 12, 45, 5, 30, 20, 8]
     queued = asyncio.run(_queue_behind_blocker(eng.url, lengths))
     assert [o["usage"]["completion_tokens"] for o in queued] == lengths
@@ -132,9 +170,8 @@ def test_completion_order_follows_sjf(plugin_engine):
     assert done == sorted(range(len(lengths)), key=lambda i: lengths[i])
     assert done != list(range(len(lengths)))  # FCFS would have run them in send order
     # request by request, inside the engine: each started after the previous one finished
-    rows = _records(rec)
-    ran = sorted((r for r in rows.values() if r["status"] == 200),
-                 key=lambda r: r["ts"] + r["queue_wait_s"])[-len(lengths):]  # fmt: skip
+    rows = since.rows()
+    ran = sorted((r for r in rows.values() if r["status"] == 200), key=lambda r: r["ts"] + r["queue_wait_s"])
     assert [r["output_tokens"] for r in ran] == sorted(lengths)
     for a, b in zip(ran, ran[1:]):
         assert b["ts"] + b["queue_wait_s"] >= a["ts"] + a["e2e_s"] - 1e-3
@@ -143,7 +180,7 @@ def test_completion_order_follows_sjf(plugin_engine):
     aborted = [r for r in rows.values() if r["status"] == 499]
     assert len(aborted) == 1 and aborted[0]["finish_reason"] == "abort"
     assert 0 < aborted[0]["output_tokens"] < 4000
-    assert json.loads(stats_path.read_text())["aborted"] == 1
+    assert since.stat("aborted") == 1 and len(rows) == len(lengths) + 1
 
 
 # --- preemption ------------------------------------------------------------------------------------
@@ -238,9 +275,9 @@ def test_bad_config_stops_the_engine_naming_the_field(tiny_model, monkeypatch, t
                             extra_args=["--scheduler-cls", launch.PLUGIN_SCHEDULER_CLS])  # fmt: skip
 
 
-def test_policy_exception_counted_engine_keeps_serving(plugin_engine):
-    eng, rec, stats_path = plugin_engine("test-faulty", {}, imports=(str(HERE / "faulty_policy.py"),),
-                                         max_num_seqs=2)  # fmt: skip
+def test_policy_exception_counted_engine_keeps_serving(sjf_engine):
+    eng, rec, stats_path = sjf_engine
+    since = _Since(rec, stats_path)
 
     async def run():
         async with httpx.AsyncClient(base_url=eng.url, timeout=300) as client:
@@ -252,56 +289,52 @@ def test_policy_exception_counted_engine_keeps_serving(plugin_engine):
     assert [o["usage"]["completion_tokens"] for o in outs] == [30] * 4 + [10, 11, 12, 13]
     stats = json.loads(stats_path.read_text())
     for hook in ("priority", "on_tokens", "admit", "on_arrival"):
-        assert stats["policy_errors"].get(hook, 0) >= 1, (hook, stats)
+        assert stats["policy_errors"].get(hook, 0) > since.stats0.get("policy_errors", {}).get(hook, 0), (hook, stats)
     assert "injected fault in on_tokens" in Path(eng.log_path).read_text()
     assert eng.healthy()
     again = httpx.post(eng.url + "/v1/completions", json=_known(5), timeout=60)
     assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 5
-    assert len(_records(rec)) == 9
+    assert len(since.rows()) == 9
 
 
 # --- predictions in the engine, records for `presched train --from-log` ---------------------------
-def test_in_engine_predictor_and_records_for_training(plugin_engine, tmp_path_factory):
-    from presched.predict.baselines import LinearPrompt
+def test_in_engine_predictor_and_records_for_training(sjf_engine, linear_predictor):
     from presched.predict.base import load_predictor
     from presched.serve.log import load_log_requests, read_log
 
-    # a predictor trained here, in the main venv: output = 3 x prompt tokens
-    train = [Request(id=f"t{i}", prompt_tokens=p, output_tokens=3 * p, model="tiny")
-             for i, p in enumerate([4, 8, 16, 32, 64] * 4)]  # fmt: skip
-    path = LinearPrompt().fit(train).save(tmp_path_factory.mktemp("pred") / "linear.npz")
-    eng, rec, stats_path = plugin_engine("sjf", {}, max_num_seqs=2, predictor=str(path),
-                                         store_prompts=True)  # fmt: skip
+    eng, rec, stats_path = sjf_engine
+    since = _Since(rec, stats_path)
     with httpx.Client(base_url=eng.url, timeout=120) as c:
         for prompt in ("Short prompt", "A much longer prompt that has many more tokens in it than that"):
             body = dict(model="tiny", prompt=prompt, max_tokens=7, ignore_eos=True, temperature=0)
             assert c.post("/v1/completions", json=body).status_code == 200
         assert c.post("/v1/completions", json=_known(9)).status_code == 200  # carries its own
-    rows = sorted(_records(rec).values(), key=lambda r: r["ts"])
+    rows = sorted(since.rows().values(), key=lambda r: r["ts"])
     assert [r["pred_source"] for r in rows] == ["predictor", "predictor", "xargs"]
-    pred = load_predictor(path)
+    pred = load_predictor(linear_predictor)
     for r in rows[:2]:
         want = pred.predict([Request(id="x", prompt_tokens=r["prompt_tokens"], model="tiny")])[0]
         assert r["pred_mean"] == pytest.approx(want.mean, rel=1e-6)
         assert r["pred_mean"] == pytest.approx(3 * r["prompt_tokens"], rel=0.05)
     assert json.loads(rows[2]["pred_quantiles"]) == [9.0] * 11
-    stats = json.loads(stats_path.read_text())
-    assert stats["pred_predictor"] == 2 and stats["pred_xargs"] == 1
+    assert since.stat("pred_predictor") == 2 and since.stat("pred_xargs") == 1
     # the gateway's readers take the file as it is
-    df = read_log(rec)
+    ours = [r["id"] for r in rows]
+    df = read_log(rec).set_index("id").loc[ours]
     assert list(df["output_tokens"]) == [7, 7, 9] and df["e2e_s"].notna().all()
-    got = load_log_requests(rec, keep_censored=True)
-    assert [r.output_tokens for r in got.requests] == [7, 7, 9]
-    assert "Short prompt" in got.requests[0].prompt
+    got = {r.id: r for r in load_log_requests(rec, keep_censored=True).requests}
+    assert [got[i].output_tokens for i in ours] == [7, 7, 9]
+    assert "Short prompt" in got[ours[0]].prompt
 
 
 # --- with the gateway: it routes and predicts, the engine orders -----------------------------------
-def test_gateway_predicts_engine_orders(plugin_engine, asgi_server):
+def test_gateway_predicts_engine_orders(sjf_engine, asgi_server):
     from presched.predict.base import PREDICTORS
     from presched.serve.app import build_app
     from presched.serve.config import ServeConfig
 
-    eng, rec, _ = plugin_engine("sjf", {}, max_num_seqs=1)
+    eng, rec, stats_path = sjf_engine
+    since = _Since(rec, stats_path)
     pred = PREDICTORS.create("linear-prompt").fit(
         [Request(id=f"t{p}", prompt_tokens=p, output_tokens=3 * p, model="tiny") for p in range(5, 400, 5)])
     cfg = ServeConfig(backends=[{"url": eng.url, "model": "tiny", "max_in_flight": 32}], log={"path": None},
@@ -334,6 +367,6 @@ def test_gateway_predicts_engine_orders(plugin_engine, asgi_server):
     done = [outs[i]["_done"] for i in range(len(jobs))]
     shorts, longs = done[1::2], done[0::2]
     assert max(shorts) < min(longs)  # FCFS (the gateway's order) would interleave them
-    rows = list(_records(rec).values())[-len(jobs):]  # rows are inserted as requests finish
-    assert {r["pred_source"] for r in rows} == {"xargs"}
+    rows = [r for r in since.rows().values() if r["status"] == 200]
+    assert {r["pred_source"] for r in rows} == {"xargs"}  # the gateway's, not the engine's predictor
     assert sorted(r["output_tokens"] for r in rows) == sorted(n for _, n in jobs)
