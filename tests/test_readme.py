@@ -1,7 +1,7 @@
 """Every command of README.md, as written, works: each ```bash block is parsed, each command
-run for real (a subprocess, in a scratch folder that sees `examples/`), in order within its
-block (a block is self-contained: `train` then the commands that use its model; two blocks run
-side by side, each subprocess is one CLI call mostly spent importing), with a quick
+run for real (a subprocess, in a scratch folder that sees `examples/`), two at a time, each after
+the earlier commands that write a file it reads (`train -o model.npz` before `predict -m
+model.npz`), with a quick
 variant where a flag allows (fewer requests, one load). Commands that install software, start a
 server in the foreground, or take over a minute are listed in SKIP with the reason, so a new
 command is run unless someone says why not. The README's sample table must be the output of
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,20 +43,23 @@ QUICK = [  # (command prefix, extra arguments): the same command, smaller
 ]
 
 
-def readme_blocks(text: str) -> list[list[str]]:
-    """The commands of each ```bash block: continuation lines joined, comments and blank lines
-    dropped."""
-    blocks = []
+def readme_commands(text: str) -> list[str]:
+    """The commands of every ```bash block: continuation lines joined, comments and blank
+    lines dropped."""
+    cmds = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         joined = re.sub(r"\\\n\s*", " ", block)
-        lines = (line.split(" #")[0].strip() for line in joined.splitlines())
-        blocks.append([line for line in lines if line and not line.startswith("#")])
-    return blocks
+        for line in joined.splitlines():
+            line = line.split(" #")[0].strip()
+            if line and not line.startswith("#"):
+                cmds.append(line)
+    return cmds
 
 
-def readme_commands(text: str) -> list[str]:
-    """Every command of every ```bash block, in order."""
-    return [cmd for block in readme_blocks(text) for cmd in block]
+def readme_inputs(cmds: list[str], i: int) -> list[int]:
+    """The earlier commands that write (`-o FILE`) a file command i names."""
+    words = set(re.split(r"[\s=]", cmds[i]))
+    return [j for j, c in enumerate(cmds[:i]) if (m := re.search(r"(?:^|\s)-o\s+(\S+)", c)) and m[1] in words]
 
 
 def _argv(cmd: str) -> list[str]:
@@ -76,22 +79,31 @@ def test_readme_commands_parse_into_known_kinds():
     )
 
 
+def test_commands_that_read_a_trained_model_wait_for_its_training():
+    cmds = readme_commands(README.read_text())
+    train = cmds.index("presched train -p text-gbm -o model.npz")
+    users = [i for i, c in enumerate(cmds) if "model.npz" in c and i != train]
+    assert len(users) >= 2  # `predict -m model.npz` and `bench ... predictions.path=model.npz`
+    assert all(readme_inputs(cmds, i) == [train] for i in users)
+    assert readme_inputs(cmds, train) == [] and readme_inputs(cmds, cmds.index(next(c for c in cmds if "mine.npz" in c))) == []
+
+
 def test_every_readme_command_runs(tmp_path, data_dir):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
 
-    def run_block(block: list[str]) -> list[str]:
-        failures = []
-        for cmd in block:
-            if any(cmd.startswith(p) for p in SKIP):
-                continue
-            r = subprocess.run(_argv(cmd), cwd=tmp_path, capture_output=True, text=True, timeout=600)
-            if r.returncode != 0:
-                failures.append(f"{cmd}\n  exit {r.returncode}: {r.stderr.strip()[-500:]}")
-        return failures
+    cmds = [c for c in readme_commands(README.read_text()) if not any(c.startswith(p) for p in SKIP)]
 
-    blocks = readme_blocks(README.read_text())
-    with ThreadPoolExecutor(2) as pool:
-        failures = [f for fs in pool.map(run_block, blocks) for f in fs]
+    def run(cmd: str, after: list[Future]) -> str | None:
+        for dep in after:  # submitted before this one, so running or done: no deadlock
+            dep.result()
+        r = subprocess.run(_argv(cmd), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        return None if r.returncode == 0 else f"{cmd}\n  exit {r.returncode}: {r.stderr.strip()[-500:]}"
+
+    with ThreadPoolExecutor(2) as pool:  # two at a time, each after the commands whose file it reads
+        futures: list[Future] = []
+        for i, cmd in enumerate(cmds):
+            futures.append(pool.submit(run, cmd, [futures[j] for j in readme_inputs(cmds, i)]))
+        failures = [f for f in (fut.result() for fut in futures) if f]
     assert not failures, "README commands that fail:\n" + "\n".join(failures)
 
 
