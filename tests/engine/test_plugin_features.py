@@ -1,0 +1,108 @@
+"""The hook's row split (`features.split_rows`), its delivery to seqs and its records, without
+an engine: random chunked-prefill schedules of several requests per step, each row of the step's
+tensor tagged with its (request, position), must pool every prompt's non-sink positions exactly
+once, finish each prompt on the chunk that holds its last position, and point each request's
+last row at its last scheduled (verified) position."""
+
+from __future__ import annotations
+
+import sqlite3
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from presched.engine.plugin.features import StepFeatures, deliver, split_rows, unpack
+from presched.engine.plugin.records import FEATURE_TABLE, RecordWriter
+
+
+@st.composite
+def schedules(draw):
+    """(prompt lengths, output lengths, sink, steps); each step: (order, {req: n scheduled})."""
+    n = draw(st.integers(1, 5))
+    plen = {f"r{i}": draw(st.integers(1, 40)) for i in range(n)}
+    out = {r: draw(st.integers(1, 4)) for r in plen}
+    sink = draw(st.integers(0, 3))
+    budget = draw(st.integers(1, 40))
+    computed, gen, steps = dict.fromkeys(plen, 0), dict.fromkeys(plen, 0), []
+    while any(gen[r] < out[r] for r in plen):
+        order = draw(st.permutations(sorted(plen)))
+        left, sched = budget, {}
+        for r in order:
+            if gen[r] >= out[r] or left == 0:
+                continue
+            need = plen[r] - computed[r] if computed[r] < plen[r] else 1
+            k = draw(st.integers(0, min(need, left)))
+            if k:
+                sched[r] = k
+                left -= k
+        if not sched:  # at least the first unfinished request moves
+            r = next(r for r in order if gen[r] < out[r])
+            sched[r] = 1
+        steps.append((list(order), sched, dict(computed)))
+        for r, k in sched.items():
+            computed[r] += k
+            if computed[r] >= plen[r]:
+                gen[r] += 1
+    return plen, sink, steps
+
+
+@settings(derandomize=True, deadline=None, max_examples=150)
+@given(schedules(), st.integers(0, 3))
+def test_rows_pool_each_prompt_once_under_chunked_prefill(case, pad):
+    plen, sink, steps = case
+    pooled = {r: [] for r in plen}
+    done = dict.fromkeys(plen, 0)
+    for order, sched, computed in steps:
+        rows = []  # the step's tensor: each row tagged (request, position); then padding
+        for r in order:
+            rows += [(r, computed[r] + j) for j in range(sched.get(r, 0))]
+        rows += [("pad", -1)] * pad
+        pieces = split_rows(order, sched, computed, plen, sink)
+        assert [p.req_id for p in pieces] == [r for r in order if r in sched]
+        for p in pieces:
+            assert rows[p.first] == (p.req_id, computed[p.req_id])
+            assert rows[p.last] == (p.req_id, computed[p.req_id] + sched[p.req_id] - 1)
+            if p.pool is not None:
+                got = rows[p.pool[0]: p.pool[1]]
+                assert {r for r, _ in got} == {p.req_id}
+                pooled[p.req_id] += [pos for _, pos in got]
+            done[p.req_id] += p.prompt_done
+            if p.prompt_done:
+                assert computed[p.req_id] < plen[p.req_id] <= computed[p.req_id] + p.rows
+    for r, p in plen.items():
+        assert pooled[r] == list(range(min(sink, p), p)), r
+        assert done[r] == 1
+
+
+def test_spec_tokens_are_not_the_last_verified_row():
+    (a, b) = split_rows(["a", "b"], {"a": 3, "b": 1}, {"a": 10, "b": 4}, {"a": 5, "b": 4}, 1,
+                        {"a": 2})  # fmt: skip
+    assert (a.last, b.last) == (0, 3) and a.pool is None and not b.prompt_done
+
+
+def _seq(rid):
+    return SimpleNamespace(id=rid, features_prompt=None, features_n=0, features_missing=0,
+                           feature_pools=0, features_step=None, feature_steps=0)  # fmt: skip
+
+
+def test_delivery_to_seqs_and_records(tmp_path):
+    seqs = {"a": _seq("a"), "b": _seq("b")}
+    sf = StepFeatures(layer=1, sink=1, hidden=3, prompt_ids=["a", "gone"],
+                      prompt=np.array([[1, 2, 3], [4, 5, 6]], np.float32), prompt_n=[7, 1],
+                      prompt_missing=[0, 0], step_ids=["b", "a"],
+                      step=np.array([[0, 0, 1], [0, 1, 0]], np.float32))  # fmt: skip
+    deliver(sf, seqs)  # "gone" was freed: dropped
+    deliver(StepFeatures(layer=1, sink=1, hidden=3, step_ids=["a"],
+                         step=np.array([[9, 9, 9]], np.float32)), seqs)  # fmt: skip
+    a, b = seqs["a"], seqs["b"]
+    assert a.features_prompt.tolist() == [1, 2, 3] and a.features_n == 7 and a.feature_pools == 1
+    assert a.features_step.tolist() == [9, 9, 9] and a.feature_steps == 2
+    assert b.features_prompt is None and b.features_step.tolist() == [0, 0, 1]
+    w = RecordWriter(tmp_path / "r.sqlite")
+    w.write_features(a, '{"layer": 1}')
+    w.close()
+    row = sqlite3.connect(tmp_path / "r.sqlite").execute(
+        f"SELECT id, spec, n, pools, steps, vec FROM {FEATURE_TABLE}").fetchone()
+    assert row[:5] == ("a", '{"layer": 1}', 7, 1, 2) and unpack(row[5]).tolist() == [1, 2, 3]
