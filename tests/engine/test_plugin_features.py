@@ -106,3 +106,32 @@ def test_delivery_to_seqs_and_records(tmp_path):
     row = sqlite3.connect(tmp_path / "r.sqlite").execute(
         f"SELECT id, spec, n, pools, steps, vec FROM {FEATURE_TABLE}").fetchone()
     assert row[:5] == ("a", '{"layer": 1}', 7, 1, 2) and unpack(row[5]).tolist() == [1, 2, 3]
+
+
+def test_probe_trains_from_the_engine_records(tmp_path):
+    """`presched train -p probe --from-log` on records with a prompt_features table: the vectors
+    reach the probe under their FeatureSpec key (a length read off the first coordinate)."""
+    from presched.predict import load_predictor
+    from presched.serve.log_read import load_log_requests
+    from presched.serve.train_log import train_from_log
+
+    rng = np.random.default_rng(0)
+    spec = '{"model": "tiny-llama", "layer": 1, "hidden": 4, "pooling": "mean", "sink": 1}'
+    w = RecordWriter(tmp_path / "r.sqlite")
+    for i in range(60):
+        n = int(rng.integers(5, 400))
+        vec = np.r_[np.log(n), rng.normal(size=3)].astype(np.float32)
+        w.write({"id": f"q{i}", "ts": float(i), "model": "tiny", "status": 200, "prompt_tokens": 9,
+                 "max_tokens": 1000, "output_tokens": n, "finish_reason": "stop"})  # fmt: skip
+        seq = _seq(f"q{i}")
+        seq.features_prompt, seq.features_n, seq.feature_pools = vec, 8, 1
+        w.write_features(seq, spec)
+    w.close()
+    reqs = load_log_requests(tmp_path / "r.sqlite").requests
+    key = "hidden:tiny-llama:L1:mean:s1"
+    assert all(r.metadata[key][0] == np.float32(np.log(r.output_tokens)) for r in reqs)
+    path, rep = train_from_log(tmp_path / "r.sqlite", "probe", tmp_path / "p.npz",
+                               params={"model": "tiny-llama", "layer": 1})  # fmt: skip
+    est = load_predictor(path).predict(reqs)
+    got = np.array([r.output_tokens for r in reqs])
+    assert np.corrcoef(np.log(est.point), np.log(got))[0, 1] > 0.95
