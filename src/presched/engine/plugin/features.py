@@ -74,6 +74,8 @@ class StepFeatures:
     prompt_missing: list[int] = field(default_factory=list)  # non-sink positions not seen
     step_ids: list[str] = field(default_factory=list)
     step: np.ndarray | None = None  # (len(step_ids), hidden) float32
+    worker_s: float = 0.0  # the hook's time in the worker so far (hook, split, copies), seconds
+    worker_steps: int = 0  # forwards it has split so far
 
     def prompts(self):
         """(req_id, vector, n pooled, n missing) per completed prompt."""

@@ -107,7 +107,8 @@ class PreschedScheduler(Scheduler):
         self.guard = Guard()
         self.guard.on_error = self._save_stats
         self.counts = {"arrivals": 0, "pred_xargs": 0, "pred_predictor": 0, "pred_none": 0,
-                       "bad_xargs": 0, "preempt_for": 0, "finished": 0, "aborted": 0}  # fmt: skip
+                       "bad_xargs": 0, "preempt_for": 0, "finished": 0, "aborted": 0,
+                       "features_worker_s": 0.0, "features_worker_steps": 0}  # fmt: skip
         self._seqs: dict[str, EngineSeq] = {}
         self._now = time.time()
         num_blocks = int(self.kv_cache_config.num_blocks)
@@ -269,6 +270,8 @@ class PreschedScheduler(Scheduler):
         sf = getattr(model_runner_output, FEATURES_ATTR, None)
         if sf is not None:  # before super(): it frees the requests that finish in this step
             deliver(sf, self._seqs)
+            self.counts["features_worker_s"] = round(sf.worker_s, 6)
+            self.counts["features_worker_steps"] = sf.worker_steps
             if self._feature_spec is None:
                 self._feature_spec = self._spec_json(sf)
         out = super().update_from_output(scheduler_output, model_runner_output)

@@ -25,6 +25,7 @@ this module (vllm, torch).
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -71,16 +72,19 @@ class FeatureHook:
         self.pools: dict[str, _Pool] = {}
         self.rows: torch.Tensor | None = None
         self.pending: tuple | None = None
+        self.busy_s, self.steps_seen = 0.0, 0  # time in the hook, collect and attach; forwards
         layers[self.layer].register_forward_hook(self._hook)
         log.info("presched features: hook on decoder layer %d of %d (hidden %d, sink %d, steps %s)",
                  self.layer, n, self.hidden, self.sink, self.steps)  # fmt: skip
 
     def _hook(self, _module, _inputs, out) -> None:
+        t0 = time.perf_counter()
         if isinstance(out, tuple):
             h, r = out[0], out[1]
             self.rows = h if r is None else h + r
         else:
             self.rows = out
+        self.busy_s += time.perf_counter() - t0
 
     def begin(self) -> None:
         self.rows, self.pending = None, None  # a warm-up or profile forward left its rows here
@@ -93,6 +97,14 @@ class FeatureHook:
         hs, self.rows = self.rows, None
         if hs is None or so.total_num_scheduled_tokens == 0:
             return
+        t0 = time.perf_counter()
+        try:
+            self._split(so, hs)
+        finally:
+            self.busy_s += time.perf_counter() - t0
+            self.steps_seen += 1
+
+    def _split(self, so, hs: torch.Tensor) -> None:
         if hs.shape[0] < so.total_num_scheduled_tokens:
             raise RuntimeError(f"presched features: the hooked layer saw {hs.shape[0]} rows for "
                                f"{so.total_num_scheduled_tokens} scheduled tokens")  # fmt: skip
@@ -129,12 +141,20 @@ class FeatureHook:
         pending, self.pending = self.pending, None
         if pending is None or output is EMPTY_MODEL_RUNNER_OUTPUT:
             return
+        t0 = time.perf_counter()
+        try:
+            self._attach(output, pending)
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    def _attach(self, output, pending: tuple) -> None:
         if not isinstance(output, ModelRunnerOutput):
             raise RuntimeError("presched features: the worker returned "
                                f"{type(output).__name__}, not a ModelRunnerOutput (async "
                                "scheduling is not supported with features)")  # fmt: skip
         done, ids, last = pending
-        sf = StepFeatures(layer=self.layer, sink=self.sink, hidden=self.hidden)
+        sf = StepFeatures(layer=self.layer, sink=self.sink, hidden=self.hidden,
+                          worker_s=self.busy_s, worker_steps=self.steps_seen)  # fmt: skip
         done = [(r, p) for r, p in done if p.n > 0]
         if done:
             sf.prompt_ids = [r for r, _ in done]
