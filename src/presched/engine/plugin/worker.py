@@ -8,8 +8,8 @@
 
 After `load_model` it registers a forward hook on `model.model.layers[features.layer]` (Llama
 family layout). vLLM's layers return `(hidden, residual)` with the residual add fused into the
-next layer's norm, so the hook keeps `hidden + residual`: the residual stream, what transformers
-calls `hidden_states[layer + 1]`. After each forward the rows go to requests
+next layer's norm, so the hook keeps `hidden + residual`: the residual stream, what the
+transformers decoder layer `layer` outputs. After each forward the rows go to requests
 (`features.split_rows`); a completed prompt ships its pooled state (the mean of its non-sink
 positions, summed in fp32 across chunked-prefill chunks) and every request that sampled a token
 ships the state of its last verified position. They travel as `StepFeatures` on the step's
