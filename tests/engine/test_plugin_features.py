@@ -10,10 +10,13 @@ import sqlite3
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from presched.engine.plugin.features import StepFeatures, deliver, split_rows, unpack
+from presched.engine.plugin.config import PluginConfigError
+from presched.engine.plugin.features import (WORKER_CLS, StepFeatures, check_engine_config, deliver,
+                                             split_rows, unpack)  # fmt: skip
 from presched.engine.plugin.records import FEATURE_TABLE, RecordWriter
 
 
@@ -135,3 +138,18 @@ def test_probe_trains_from_the_engine_records(tmp_path):
     est = load_predictor(path).predict(reqs)
     got = np.array([r.output_tokens for r in reqs])
     assert np.corrcoef(np.log(est.point), np.log(got))[0, 1] > 0.95
+
+
+def _vllm_config(worker_cls: str, prefix_caching: bool):
+    return SimpleNamespace(parallel_config=SimpleNamespace(worker_cls=worker_cls),
+                           cache_config=SimpleNamespace(enable_prefix_caching=prefix_caching))  # fmt: skip
+
+
+def test_features_refuse_another_worker_and_prefix_caching():
+    """(vLLM's VllmConfig stood in by a namespace: the real one needs the engine venv; the real
+    engine start with both flags is test_probe_hook's.)"""
+    check_engine_config(_vllm_config(WORKER_CLS, False))
+    with pytest.raises(PluginConfigError, match=r"^features: needs --worker-cls .*got 'auto'"):
+        check_engine_config(_vllm_config("auto", False))
+    with pytest.raises(PluginConfigError, match=r"^features: needs prefix caching off"):
+        check_engine_config(_vllm_config(WORKER_CLS, True))

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from presched.engine.plugin.config import PluginConfigError
+
 FEATURES_ATTR = "presched_features"
 """The attribute of vLLM's `ModelRunnerOutput` that carries a step's `StepFeatures`."""
 WORKER_CLS = "presched.engine.plugin.worker.PreschedCPUWorker"
@@ -86,6 +88,19 @@ class StepFeatures:
         """(req_id, vector) per request that sampled a token."""
         for i, rid in enumerate(self.step_ids):
             yield rid, self.step[i]
+
+
+def check_engine_config(vllm_config) -> None:
+    """`features` needs presched's worker and every prompt position computed (no prefix cache);
+    PluginConfigError naming `features` otherwise (vLLM's `VllmConfig`, read by attribute)."""
+    worker_cls = vllm_config.parallel_config.worker_cls
+    if worker_cls != WORKER_CLS:
+        raise PluginConfigError(f"features: needs --worker-cls {WORKER_CLS} (the hook lives in "
+                                f"the worker), got {worker_cls!r}")  # fmt: skip
+    if vllm_config.cache_config.enable_prefix_caching:
+        raise PluginConfigError("features: needs prefix caching off (--no-enable-prefix-caching): "
+                                "positions served from the prefix cache are not computed, so the "
+                                "hook would pool only part of the prompt")  # fmt: skip
 
 
 def pack(vec: np.ndarray) -> bytes:

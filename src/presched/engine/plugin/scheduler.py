@@ -50,7 +50,7 @@ from vllm.v1.request import RequestStatus
 
 from presched.engine.plugin.config import PluginConfigError, build_policy, load_plugin_config
 from presched.engine.plugin.estimates import BadPrediction, EnginePredictor, from_xargs
-from presched.engine.plugin.features import FEATURES_ATTR, WORKER_CLS, deliver
+from presched.engine.plugin.features import FEATURES_ATTR, check_engine_config, deliver
 from presched.engine.plugin.guard import Guard
 from presched.engine.plugin.queue import PolicyRequestQueue
 from presched.engine.plugin.records import RecordWriter, record_row
@@ -103,7 +103,7 @@ class PreschedScheduler(Scheduler):
         self.ps_cfg, self.ps = cfg, policy
         self._feature_spec = None  # FeatureSpec JSON, from the first StepFeatures
         if cfg.features is not None:
-            _check_features(self.vllm_config)
+            check_engine_config(self.vllm_config)
         self.guard = Guard()
         self.guard.on_error = self._save_stats
         self.counts = {"arrivals": 0, "pred_xargs": 0, "pred_predictor": 0, "pred_none": 0,
@@ -341,18 +341,6 @@ class PreschedScheduler(Scheduler):
         if self.records is not None:
             self.records.close()
         super().shutdown()
-
-
-def _check_features(vllm_config) -> None:
-    """`features` needs presched's worker and every prompt position computed (no prefix cache)."""
-    worker_cls = vllm_config.parallel_config.worker_cls
-    if worker_cls != WORKER_CLS:
-        raise PluginConfigError(f"features: needs --worker-cls {WORKER_CLS} (the hook lives in "
-                                f"the worker), got {worker_cls!r}")  # fmt: skip
-    if vllm_config.cache_config.enable_prefix_caching:
-        raise PluginConfigError("features: needs prefix caching off (--no-enable-prefix-caching): "
-                                "positions served from the prefix cache are not computed, so the "
-                                "hook would pool only part of the prompt")  # fmt: skip
 
 
 def _load_tokenizer(name: str):
