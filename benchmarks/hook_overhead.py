@@ -5,7 +5,7 @@
 
 Two engines of the same model and flags (presched's scheduler with `fcfs`, prefix caching off,
 the model in the engine-core process, one thread each), one with `features` on (the default
-middle layer, per-step states on) and one without. Rounds alternate between them (A B A B ...),
+middle layer, per-step states on) and one without. Rounds alternate between them (A B B A A B ...),
 each `--requests` completions of `--tokens` tokens (ignore_eos) at once, so that load from other
 processes falls on both alike; each engine idles while the other runs.
 
@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_round(eng.url, "m", a.requests, 8, a.prompt_len))
         runs: dict[str, list[dict]] = {"off": [], "on": []}
         s0 = _stats(tmp / "on.json")
-        for _ in range(a.rounds):
-            for tag in ("off", "on"):
+        for i in range(a.rounds):
+            for tag in (("off", "on"), ("on", "off"))[i % 2]:  # each goes first half the time
                 wall, toks = asyncio.run(_round(engines[tag].url, "m", a.requests, a.tokens,
                                                 a.prompt_len))  # fmt: skip
                 runs[tag].append({"wall_s": wall, "tokens": toks, "tok_s": toks / wall})
