@@ -15,14 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from presched.engine.plugin.config import PluginConfigError
-from presched.engine.plugin.features import (WORKER_CLS, StepFeatures, check_engine_config, deliver,
-                                             split_rows, unpack)  # fmt: skip
+from presched.engine.plugin.features import (WORKER_CLS, PromptPools, StepFeatures,
+                                             check_engine_config, deliver, split_rows,
+                                             unpack)  # fmt: skip
 from presched.engine.plugin.records import FEATURE_TABLE, RecordWriter
 
 
 @st.composite
-def schedules(draw):
-    """(prompt lengths, output lengths, sink, steps); each step: (order, {req: n scheduled})."""
+def schedules(draw, preempt: bool = False):
+    """(prompt lengths, sink, steps); each step: (order, {req: n scheduled}, computed before,
+    preempted before it). As vLLM: a request computes its P + generated tokens, samples when it
+    reaches them; `preempt`: a running request may go back to 0 (recompute)."""
     n = draw(st.integers(1, 5))
     plen = {f"r{i}": draw(st.integers(1, 40)) for i in range(n)}
     out = {r: draw(st.integers(1, 4)) for r in plen}
@@ -31,22 +34,25 @@ def schedules(draw):
     computed, gen, steps = dict.fromkeys(plen, 0), dict.fromkeys(plen, 0), []
     while any(gen[r] < out[r] for r in plen):
         order = draw(st.permutations(sorted(plen)))
+        gone = [r for r in order if preempt and 0 < computed[r] and gen[r] < out[r]
+                and draw(st.integers(0, 5)) == 0]  # fmt: skip
+        for r in gone:
+            computed[r] = 0
         left, sched = budget, {}
         for r in order:
             if gen[r] >= out[r] or left == 0:
                 continue
-            need = plen[r] - computed[r] if computed[r] < plen[r] else 1
-            k = draw(st.integers(0, min(need, left)))
+            k = draw(st.integers(0, min(plen[r] + gen[r] - computed[r], left)))
             if k:
                 sched[r] = k
                 left -= k
         if not sched:  # at least the first unfinished request moves
             r = next(r for r in order if gen[r] < out[r])
             sched[r] = 1
-        steps.append((list(order), sched, dict(computed)))
+        steps.append((list(order), sched, dict(computed), gone))
         for r, k in sched.items():
             computed[r] += k
-            if computed[r] >= plen[r]:
+            if computed[r] == plen[r] + gen[r]:
                 gen[r] += 1
     return plen, sink, steps
 
@@ -57,7 +63,7 @@ def test_rows_pool_each_prompt_once_under_chunked_prefill(case, pad):
     plen, sink, steps = case
     pooled = {r: [] for r in plen}
     done = dict.fromkeys(plen, 0)
-    for order, sched, computed in steps:
+    for order, sched, computed, _ in steps:
         rows = []  # the step's tensor: each row tagged (request, position); then padding
         for r in order:
             rows += [(r, computed[r] + j) for j in range(sched.get(r, 0))]
@@ -77,6 +83,27 @@ def test_rows_pool_each_prompt_once_under_chunked_prefill(case, pad):
     for r, p in plen.items():
         assert pooled[r] == list(range(min(sink, p), p)), r
         assert done[r] == 1
+
+
+@settings(derandomize=True, deadline=None, max_examples=150)
+@given(schedules(preempt=True), st.booleans())
+def test_pools_restart_when_vllm_recomputes_a_preempted_request(case, told):
+    """Every pooled prompt state is its own prompt's non-sink positions, once each, also when a
+    request is preempted mid-prefill; `told`: the worker is also told which were preempted
+    (vLLM's preempted_req_ids) - without it the position going back must restart the sum."""
+    plen, sink, steps = case
+    pools = PromptPools(sink, lambda: np.zeros(2), np.float64)
+    done = {r: [] for r in plen}
+    for order, sched, computed, gone in steps:
+        if told:
+            pools.drop(gone)
+        rows = np.array([[computed[r] + j, 1.0] for r in order for j in range(sched.get(r, 0))])
+        pieces = split_rows(order, sched, computed, plen, sink)
+        for rid, pool in pools.add(pieces, plen, rows):
+            done[rid].append((pool.sum.tolist(), pool.n, pool.missing))
+    for r, p in plen.items():
+        want = [float(sum(range(sink, p))), float(max(p - sink, 0))]
+        assert done[r] and all(d == (want, max(p - sink, 0), 0) for d in done[r]), (r, done[r])
 
 
 def test_spec_tokens_are_not_the_last_verified_row():

@@ -6,8 +6,10 @@ One engine: chunked prefill in chunks of 32 tokens (every prompt is longer), 4 r
 once (several per step), and KV blocks forced short (4 usable x 128 tokens for ~800 tokens of
 work) so that vLLM preempts and recomputes. Each request's pooled prompt state, read back from
 the plugin's records, must equal its own prompt's reference (a row given to the wrong request
-or a chunk pooled twice fails it), pool exactly its non-sink positions (a sum not reset at the
-recompute counts them twice), and come with one per-step state per generated token.
+or a chunk pooled twice fails it), pool exactly its non-sink positions, be shipped again after
+a recompute, and come with one per-step state per generated token. (Preemption here falls
+after the prompts are pooled; the sum's reset for a request preempted mid-prefill is tested
+without the engine, test_plugin_features.py, on random schedules.)
 """
 
 from __future__ import annotations

@@ -61,6 +61,50 @@ def split_rows(req_ids: Sequence[str], num_scheduled: Mapping[str, int],
     return out
 
 
+class Pool:
+    """One request's running prompt sum."""
+
+    __slots__ = ("sum", "n", "pos", "missing")
+
+    def __init__(self, zero, start: int, sink: int) -> None:
+        self.sum, self.n, self.pos = zero, 0, start
+        self.missing = max(start - sink, 0)  # non-sink positions before `start`, never seen
+
+
+class PromptPools:
+    """The per-request prompt sums of one worker, over steps. `zeros()` makes an empty sum (a
+    torch or numpy vector); `dtype` is the dtype rows are summed in (fp32)."""
+
+    def __init__(self, sink: int, zeros, dtype) -> None:
+        self.sink, self.zeros, self.dtype = sink, zeros, dtype
+        self.pools: dict[str, Pool] = {}
+
+    def drop(self, req_ids) -> None:
+        """Forget requests vLLM finished, aborted or preempted."""
+        for rid in req_ids:
+            self.pools.pop(rid, None)
+
+    def add(self, pieces: Sequence[Piece], prompt_len: Mapping[str, int], rows) -> list:
+        """Add one step's prompt rows (`rows`: the step's tensor); [(req_id, Pool)] of the
+        prompts completed in it. A request whose position is not where its sum stopped (a
+        recompute from 0 after preemption, or a gap) starts a new sum."""
+        done = []
+        for pc in pieces:
+            if pc.start >= prompt_len[pc.req_id]:
+                continue
+            pool = self.pools.get(pc.req_id)
+            if pool is None or pool.pos != pc.start:
+                pool = self.pools[pc.req_id] = Pool(self.zeros(), pc.start, self.sink)
+            if pc.pool is not None:
+                lo, hi = pc.pool
+                pool.sum = pool.sum + rows[lo:hi].sum(0, dtype=self.dtype)
+                pool.n += hi - lo
+            pool.pos = pc.start + pc.rows
+            if pc.prompt_done:
+                done.append((pc.req_id, self.pools.pop(pc.req_id)))
+        return done
+
+
 @dataclass
 class StepFeatures:
     """What the worker ships on one step's `ModelRunnerOutput` (fp32, only for the requests

@@ -33,7 +33,7 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from presched.engine.plugin.config import FeatureConfig, PluginConfigError, load_plugin_config
-from presched.engine.plugin.features import FEATURES_ATTR, StepFeatures, split_rows
+from presched.engine.plugin.features import FEATURES_ATTR, PromptPools, StepFeatures, split_rows
 
 log = logging.getLogger("presched.engine.plugin")
 
@@ -45,15 +45,6 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
         raise PluginConfigError(f"features: cannot find the decoder layers of {type(model).__name__} "
                                 "(expected model.model.layers, the Llama family layout)")  # fmt: skip
     return layers
-
-
-class _Pool:
-    __slots__ = ("sum", "n", "pos", "missing")
-
-    def __init__(self, hidden: int, device, start: int, sink: int) -> None:
-        self.sum = torch.zeros(hidden, dtype=torch.float32, device=device)
-        self.n, self.pos = 0, start
-        self.missing = max(start - sink, 0)  # non-sink positions before `start`, never seen
 
 
 class FeatureHook:
@@ -69,13 +60,17 @@ class FeatureHook:
                                     f"(the model has {n} decoder layers)")  # fmt: skip
         self.sink, self.steps = cfg.sink_tokens, cfg.steps
         self.hidden = int(runner.model_config.get_hidden_size())
-        self.pools: dict[str, _Pool] = {}
+        self.pools = PromptPools(self.sink, self._zeros, torch.float32)
+        self.device = next(runner.model.parameters()).device
         self.rows: torch.Tensor | None = None
         self.pending: tuple | None = None
         self.busy_s, self.steps_seen = 0.0, 0  # time in the hook, collect and attach; forwards
         layers[self.layer].register_forward_hook(self._hook)
         log.info("presched features: hook on decoder layer %d of %d (hidden %d, sink %d, steps %s)",
                  self.layer, n, self.hidden, self.sink, self.steps)  # fmt: skip
+
+    def _zeros(self) -> torch.Tensor:
+        return torch.zeros(self.hidden, dtype=torch.float32, device=self.device)
 
     def _hook(self, _module, _inputs, out) -> None:
         t0 = time.perf_counter()
@@ -92,8 +87,7 @@ class FeatureHook:
     @torch.inference_mode()
     def collect(self, so) -> None:
         """Split the step's rows (scheduler output `so`) into prompt sums and last rows."""
-        for rid in (*so.finished_req_ids, *(so.preempted_req_ids or ())):
-            self.pools.pop(rid, None)
+        self.pools.drop((*so.finished_req_ids, *(so.preempted_req_ids or ())))
         hs, self.rows = self.rows, None
         if hs is None or so.total_num_scheduled_tokens == 0:
             return
@@ -116,20 +110,7 @@ class FeatureHook:
         plen = {r: reqs[r].num_prompt_tokens for r in order}
         spec = {r: len(t) for r, t in so.scheduled_spec_decode_tokens.items()}
         pieces = split_rows(order, so.num_scheduled_tokens, computed, plen, self.sink, spec)
-        done: list[tuple[str, _Pool]] = []
-        for pc in pieces:
-            if pc.start >= plen[pc.req_id]:
-                continue
-            pool = self.pools.get(pc.req_id)
-            if pool is None or pool.pos != pc.start:  # new, or recomputed from an earlier position
-                pool = self.pools[pc.req_id] = _Pool(self.hidden, hs.device, pc.start, self.sink)
-            if pc.pool is not None:
-                lo, hi = pc.pool
-                pool.sum += hs[lo:hi].sum(0, dtype=torch.float32)
-                pool.n += hi - lo
-            pool.pos = pc.start + pc.rows
-            if pc.prompt_done:
-                done.append((pc.req_id, self.pools.pop(pc.req_id)))
+        done = self.pools.add(pieces, plen, hs)
         last = None
         if self.steps and pieces:
             idx = torch.tensor([pc.last for pc in pieces], device=hs.device)
