@@ -38,6 +38,9 @@ def _cfg(data) -> dict:
     ({"policy": "sjf", "parmas": {}}, "parmas"),
     ({"policy": "sjf", "predictor": "/no/such/model.npz"}, "predictor"),
     ({"policy": "sjf", "imports": ["no_such_module_xyz"]}, "imports"),
+    ({"features": {"layer": -1}}, "features.layer"),
+    ({"features": {"sink_tokens": "one"}}, "features.sink_tokens"),
+    ({"features": {"pooling": "max"}}, "features.pooling"),
 ])  # fmt: skip
 def test_bad_config_names_the_field(data, field):
     with pytest.raises(PluginConfigError) as e:
@@ -87,7 +90,7 @@ def test_bad_xargs_name_the_field(xargs, field):
 
 def _ns(**kw):
     base = dict(scheduler="vllm", policy=None, param=[], predictor=None, records=None,
-                plugin_stats=None, plugin_config=None)  # fmt: skip
+                plugin_stats=None, plugin_config=None, features=False, feature_layer=None)  # fmt: skip
     return argparse.Namespace(**(base | kw))
 
 
@@ -100,3 +103,10 @@ def test_launch_flags():
     assert got == {"policy": "mlfq", "params": {"preempt": True, "within": "mean", "base_quantum": 64}}
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         plugin_from_args(_ns(scheduler="presched", param=["preempt"]))
+    with pytest.raises(ValueError, match="--features needs --scheduler presched"):
+        plugin_from_args(_ns(features=True))
+    with pytest.raises(ValueError, match="--feature-layer needs --features"):
+        plugin_from_args(_ns(scheduler="presched", feature_layer=3))
+    assert plugin_from_args(_ns(scheduler="presched", features=True, feature_layer=3)) == {
+        "features": {"layer": 3}}
+    assert plugin_from_args(_ns(scheduler="presched", features=True)) == {"features": {}}

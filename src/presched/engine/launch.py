@@ -17,10 +17,13 @@ CLI (stays in the foreground until Ctrl-C; put the gateway in front of it):
     python -m presched.engine.launch --model tiny|smollm2|DIR [--port 8100] [-- extra vllm args]
     python -m presched.engine.launch --model tiny --scheduler presched --policy mlfq \
         --param preempt=true --param within=mean [--predictor model.npz] [--records r.sqlite]
+    python -m presched.engine.launch --model tiny --scheduler presched --features [--feature-layer 1]
 
 `--scheduler presched` runs presched's policies inside vLLM (`presched.engine.plugin`, see
 docs/engine-plugin.md): the config is checked here first (a bad policy or parameter fails before
-vLLM starts, naming the field), then handed to the engine in $PRESCHED_PLUGIN_CONFIG.
+vLLM starts, naming the field), then handed to the engine in $PRESCHED_PLUGIN_CONFIG. With
+`features` in it (`--features`), vLLM also gets `--worker-cls` (the hidden-state hook,
+`presched.engine.plugin.worker`) and `--no-enable-prefix-caching`.
 
 Environment: PRESCHED_ENGINE_VENV (default <repo>/.venv-engine, made by scripts/engine/install.sh),
 PRESCHED_ENGINE_CACHE (built models and logs; default <repo>/.engine-cache),
@@ -219,13 +222,14 @@ def start_engine(
         raise ValueError(
             f"scheduling_policy must be 'priority' or 'fcfs', got {scheduling_policy!r}"
         )
-    plugin_env = {}
+    plugin_env, features = {}, False
     if plugin is not None:
         from presched.engine.plugin.config import build_policy, parse_plugin_config
 
         cfg = parse_plugin_config(dict(plugin))
         build_policy(cfg)  # the engine builds it again; this fails fast, naming the field
         plugin_env["PRESCHED_PLUGIN_CONFIG"] = cfg.model_dump_json()
+        features = cfg.features is not None
     port = port or free_port()
     served_name = served_name or model_dir.name
     log_path = (
@@ -247,6 +251,10 @@ def start_engine(
         cmd += ["--distributed-executor-backend", "uni"]
     if plugin is not None:
         cmd += ["--scheduler-cls", PLUGIN_SCHEDULER_CLS]
+    if features:
+        from presched.engine.plugin.features import WORKER_CLS
+
+        cmd += ["--worker-cls", WORKER_CLS, "--no-enable-prefix-caching"]
     cmd += list(extra_args)
     env = engine_env({
         **plugin_env,

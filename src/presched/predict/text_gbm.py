@@ -59,9 +59,10 @@ DEFAULTS: dict[str, Any] = {
 _MED = LEVELS.index(0.5)
 
 
-def labelled(requests: Sequence[Request], what: str = "requests") -> tuple[list[Request], np.ndarray]:
-    """The requests with a usable target, and their targets (text required)."""
-    check_requests(requests, need_text=True)
+def labelled(requests: Sequence[Request], what: str = "requests",
+             need_text: bool = True) -> tuple[list[Request], np.ndarray]:  # fmt: skip
+    """The requests with a usable target, and their targets (text required unless not `need_text`)."""
+    check_requests(requests, need_text=need_text)
     t, keep = training_targets(requests)
     if not keep.any():
         raise ValueError(f"{what}: none has a usable output length (output_tokens / output_samples)")
@@ -83,13 +84,15 @@ def prompt_split(requests: Sequence[Request], frac: float, seed: int) -> tuple[n
 
 
 def fit_and_calibration(
-    requests: Sequence[Request], validation: Sequence[Request] | None, frac: float, seed: int
+    requests: Sequence[Request], validation: Sequence[Request] | None, frac: float, seed: int,
+    need_text: bool = True,
 ) -> tuple[list[Request], np.ndarray, list[Request], np.ndarray]:
     """(fit requests, their targets, calibration requests, their targets): `validation` when
-    given, else a prompt-disjoint `frac` of `requests` held out (`prompt_split`)."""
-    reqs, y = labelled(requests)
+    given, else a prompt-disjoint `frac` of `requests` held out (`prompt_split`). `need_text`:
+    refuse requests without prompt text (False for predictors that read other features)."""
+    reqs, y = labelled(requests, need_text=need_text)
     if validation is not None:
-        cal, y_cal = labelled(validation, "validation")
+        cal, y_cal = labelled(validation, "validation", need_text)
         return reqs, y, cal, y_cal
     fit_m, cal_m = prompt_split(reqs, frac, seed)
     if not cal_m.any() or not fit_m.any():

@@ -108,7 +108,9 @@ def load_log_requests(
     Kept: rows with status 200 and a known `output_tokens` (the backend's usage count) and
     `prompt_tokens`. Each becomes `Request(id, prompt_tokens, output_tokens, model, tenant,
     prompt (text, or None when prompt logging was off), max_tokens, arrival = seconds after the
-    log's first row)`, metadata {"ts", "finish_reason", "backend", "censored"}.
+    log's first row)`, metadata {"ts", "finish_reason", "backend", "censored"}, plus the
+    request's pooled prompt state under its `FeatureSpec.key()` when the engine plugin's
+    hidden-state hook recorded one (`prompt_features`: what `probe` trains on).
 
     Censored lengths: a request whose generation was cut by `max_tokens` (finish_reason 'length'
     and output_tokens == max_tokens) or by the context window did not end on its own: its true
@@ -136,6 +138,7 @@ def load_log_requests(
             ]
             names = ", ".join(map(repr, known)) or "none (the log is empty)"
             raise ValueError(f"model: no row of {path} has model {model!r}; its models: {names}")
+        features = prompt_features(conn)
     finally:
         conn.close()
     dropped = {"status": 0, "no_output_tokens": 0, "no_prompt_tokens": 0, "censored": 0}
@@ -165,9 +168,28 @@ def load_log_requests(
             model=mdl or "", tenant=tenant or "default", prompt=prompt,
             arrival=max(0.0, ts - t0) if ts is not None else 0.0,
             metadata={"ts": ts, "finish_reason": finish, "backend": backend,
-                      "censored": bool(cens)},
+                      "censored": bool(cens), **features.get(rid, {})},
         ))  # fmt: skip
     return LogRequests(out, len(rows), dropped, kept_censored, no_text)
+
+
+def prompt_features(conn) -> dict[str, dict]:
+    """{request id: {FeatureSpec key: vector}} from the engine plugin's `prompt_features` table
+    (records.py; the hidden-state hook's pooled prompt states), {} when the log has none."""
+    from presched.engine.plugin.features import unpack
+    from presched.engine.plugin.records import FEATURE_TABLE
+    from presched.predict.probe.spec import FeatureSpec
+
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                        (FEATURE_TABLE,)).fetchone():  # fmt: skip
+        return {}
+    out: dict[str, dict] = {}
+    keys: dict[str, str] = {}
+    for rid, spec, vec in conn.execute(f"SELECT id, spec, vec FROM {FEATURE_TABLE}"):
+        if spec not in keys:
+            keys[spec] = FeatureSpec.parse(json.loads(spec), f"{FEATURE_TABLE}.spec").key()
+        out[str(rid)] = {keys[spec]: unpack(vec)}
+    return out
 
 
 def requests_from_log(

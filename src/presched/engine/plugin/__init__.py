@@ -6,8 +6,10 @@
 - `estimates`  predictions from `vllm_xargs` or an in-engine predictor
 - `queue`      `PolicyRequestQueue`: vLLM's waiting queue in the policy's order
 - `guard`      policy exceptions counted, FCFS decision instead
-- `records`    per-request rows in the gateway's request-log schema
+- `records`    per-request rows in the gateway's request-log schema (+ `prompt_features`)
+- `features`   the hidden-state hook's row split and `StepFeatures` (numpy only)
 - `scheduler`  `PreschedScheduler` (imports vllm: only the engine process loads it)
+- `worker`     `PreschedCPUWorker`, the hidden-state hook (imports vllm and torch)
 
-Everything but `scheduler` imports without vllm. See docs/engine-plugin.md.
+Everything but `scheduler` and `worker` imports without vllm. See docs/engine-plugin.md.
 """

@@ -37,6 +37,15 @@ class PluginConfigError(ValueError):
     """A bad in-engine scheduler configuration; the message names the field."""
 
 
+class FeatureConfig(Config):
+    """The hidden-state hook of `presched.engine.plugin.worker` (issue 15): which layer's residual
+    stream is pooled per prompt and shipped per generated token."""
+
+    layer: int | None = Field(None, ge=0, description="Decoder layer whose output (hidden + residual, the residual stream) is read; None: n_layers // 2. Checked against the model when the worker loads it.")
+    sink_tokens: int = Field(1, ge=0, description="Leading prompt positions left out of the pooled prompt state (SmolLM2's first token carries a massive activation that would dominate a plain mean).")
+    steps: bool = Field(True, description="Also ship the state of the last position of every request that sampled a token in a step (the per-step state); False: only the pooled prompt state.")
+
+
 class PluginConfig(Config):
     policy: str = Field("fcfs", min_length=1, description="Name of a registered presched policy (presched.schedule.POLICIES), e.g. fcfs, sjf, srpt, mlfq, kv-admission, srpt-oracle.")
     params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the policy (the same as `policy_params` in the simulator and the gateway).")
@@ -45,6 +54,7 @@ class PluginConfig(Config):
     records: Path | None = Field(None, description="SQLite file that gets one row per finished request, in the gateway's request-log schema plus preemptions and recomputed_tokens. None: no records.")
     store_prompts: bool = Field(False, description="Also store the prompt text (decoded with the tokenizer) in the records, for `presched train --from-log` with text predictors.")
     stats: Path | None = Field(None, description="JSON file with the plugin's counters (policy errors per hook, predictions by source, bad vllm_xargs, preemptions asked by the policy), rewritten at start, after each finished request and after each policy error. None: counters only in the engine log.")
+    features: FeatureConfig | None = Field(None, description="Hidden-state features from the worker hook (needs `--worker-cls presched.engine.plugin.worker.PreschedCPUWorker` and prefix caching off; the launcher's --features sets both). None: off.")
     imports: tuple[str, ...] = Field((), description="Modules (dotted names or .py paths) imported before the policy is built, e.g. to register your own policies.")
 
 

@@ -14,6 +14,8 @@ def add_plugin_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--predictor", type=Path, default=None, help="with --scheduler presched: a model file from `presched train`, for requests without a prediction in vllm_xargs")
     ap.add_argument("--records", type=Path, default=None, help="with --scheduler presched: SQLite file of per-request records (gateway log schema)")
     ap.add_argument("--plugin-stats", type=Path, default=None, help="with --scheduler presched: JSON file of the plugin's counters")
+    ap.add_argument("--features", action="store_true", help="with --scheduler presched: the hidden-state hook in the worker (pooled prompt state and per-step state per request; docs/engine-plugin.md); turns prefix caching off")
+    ap.add_argument("--feature-layer", type=int, default=None, help="with --features: the decoder layer read (default n_layers // 2)")
     ap.add_argument("--plugin-config", type=Path, default=None, help="with --scheduler presched: a JSON/YAML file with the whole plugin config; the flags above override it")
 
 
@@ -24,6 +26,8 @@ def plugin_from_args(a: argparse.Namespace) -> dict | None:
 
     given = [f for f in ("policy", "predictor", "records", "plugin_stats", "plugin_config")
              if getattr(a, f) is not None] + (["param"] if a.param else [])  # fmt: skip
+    given += ["features"] if a.features else []
+    given += ["feature_layer"] if a.feature_layer is not None else []
     if a.scheduler != "presched":
         if given:
             raise ValueError(f"--{given[0].replace('_', '-')} needs --scheduler presched")
@@ -43,6 +47,13 @@ def plugin_from_args(a: argparse.Namespace) -> dict | None:
         params[k.strip()] = yaml.safe_load(raw)
     if params:
         data["params"] = params
+    if a.feature_layer is not None and not a.features:
+        raise ValueError("--feature-layer needs --features")
+    if a.features:
+        feats = dict(data.get("features") or {})
+        if a.feature_layer is not None:
+            feats["layer"] = a.feature_layer
+        data["features"] = feats
     for flag, field in (("predictor", "predictor"), ("records", "records"), ("plugin_stats", "stats")):
         if getattr(a, flag) is not None:
             data[field] = str(getattr(a, flag))

@@ -12,6 +12,12 @@ back from the model - arrival, `e2e_s` = the request freed - arrival (the client
 milliseconds later, after detokenization and HTTP). `status` 200 for a request that stopped or
 hit its length, 499 for one aborted (client gone) before it finished; `backend` = 'engine'.
 
+With hidden-state features on (plugin config `features`), a side table `prompt_features` gets
+one row per freed request that has a pooled prompt state: `id` (the requests row's), `spec` (the
+`FeatureSpec` JSON: model folder name, layer, hidden, pooling 'mean', sink), `n` (positions
+pooled), `missing`, `pools` (pooled states received, > 1 after a recompute), `steps` (per-step
+states received), `vec` (little-endian float32 bytes, `features.unpack`).
+
 Each row is committed when its request is freed (WAL, synchronous=NORMAL: no fsync, tens of
 microseconds), so a killed engine loses none.
 """
@@ -31,6 +37,12 @@ EXTRA_COLUMNS: dict[str, str] = {"preemptions": "INTEGER", "recomputed_tokens": 
 ALL_COLUMNS = {**COLUMNS, **EXTRA_COLUMNS}
 
 
+FEATURE_TABLE = "prompt_features"
+FEATURE_COLUMNS: dict[str, str] = {"id": "TEXT PRIMARY KEY", "spec": "TEXT", "n": "INTEGER",
+                                   "missing": "INTEGER", "pools": "INTEGER", "steps": "INTEGER",
+                                   "vec": "BLOB"}  # fmt: skip
+
+
 class RecordError(RuntimeError):
     """The records file cannot be used (not a presched log, lacks columns)."""
 
@@ -48,6 +60,9 @@ class RecordWriter:
                         f"VALUES ({', '.join('?' * len(names))})")  # fmt: skip
         self._names = names
         self.rows = 0
+        self._features_ready = False
+        self._features = (f"INSERT OR REPLACE INTO {FEATURE_TABLE} ({', '.join(FEATURE_COLUMNS)}) "
+                          f"VALUES ({', '.join('?' * len(FEATURE_COLUMNS))})")  # fmt: skip
 
     def _prepare(self) -> None:
         c = self.conn
@@ -72,6 +87,18 @@ class RecordWriter:
     def write(self, row: dict[str, Any]) -> None:
         self.conn.execute(self._insert, [row.get(n) for n in self._names])  # autocommit
         self.rows += 1
+
+    def write_features(self, seq, spec_json: str) -> None:
+        """The `prompt_features` row of a freed request (an EngineSeq with a pooled state)."""
+        from presched.engine.plugin.features import pack
+
+        if not self._features_ready:
+            cols = ", ".join(f"{n} {t}" for n, t in FEATURE_COLUMNS.items())
+            self.conn.execute(f"CREATE TABLE IF NOT EXISTS {FEATURE_TABLE} ({cols})")
+            self._features_ready = True
+        self.conn.execute(self._features, [seq.id, spec_json, seq.features_n, seq.features_missing,
+                                           seq.feature_pools, seq.feature_steps,
+                                           pack(seq.features_prompt)])  # fmt: skip
 
     def close(self) -> None:
         self.conn.close()

@@ -27,6 +27,10 @@ put the policy in charge of each decision:
 `policy.attach` gets the engine's real numbers: KV blocks x block size, max_num_seqs,
 max_num_batched_tokens. A seq also carries `computed` (vLLM's num_computed_tokens) live.
 
+With `features` in the plugin config, the worker hook's `StepFeatures` (worker.py) are read off
+each step's ModelRunnerOutput and kept on the seqs (`features_prompt`, `features_step`); the
+records get the pooled prompt state (records.py, table `prompt_features`).
+
 A policy hook that raises is counted and logged (`Guard`), the FCFS decision is taken for that
 call, and the engine keeps serving. The vLLM version is pinned (version.py); LoRA and KV
 connectors are refused (their skip paths would be mistaken for admissions).
@@ -46,6 +50,7 @@ from vllm.v1.request import RequestStatus
 
 from presched.engine.plugin.config import PluginConfigError, build_policy, load_plugin_config
 from presched.engine.plugin.estimates import BadPrediction, EnginePredictor, from_xargs
+from presched.engine.plugin.features import FEATURES_ATTR, check_engine_config, deliver
 from presched.engine.plugin.guard import Guard
 from presched.engine.plugin.queue import PolicyRequestQueue
 from presched.engine.plugin.records import RecordWriter, record_row
@@ -96,10 +101,14 @@ class PreschedScheduler(Scheduler):
                 "(--enable-lora / --kv-transfer-config); start vLLM without them"
             )
         self.ps_cfg, self.ps = cfg, policy
+        self._feature_spec = None  # FeatureSpec JSON, from the first StepFeatures
+        if cfg.features is not None:
+            check_engine_config(self.vllm_config)
         self.guard = Guard()
         self.guard.on_error = self._save_stats
         self.counts = {"arrivals": 0, "pred_xargs": 0, "pred_predictor": 0, "pred_none": 0,
-                       "bad_xargs": 0, "preempt_for": 0, "finished": 0, "aborted": 0}  # fmt: skip
+                       "bad_xargs": 0, "preempt_for": 0, "finished": 0, "aborted": 0,
+                       "features_worker_s": 0.0, "features_worker_steps": 0}  # fmt: skip
         self._seqs: dict[str, EngineSeq] = {}
         self._now = time.time()
         num_blocks = int(self.kv_cache_config.num_blocks)
@@ -258,6 +267,13 @@ class PreschedScheduler(Scheduler):
 
     def update_from_output(self, scheduler_output, model_runner_output):
         self._now = time.time()
+        sf = getattr(model_runner_output, FEATURES_ATTR, None)
+        if sf is not None:  # before super(): it frees the requests that finish in this step
+            deliver(sf, self._seqs)
+            self.counts["features_worker_s"] = round(sf.worker_s, 6)
+            self.counts["features_worker_steps"] = sf.worker_steps
+            if self._feature_spec is None:
+                self._feature_spec = self._spec_json(sf)
         out = super().update_from_output(scheduler_output, model_runner_output)
         for rid in scheduler_output.num_scheduled_tokens:
             seq = self._seqs.get(rid)
@@ -289,7 +305,18 @@ class PreschedScheduler(Scheduler):
                 prompt = self._tokenizer.decode(list(request.prompt_token_ids or ()),
                                                 skip_special_tokens=True)  # fmt: skip
             self.records.write(record_row(seq, status.name, self.model_name, prompt))
+            if seq.features_prompt is not None and self._feature_spec is not None:
+                self.records.write_features(seq, self._feature_spec)
         self._save_stats()
+
+    def _spec_json(self, sf) -> str:
+        from pathlib import Path
+
+        from presched.predict.probe.spec import FeatureSpec
+
+        name = Path(self.vllm_config.model_config.model).name
+        return FeatureSpec(model=name, layer=sf.layer, hidden=sf.hidden, pooling="mean",
+                           sink=sf.sink).model_dump_json()  # fmt: skip
 
     def _save_stats(self) -> None:
         """Rewrite the stats file (config `stats`): at start, after each freed request and after

@@ -16,6 +16,14 @@ until it is freed. The attributes policies read are plain fields, refreshed by t
                      request ignores EOS (it then generates exactly that many), else max_tokens
                      (an upper bound; documented in docs/engine-plugin.md)
 
+Hidden-state features (plugin config `features`, worker.py), None / 0 without them:
+
+    features_prompt  pooled prompt state (float32 vector) from the worker hook
+    features_n       prompt positions pooled into it; features_missing: non-sink positions the
+                     hook never saw (0 unless prefix-cached)
+    feature_pools    how often a pooled prompt state arrived (1 + recomputes after preemption)
+    features_step    state at the last generated token; feature_steps: how many arrived
+
 Also kept for the request record: `recomputed_tokens` (tokens prefilled again after
 preemptions), `finish`, `vreq` (the vLLM request).
 """
@@ -34,7 +42,8 @@ XARG_TENANT = "presched_tenant"
 class EngineSeq:
     __slots__ = ("vreq", "request", "arrival", "prompt_tokens", "generated", "estimate",
                  "first_scheduled", "first_token", "preemptions", "target", "recomputed_tokens",
-                 "finish", "pred_source", "computed")  # fmt: skip
+                 "finish", "pred_source", "computed", "features_prompt", "features_n",
+                 "features_missing", "feature_pools", "features_step", "feature_steps")  # fmt: skip
 
     def __init__(self, vreq: Any, estimate: Any = None, pred_source: str | None = None) -> None:
         self.vreq = vreq
@@ -61,6 +70,8 @@ class EngineSeq:
         self.recomputed_tokens = 0
         self.finish: float | None = None
         self.computed = 0  # vLLM's num_computed_tokens, refreshed at each schedule()
+        self.features_prompt = self.features_step = None
+        self.features_n = self.features_missing = self.feature_pools = self.feature_steps = 0
 
     @property
     def id(self) -> str:

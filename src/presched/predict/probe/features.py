@@ -4,8 +4,9 @@ What the engine hook (issue 15) must reproduce, computed here with plain transfo
 torch; import this module only where torch exists — the `probe` / `egtp` predictors themselves
 need only numpy):
 
-- **residual stream at layer L**: `hidden_states[L + 1]` of a transformers forward (index 0 is
-  the embedding output), i.e. the output of decoder layer L. In vLLM's Llama the same tensor is
+- **residual stream at layer L**: the output of decoder layer L (read with a forward hook; it
+  equals `hidden_states[L + 1]` of a transformers forward except for the last layer, where
+  transformers puts the final-norm output instead). In vLLM's Llama the same tensor is
   `hidden + residual` of layer L's output (the residual add is fused into the next norm).
 - **mean pool without the sink**: the first `sink` prompt positions are left out. SmolLM2's
   first token carries a massive activation (layer-15 norm ~25,000 against ~130 for the others,
@@ -104,8 +105,14 @@ class PromptFeaturizer:
             width = max(map(len, chunk))
             x = torch.tensor([list(p) + [pad] * (width - len(p)) for p in chunk])
             mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in chunk])
-            out = self.model(input_ids=x, attention_mask=mask, output_hidden_states=True)
-            states = out.hidden_states[self.layer + 1]
+            seen: list[torch.Tensor] = []
+            hook = self.model.model.layers[self.layer].register_forward_hook(
+                lambda _m, _i, o: seen.append(o[0] if isinstance(o, tuple) else o))
+            try:
+                out = self.model(input_ids=x, attention_mask=mask)
+            finally:
+                hook.remove()
+            states = seen[0]
             means.append(pool_mean(states, mask, self.sink))
             egtps.append(pool_entropy(states, token_entropy(out.logits), mask, self.sink))
         return {"mean": torch.cat(means).numpy(), "egtp": torch.cat(egtps).numpy(),

@@ -95,7 +95,9 @@ class HiddenStateProbe(Predictor):
     # --- fit / predict ----------------------------------------------------------------------
     def fit(self, requests: Sequence[Request], validation: Sequence[Request] | None = None) -> "HiddenStateProbe":
         p = self.params
-        reqs, y, cal, y_cal = fit_and_calibration(requests, validation, p["calib_frac"], p["seed"])
+        # text only where a vector is missing and model_dir computes it (features() says so)
+        reqs, y, cal, y_cal = fit_and_calibration(requests, validation, p["calib_frac"], p["seed"],
+                                                  need_text=False)  # fmt: skip
         X, X_cal = self.features(reqs), self.features(cal)
         return self.fit_features(X, y, X_cal, y_cal)
 
