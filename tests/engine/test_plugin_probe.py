@@ -58,7 +58,8 @@ def test_a_file_that_is_not_a_mean_probe_is_refused(tmp_path):
     rng = np.random.default_rng(1)
     X = rng.normal(size=(20, HIDDEN))
     egtp = PREDICTORS.create("egtp", model="tiny-llama", layer=1)
-    path = egtp.fit_features(X[:15], np.full(15, 9.0), X[15:], np.full(5, 9.0)).save(tmp_path / "e.npz")
+    egtp.fit_features(X[:15], np.full(15, 9.0), X[15:], np.full(5, 9.0))
+    path = egtp.save(tmp_path / "e.npz")
     with pytest.raises(PluginConfigError, match=r"^probe: .*'egtp' predictor"):
         _probe(path)
     (tmp_path / "junk.npz").write_bytes(b"not a zip")

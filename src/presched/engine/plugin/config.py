@@ -31,6 +31,8 @@ from pydantic import Field, ValidationError
 from presched.config import Config, format_validation_error
 
 CONFIG_ENV = "PRESCHED_PLUGIN_CONFIG"
+PROBE_NEEDS_FEATURES = ("probe: needs `features` (the worker hook that pools the prompt states "
+                        "the probe reads); set features: {} or drop probe")  # fmt: skip
 
 
 class PluginConfigError(ValueError):
@@ -126,8 +128,7 @@ def parse_plugin_config(data: dict) -> PluginConfig:
         raise PluginConfigError(f"predictor: model file not found: {cfg.predictor}")
     if cfg.probe is not None:
         if cfg.features is None:
-            raise PluginConfigError("probe: needs `features` (the worker hook that pools the "
-                                    "prompt states the probe reads); set features: {} or drop probe")  # fmt: skip
+            raise PluginConfigError(PROBE_NEEDS_FEATURES)
         if not cfg.probe.is_file():
             raise PluginConfigError(f"probe: model file not found: {cfg.probe}")
     return cfg

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from presched.engine.plugin.config import FeatureConfig, PluginConfigError
+from presched.engine.plugin.config import PROBE_NEEDS_FEATURES, FeatureConfig, PluginConfigError
 
 log = logging.getLogger("presched.engine.plugin")
 SOURCE = "probe"
@@ -43,15 +43,14 @@ class EngineProbe:
         from presched.predict.probe.spec import FeatureSpec
 
         if features is None:
-            raise PluginConfigError("probe: needs `features` (the worker hook that pools the "
-                                    "prompt states the probe reads); set features: {} or drop probe")  # fmt: skip
+            raise PluginConfigError(PROBE_NEEDS_FEATURES)
         try:
             pred = load_predictor(path)
         except ModelFileError as e:
             raise PluginConfigError(f"probe: {e}") from None
         if not isinstance(pred, HiddenStateProbe) or pred.pooling != "mean":
-            raise PluginConfigError(f"probe: {path} holds a {pred.name!r} predictor; expected a "
-                                    "mean-pooled hidden-state probe (`presched train -p probe`)")  # fmt: skip
+            raise PluginConfigError(f"probe: {path} holds a {pred.name!r} predictor; expected "
+                                    "a mean-pooled probe (`presched train -p probe`)")  # fmt: skip
         layer = features.layer if features.layer is not None else n_layers // 2
         self.spec = FeatureSpec(model=model, layer=layer, hidden=hidden, pooling="mean",
                                 sink=features.sink_tokens)  # fmt: skip
