@@ -14,7 +14,8 @@ waiting-queue order before that still comes from xargs or the text predictor.
 Policies have no hook for an updated estimate: they read `seq.estimate` at each decision
 (`priority` when a request is pushed into the waiting queue again after a preemption, `victim`,
 `preempt_for`, `admit`), as `schedule/interface.py` allows ("drivers may replace it at any
-step"). A probe that raises is counted (`probe_errors`), logged, and the seqs keep their
+step"); `kv-admission` alone fixes a running request's footprint at admission (`on_schedule`),
+so the probe's estimate reaches it at the next admission. A probe that raises is counted (`probe_errors`), logged, and the seqs keep their
 previous estimates.
 """
 

@@ -29,7 +29,9 @@ max_num_batched_tokens. A seq also carries `computed` (vLLM's num_computed_token
 
 With `features` in the plugin config, the worker hook's `StepFeatures` (worker.py) are read off
 each step's ModelRunnerOutput and kept on the seqs (`features_prompt`, `features_step`); the
-records get the pooled prompt state (records.py, table `prompt_features`).
+records get the pooled prompt state (records.py, table `prompt_features`). With `probe` too,
+the pooled prompt states of each step go through the probe (probe.py), whose estimates replace
+those of requests without their own vllm_xargs prediction.
 
 A policy hook that raises is counted and logged (`Guard`), the FCFS decision is taken for that
 call, and the engine keeps serving. The vLLM version is pinned (version.py); LoRA and KV
