@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -90,7 +91,8 @@ def test_bad_xargs_name_the_field(xargs, field):
 
 def _ns(**kw):
     base = dict(scheduler="vllm", policy=None, param=[], predictor=None, records=None,
-                plugin_stats=None, plugin_config=None, features=False, feature_layer=None)  # fmt: skip
+                plugin_stats=None, plugin_config=None, features=False, feature_layer=None,
+                probe=None)  # fmt: skip
     return argparse.Namespace(**(base | kw))
 
 
@@ -110,3 +112,7 @@ def test_launch_flags():
     assert plugin_from_args(_ns(scheduler="presched", features=True, feature_layer=3)) == {
         "features": {"layer": 3}}
     assert plugin_from_args(_ns(scheduler="presched", features=True)) == {"features": {}}
+    with pytest.raises(ValueError, match="--probe needs --features"):
+        plugin_from_args(_ns(scheduler="presched", probe=Path("p.npz")))
+    assert plugin_from_args(_ns(scheduler="presched", features=True, probe=Path("p.npz"))) == {
+        "features": {}, "probe": "p.npz"}

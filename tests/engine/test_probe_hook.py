@@ -10,6 +10,11 @@ or a chunk pooled twice fails it), pool exactly its non-sink positions, be shipp
 a recompute, and come with one per-step state per generated token. (Preemption here falls
 after the prompts are pooled; the sum's reset for a request preempted mid-prefill is tested
 without the engine, test_plugin_features.py, on random schedules.)
+
+The same engine runs a probe (plugin config `probe`) fitted offline on the reference features of
+other prompts, labelled 10 x prompt tokens: each request's final estimate (the record's
+pred_mean / pred_quantiles) must be the probe's prediction on its own reference feature, with
+pred_source 'probe', except for a request that sent its own prediction in vllm_xargs.
 """
 
 from __future__ import annotations
@@ -30,29 +35,59 @@ PROMPT_LENS = (41, 57, 73, 90)
 OUTPUT = 150
 
 
+def _prompts(lens, seed):
+    rng = np.random.default_rng(seed)
+    return [[1] + rng.integers(3, 4096, n - 1).tolist() for n in lens]
+
+
+def _reference(tiny_model, prompts):
+    from presched.predict.probe.features import PromptFeaturizer
+
+    return PromptFeaturizer(tiny_model, layer=None, sink=1).encode_ids(prompts)["mean"]
+
+
 @pytest.fixture(scope="module")
-def hooked(engine_factory, tmp_path_factory):
-    rec = tmp_path_factory.mktemp("hook") / "rec.sqlite"
-    plugin = {"policy": "fcfs", "records": str(rec), "features": {"sink_tokens": 1}}
+def probe(tiny_model, tmp_path_factory):
+    """A probe fitted on the reference features of 40 other prompts, label 10 x prompt tokens."""
+    from presched.predict import PREDICTORS
+    from presched.predict.probe.spec import FeatureSpec
+
+    lens = np.random.default_rng(7).integers(20, 120, 40)
+    X = _reference(tiny_model, _prompts(lens, 8))
+    spec = FeatureSpec(model=tiny_model.name, layer=1, hidden=X.shape[1], pooling="mean", sink=1)
+    pred = PREDICTORS.create("probe", model=tiny_model.name, layer=1)
+    pred.fit_features(X[:30], 10.0 * lens[:30], X[30:], 10.0 * lens[30:], spec=spec)
+    return pred, pred.save(tmp_path_factory.mktemp("probe") / "probe.npz")
+
+
+@pytest.fixture(scope="module")
+def hooked(engine_factory, tmp_path_factory, probe):
+    d = tmp_path_factory.mktemp("hook")
+    rec = d / "rec.sqlite"
+    plugin = {"policy": "fcfs", "records": str(rec), "features": {"sink_tokens": 1},
+              "probe": str(probe[1]), "stats": str(d / "stats.json")}  # fmt: skip
     eng = engine_factory(plugin=plugin, max_num_seqs=4, num_gpu_blocks_override=5, max_model_len=512,
                          extra_args=("--max-num-batched-tokens", "32"))  # fmt: skip
     return eng, rec
 
 
-async def _run(url: str, prompts: list[list[int]]) -> list[dict]:
+async def _run(url: str, prompts: list[list[int]], xargs=None) -> list[dict]:
     async with httpx.AsyncClient(timeout=120) as c:
-        async def one(ids):
-            r = await c.post(f"{url}/v1/completions", json=dict(
-                model="tiny", prompt=ids, max_tokens=OUTPUT, ignore_eos=True, temperature=0.0))
+        async def one(ids, xa):
+            body = dict(model="tiny", prompt=ids, max_tokens=OUTPUT, ignore_eos=True, temperature=0.0)
+            if xa:
+                body["vllm_xargs"] = xa
+            r = await c.post(f"{url}/v1/completions", json=body)
             assert r.status_code == 200, r.text
             return r.json()
 
-        return await asyncio.gather(*(one(p) for p in prompts))
+        return await asyncio.gather(*(one(p, x) for p, x in zip(prompts, xargs or [None] * len(prompts))))
 
 
 def _rows(rec, n: int) -> list[tuple]:
     q = (f"SELECT r.prompt_tokens, r.output_tokens, r.preemptions, f.spec, f.n, f.missing, "
-         f"f.pools, f.steps, f.vec FROM requests r JOIN {FEATURE_TABLE} f ON f.id = r.id")  # fmt: skip
+         f"f.pools, f.steps, f.vec, r.pred_source, r.pred_mean, r.pred_quantiles "
+         f"FROM requests r JOIN {FEATURE_TABLE} f ON f.id = r.id")  # fmt: skip
     t0 = time.monotonic()
     while True:  # a row is written when vLLM frees the request, just after the response
         with sqlite3.connect(rec) as c:
@@ -63,19 +98,25 @@ def _rows(rec, n: int) -> list[tuple]:
         time.sleep(0.1)
 
 
-def test_pooled_prompt_states_equal_the_reference_under_chunks_batching_and_preemption(
-        hooked, tiny_model):  # fmt: skip
-    from presched.predict.probe.features import PromptFeaturizer
+def _assert_probe_estimate(row, probe, ref) -> None:
+    """The record's final estimate is the probe's prediction on the request's reference feature."""
+    want = probe.predict_features(ref[None])[0]
+    assert row[9] == "probe"
+    np.testing.assert_allclose(row[10], want.mean, rtol=1e-4)
+    np.testing.assert_allclose(json.loads(row[11]), want.quantiles, rtol=1e-4)
 
+
+def test_pooled_prompt_states_equal_the_reference_under_chunks_batching_and_preemption(
+        hooked, tiny_model, probe):  # fmt: skip
     eng, rec = hooked
-    rng = np.random.default_rng(15)
-    prompts = [[1] + rng.integers(3, 4096, n - 1).tolist() for n in PROMPT_LENS]
+    prompts = _prompts(PROMPT_LENS, 15)
     asyncio.run(_run(eng.url, prompts))
     rows = {r[0]: r for r in _rows(rec, len(prompts))}
     assert sorted(rows) == list(PROMPT_LENS)
-    ref = PromptFeaturizer(tiny_model, layer=None, sink=1).encode_ids(prompts)["mean"]
+    ref = _reference(tiny_model, prompts)
     for ids, want in zip(prompts, ref):
-        p, out, preempt, spec, n, missing, pools, steps, vec = rows[len(ids)]
+        _assert_probe_estimate(rows[len(ids)], probe[0], want)
+        p, out, preempt, spec, n, missing, pools, steps, vec = rows[len(ids)][:9]
         assert json.loads(spec) == {"model": tiny_model.name, "layer": 1, "hidden": 256,
                                     "pooling": "mean", "sink": 1}  # fmt: skip
         got = unpack(vec)
@@ -86,3 +127,20 @@ def test_pooled_prompt_states_equal_the_reference_under_chunks_batching_and_pree
     preempted = [r for r in rows.values() if r[2] > 0]
     assert preempted, "the forced-short KV cache preempted nothing: the reset path is untested"
     assert any(r[6] > 1 for r in preempted), "no request was recomputed after its prompt pooled"
+
+
+def test_a_requests_own_prediction_wins_over_the_probe(hooked, tiny_model, probe):
+    eng, rec = hooked
+    own, plain = 45, 61  # prompt lengths the test above does not use
+    prompts = _prompts((own, plain), 16)
+    from presched.engine.plugin.estimates import from_xargs
+
+    xargs = {"presched_pred_mean": 77.0}
+    asyncio.run(_run(eng.url, prompts, [xargs, None]))
+    rows = {r[0]: r for r in _rows(rec, len(PROMPT_LENS) + 2)}
+    assert rows[own][9] == "xargs"
+    np.testing.assert_allclose(json.loads(rows[own][11]), from_xargs(xargs).quantiles, rtol=1e-9)
+    _assert_probe_estimate(rows[plain], probe[0], _reference(tiny_model, prompts)[1])
+    stats = json.loads((rec.parent / "stats.json").read_text())
+    n = len(PROMPT_LENS) + 1  # + recomputes: a preempted request is probed again when re-pooled
+    assert stats["pred_probe"] >= n and stats["probe_errors"] == 0 and stats["pred_xargs"] == 1

@@ -17,7 +17,7 @@ CLI (stays in the foreground until Ctrl-C; put the gateway in front of it):
     python -m presched.engine.launch --model tiny|smollm2|DIR [--port 8100] [-- extra vllm args]
     python -m presched.engine.launch --model tiny --scheduler presched --policy mlfq \
         --param preempt=true --param within=mean [--predictor model.npz] [--records r.sqlite]
-    python -m presched.engine.launch --model tiny --scheduler presched --features [--feature-layer 1]
+    python -m presched.engine.launch --model tiny --scheduler presched --features [--feature-layer 1] [--probe probe.npz]
 
 `--scheduler presched` runs presched's policies inside vLLM (`presched.engine.plugin`, see
 docs/engine-plugin.md): the config is checked here first (a bad policy or parameter fails before

@@ -31,6 +31,8 @@ from pydantic import Field, ValidationError
 from presched.config import Config, format_validation_error
 
 CONFIG_ENV = "PRESCHED_PLUGIN_CONFIG"
+PROBE_NEEDS_FEATURES = ("probe: needs `features` (the worker hook that pools the prompt states "
+                        "the probe reads); set features: {} or drop probe")  # fmt: skip
 
 
 class PluginConfigError(ValueError):
@@ -55,6 +57,7 @@ class PluginConfig(Config):
     store_prompts: bool = Field(False, description="Also store the prompt text (decoded with the tokenizer) in the records, for `presched train --from-log` with text predictors.")
     stats: Path | None = Field(None, description="JSON file with the plugin's counters (policy errors per hook, predictions by source, bad vllm_xargs, preemptions asked by the policy), rewritten at start, after each finished request and after each policy error. None: counters only in the engine log.")
     features: FeatureConfig | None = Field(None, description="Hidden-state features from the worker hook (needs `--worker-cls presched.engine.plugin.worker.PreschedCPUWorker` and prefix caching off; the launcher's --features sets both). None: off.")
+    probe: Path | None = Field(None, description="A probe model file (`presched train -p probe`), loaded in the engine core and run on each request's pooled prompt state after prefill: its prediction replaces the request's estimate unless the request sent its own in vllm_xargs. Needs `features`; its FeatureSpec (model, layer, hidden, sink, mean pooling) must be what the hook pools from the served model. None: off.")
     imports: tuple[str, ...] = Field((), description="Modules (dotted names or .py paths) imported before the policy is built, e.g. to register your own policies.")
 
 
@@ -123,6 +126,11 @@ def parse_plugin_config(data: dict) -> PluginConfig:
         raise PluginConfigError(format_validation_error(e)) from None
     if cfg.predictor is not None and not cfg.predictor.is_file():
         raise PluginConfigError(f"predictor: model file not found: {cfg.predictor}")
+    if cfg.probe is not None:
+        if cfg.features is None:
+            raise PluginConfigError(PROBE_NEEDS_FEATURES)
+        if not cfg.probe.is_file():
+            raise PluginConfigError(f"probe: model file not found: {cfg.probe}")
     return cfg
 
 

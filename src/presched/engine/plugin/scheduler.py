@@ -29,7 +29,9 @@ max_num_batched_tokens. A seq also carries `computed` (vLLM's num_computed_token
 
 With `features` in the plugin config, the worker hook's `StepFeatures` (worker.py) are read off
 each step's ModelRunnerOutput and kept on the seqs (`features_prompt`, `features_step`); the
-records get the pooled prompt state (records.py, table `prompt_features`).
+records get the pooled prompt state (records.py, table `prompt_features`). With `probe` too,
+the pooled prompt states of each step go through the probe (probe.py), whose estimates replace
+those of requests without their own vllm_xargs prediction.
 
 A policy hook that raises is counted and logged (`Guard`), the FCFS decision is taken for that
 call, and the engine keeps serving. The vLLM version is pinned (version.py); LoRA and KV
@@ -42,6 +44,7 @@ import json
 import logging
 import os
 import time
+from pathlib import Path
 
 import vllm
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
@@ -52,6 +55,7 @@ from presched.engine.plugin.config import PluginConfigError, build_policy, load_
 from presched.engine.plugin.estimates import BadPrediction, EnginePredictor, from_xargs
 from presched.engine.plugin.features import FEATURES_ATTR, check_engine_config, deliver
 from presched.engine.plugin.guard import Guard
+from presched.engine.plugin.probe import EngineProbe
 from presched.engine.plugin.queue import PolicyRequestQueue
 from presched.engine.plugin.records import RecordWriter, record_row
 from presched.engine.plugin.seq import EngineSeq, xargs_of
@@ -108,7 +112,8 @@ class PreschedScheduler(Scheduler):
         self.guard.on_error = self._save_stats
         self.counts = {"arrivals": 0, "pred_xargs": 0, "pred_predictor": 0, "pred_none": 0,
                        "bad_xargs": 0, "preempt_for": 0, "finished": 0, "aborted": 0,
-                       "features_worker_s": 0.0, "features_worker_steps": 0}  # fmt: skip
+                       "features_worker_s": 0.0, "features_worker_steps": 0,
+                       "pred_probe": 0, "probe_errors": 0}  # fmt: skip
         self._seqs: dict[str, EngineSeq] = {}
         self._now = time.time()
         num_blocks = int(self.kv_cache_config.num_blocks)
@@ -145,6 +150,11 @@ class PreschedScheduler(Scheduler):
         log.info("presched in-engine scheduler: policy %s, %s KV tokens (%d usable blocks of "
                  "%d), max_num_seqs %d", policy.describe(), self.engine_info.kv_tokens, num_blocks - 1,
                  self.block_size, self.max_num_running_reqs)  # fmt: skip
+        self.probe = None
+        if cfg.probe is not None:
+            hf = mc.hf_config
+            self.probe = EngineProbe(cfg.probe, cfg.features, Path(mc.model).name,
+                                     int(hf.num_hidden_layers), int(hf.hidden_size))  # fmt: skip
         self._save_stats()
 
     # --- seqs ---------------------------------------------------------------------------------
@@ -270,6 +280,12 @@ class PreschedScheduler(Scheduler):
         sf = getattr(model_runner_output, FEATURES_ATTR, None)
         if sf is not None:  # before super(): it frees the requests that finish in this step
             deliver(sf, self._seqs)
+            if self.probe is not None and sf.prompt_ids:  # xargs > probe > text predictor
+                self.probe.apply(sf.prompt_ids, sf.prompt, self._seqs)
+                self.counts["pred_probe"] = self.probe.predictions
+                if self.probe.errors != self.counts["probe_errors"]:
+                    self.counts["probe_errors"] = self.probe.errors
+                    self._save_stats()
             self.counts["features_worker_s"] = round(sf.worker_s, 6)
             self.counts["features_worker_steps"] = sf.worker_steps
             if self._feature_spec is None:
@@ -310,8 +326,6 @@ class PreschedScheduler(Scheduler):
         self._save_stats()
 
     def _spec_json(self, sf) -> str:
-        from pathlib import Path
-
         from presched.predict.probe.spec import FeatureSpec
 
         name = Path(self.vllm_config.model_config.model).name

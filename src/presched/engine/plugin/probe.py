@@ -1,0 +1,89 @@
+"""`EngineProbe`: a hidden-state probe (`presched train -p probe`) run in the engine core on the
+pooled prompt states the worker hook ships (plugin config `probe`, needs `features`).
+
+Loaded once by the scheduler; refused at start (`PluginConfigError` naming `probe`) when the file
+is not a mean-pooled probe or its `FeatureSpec` (model folder name, layer, hidden size, sink)
+differs from what this engine's hook pools. `apply` runs the probe once per engine step on the
+prompts pooled in that step (batched) and replaces each seq's estimate with its prediction.
+
+Precedence (module doc of estimates.py for the other two): a request's own `vllm_xargs`
+prediction wins and is never replaced; otherwise the probe's prediction replaces the in-engine
+text predictor's (or no estimate) as soon as the prompt is pooled, i.e. after prefill. The
+waiting-queue order before that still comes from xargs or the text predictor.
+
+Policies have no hook for an updated estimate: they read `seq.estimate` at each decision
+(`priority` when a request is pushed into the waiting queue again after a preemption, `victim`,
+`preempt_for`, `admit`), as `schedule/interface.py` allows ("drivers may replace it at any
+step"); `kv-admission` alone fixes a running request's footprint at admission (`on_schedule`),
+so the probe's estimate reaches it at the next admission. A probe that raises is counted (`probe_errors`), logged, and the seqs keep their
+previous estimates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from presched.engine.plugin.config import PROBE_NEEDS_FEATURES, FeatureConfig, PluginConfigError
+
+log = logging.getLogger("presched.engine.plugin")
+SOURCE = "probe"
+_LOGGED = 5
+
+
+class EngineProbe:
+    def __init__(self, path: Path, features: FeatureConfig | None, model: str, n_layers: int,
+                 hidden: int) -> None:  # fmt: skip
+        """`model`: the served model's folder name; `n_layers`, `hidden`: its decoder layers and
+        hidden size (the hook pools layer `features.layer`, default n_layers // 2)."""
+        from presched.predict.base import ModelFileError, load_predictor
+        from presched.predict.probe.predictor import HiddenStateProbe
+        from presched.predict.probe.spec import FeatureSpec
+
+        if features is None:
+            raise PluginConfigError(PROBE_NEEDS_FEATURES)
+        try:
+            pred = load_predictor(path)
+        except ModelFileError as e:
+            raise PluginConfigError(f"probe: {e}") from None
+        if not isinstance(pred, HiddenStateProbe) or pred.pooling != "mean":
+            raise PluginConfigError(f"probe: {path} holds a {pred.name!r} predictor; expected "
+                                    "a mean-pooled probe (`presched train -p probe`)")  # fmt: skip
+        layer = features.layer if features.layer is not None else n_layers // 2
+        self.spec = FeatureSpec(model=model, layer=layer, hidden=hidden, pooling="mean",
+                                sink=features.sink_tokens)  # fmt: skip
+        try:
+            pred.spec.check(self.spec, f"probe ({path})")
+        except ValueError as e:
+            raise PluginConfigError(str(e)) from None
+        self.predictor = pred
+        self.predictions = self.errors = 0
+        log.info("presched: probe loaded from %s (%s)", path, self.spec.key())
+
+    def apply(self, prompt_ids, vectors, seqs: Mapping[str, object]) -> int:
+        """Replace the estimate of each seq (by request id) whose pooled prompt state is a row of
+        `vectors`, unless it carries its own vllm_xargs prediction; the number replaced. A
+        raising probe leaves every estimate as it was (counted in `errors`)."""
+        rows, targets = [], []
+        for i, rid in enumerate(prompt_ids):
+            seq = seqs.get(rid)
+            if seq is not None and seq.pred_source != "xargs":  # the request's own prediction wins
+                rows.append(i)
+                targets.append(seq)
+        if not targets:
+            return 0
+        try:
+            est = self.predictor.predict_features(np.asarray(vectors)[rows])
+        except Exception as e:  # noqa: BLE001 - a broken probe must not kill the engine
+            self.errors += 1
+            if self.errors <= _LOGGED:
+                log.error("presched: probe raised (%d so far; estimates kept): %s: %s",
+                          self.errors, type(e).__name__, e, exc_info=e)  # fmt: skip
+            return 0
+        for j, seq in enumerate(targets):
+            seq.estimate, seq.pred_source = est[j], SOURCE
+        self.predictions += len(targets)
+        return len(targets)

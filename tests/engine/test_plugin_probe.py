@@ -1,0 +1,95 @@
+"""`EngineProbe` (plugin config `probe`) without an engine: refused at start when it cannot read
+the hook's features, replaces estimates batched (a request's own vllm_xargs prediction wins), and
+a probe that raises is counted with the estimates kept. The real engine run is test_probe_hook's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from presched.engine.plugin.config import FeatureConfig, PluginConfigError, parse_plugin_config
+from presched.engine.plugin.probe import EngineProbe
+from presched.predict import PREDICTORS
+from presched.predict.probe.spec import FeatureSpec
+
+HIDDEN = 6
+
+
+@pytest.fixture(scope="module")
+def probe_file(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(80, HIDDEN))
+    y = np.exp(4 + X[:, 0])
+    spec = FeatureSpec(model="tiny-llama", layer=1, hidden=HIDDEN, pooling="mean", sink=1)
+    pred = PREDICTORS.create("probe", model="tiny-llama", layer=1)
+    pred.fit_features(X[:60], y[:60], X[60:], y[60:], spec=spec)
+    return pred.save(tmp_path_factory.mktemp("probe") / "probe.npz")
+
+
+def _probe(path, features=FeatureConfig(), model="tiny-llama", n_layers=2, hidden=HIDDEN):
+    return EngineProbe(path, features, model, n_layers, hidden)
+
+
+def test_config_refuses_a_probe_without_features_or_file(probe_file, tmp_path):
+    with pytest.raises(PluginConfigError, match=r"^probe: needs `features`"):
+        parse_plugin_config({"probe": str(probe_file)})
+    with pytest.raises(PluginConfigError, match=r"^probe: model file not found"):
+        parse_plugin_config({"probe": str(tmp_path / "no.npz"), "features": {}})
+    assert parse_plugin_config({"probe": str(probe_file), "features": {}}).probe == probe_file
+    with pytest.raises(PluginConfigError, match=r"^probe: needs `features`"):
+        _probe(probe_file, features=None)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(features=FeatureConfig(layer=0)), "layer: fitted on 1, got 0"),
+    (dict(n_layers=4), "layer: fitted on 1, got 2"),  # default layer = n_layers // 2
+    (dict(features=FeatureConfig(sink_tokens=0)), "sink: fitted on 1, got 0"),
+    (dict(hidden=8), "hidden: fitted on 6, got 8"),
+    (dict(model="smollm2-135m"), "model: fitted on 'tiny-llama', got 'smollm2-135m'"),
+])  # fmt: skip
+def test_a_probe_of_other_features_is_refused_naming_the_field(probe_file, kwargs, field):
+    with pytest.raises(PluginConfigError, match=r"^probe \(.*" + field.replace("(", r"\(")):
+        _probe(probe_file, **kwargs)
+
+
+def test_a_file_that_is_not_a_mean_probe_is_refused(tmp_path):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(20, HIDDEN))
+    egtp = PREDICTORS.create("egtp", model="tiny-llama", layer=1)
+    egtp.fit_features(X[:15], np.full(15, 9.0), X[15:], np.full(5, 9.0))
+    path = egtp.save(tmp_path / "e.npz")
+    with pytest.raises(PluginConfigError, match=r"^probe: .*'egtp' predictor"):
+        _probe(path)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(PluginConfigError, match=r"^probe: .*not a presched model file"):
+        _probe(tmp_path / "junk.npz")
+
+
+def _seq(source=None, estimate=None):
+    return SimpleNamespace(pred_source=source, estimate=estimate)
+
+
+def test_apply_replaces_estimates_batched_but_never_a_requests_own(probe_file):
+    probe = _probe(probe_file)
+    own = object()
+    seqs = {"a": _seq("predictor", "text"), "b": _seq("xargs", own), "c": _seq()}
+    vecs = np.random.default_rng(2).normal(size=(4, HIDDEN)).astype(np.float32)
+    assert probe.apply(["a", "b", "c", "gone"], vecs, seqs) == 2  # "gone" was freed
+    want = probe.predictor.predict_features(vecs[[0, 2]])
+    for j, rid in enumerate(("a", "c")):
+        assert seqs[rid].pred_source == "probe"
+        np.testing.assert_allclose(seqs[rid].estimate.quantiles, want[j].quantiles, rtol=1e-12)
+    assert seqs["b"].estimate is own and seqs["b"].pred_source == "xargs"
+    assert (probe.predictions, probe.errors) == (2, 0)
+
+
+def test_a_raising_probe_is_counted_and_the_estimates_are_kept(probe_file):
+    probe = _probe(probe_file)
+    seqs = {"a": _seq("predictor", "text")}
+    # one vector of the wrong width: the real probe raises on it (shape check)
+    assert probe.apply(["a"], np.zeros((1, HIDDEN + 1), np.float32), seqs) == 0
+    assert (probe.predictions, probe.errors) == (0, 1)
+    assert (seqs["a"].estimate, seqs["a"].pred_source) == ("text", "predictor")
+    assert probe.apply(["a"], np.zeros((1, HIDDEN), np.float32), seqs) == 1  # still serving
