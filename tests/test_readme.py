@@ -170,12 +170,10 @@ def test_readme_sample_is_the_output_of_presched_bench(tmp_path):
 
 def test_ci_runs_the_readmes_two_commands_as_written():
     # .ci/run runs the README's first two bash blocks (quickstart, then the test command) as
-    # written, in that order, in one shell, and refuses to run if the README says otherwise
+    # written, in that order, in one shell, and nothing else
     blocks = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
     quickstart, test_command = (b.strip() for b in blocks[:2])
     assert test_command == "scripts/test"
-    printed = subprocess.run(["bash", str(ROOT / ".ci/run"), "--print"], capture_output=True, text=True,
-                             check=True, timeout=30).stdout
-    assert printed.splitlines() == [*quickstart.splitlines(), *test_command.splitlines()]
-    lines = (ROOT / ".ci/run").read_text().splitlines()  # the lines it executes, not only prints
-    assert lines.index(quickstart) < lines.index(test_command)
+    lines = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()]
+    commands = [line for line in lines if line and not line.startswith("#")]
+    assert commands == ["set -euo pipefail", 'cd "$(dirname "$0")/.."', quickstart, test_command]
