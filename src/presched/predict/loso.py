@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from presched.plotting import pyplot, save
 from presched.predict.evaluate import DEFAULT, Evaluation, Split, castillo_view, evaluate, subsample
 
 SOURCES = ("Alpaca", "Apps", "BigCodeBench", "DS1000", "DollyDataset", "Mbpp", "ShareGPT")
@@ -160,12 +161,7 @@ def plot_loso(result: Evaluation, path: str | Path) -> Path | None:
     sources = [v[len(PREFIX):] for v in result.splits if is_loso(v)]
     if not summaries or not sources:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(1.2 * len(sources) + 3, 4.2))
+    fig, ax = pyplot().subplots(figsize=(1.2 * len(sources) + 3, 4.2))
     width = 0.8 / len(summaries)
     x = np.arange(len(sources) + 1)
     for i, (name, s) in enumerate(summaries.items()):
@@ -177,9 +173,4 @@ def plot_loso(result: Evaluation, path: str | Path) -> Path | None:
     ax.set_title("leave-one-source-out (train on the other 6 CASTILLO sources)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=110)

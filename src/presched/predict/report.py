@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from presched.fold import column_widths, fit, table_width, wrapped
+from presched.plotting import pyplot, save
 from presched.predict.estimate import LEVELS
 from presched.predict.evaluate import Evaluation
 from presched.predict.loso import is_loso, loso_markdown, loso_summaries, loso_table, plot_loso
@@ -169,22 +170,13 @@ def write_json(result: Evaluation, path: str | Path, meta: dict[str, Any] | None
     return path
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_calibration(result: Evaluation, view: str, path: str | Path) -> Path | None:
     """Nominal vs empirical coverage (against the per-request mean, solid; against single
     samples, dotted), one colour per predictor, with the diagonal."""
     rows = [r for r in result.rows if r["view"] == view and r.get("status") == "ok"]
     if not rows:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 6))
     lv = np.asarray(LEVELS)
     ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--", label="ideal")
@@ -199,12 +191,7 @@ def plot_calibration(result: Evaluation, view: str, path: str | Path) -> Path | 
     ax.set_title(f"calibration — {view} (solid: vs mean, dotted: vs single samples)", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=120)
 
 
 def plot_scatter(result: Evaluation, view: str, path: str | Path, max_points: int = 4000, seed: int = 0) -> Path | None:
@@ -213,7 +200,7 @@ def plot_scatter(result: Evaluation, view: str, path: str | Path, max_points: in
     names = [r["predictor"] for r in result.rows if r["view"] == view and r.get("status") == "ok"]
     if not names:
         return None
-    plt = _plt()
+    plt = pyplot()
     cols = min(4, len(names))
     nrows = math.ceil(len(names) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 3.1 * nrows), squeeze=False)
@@ -234,12 +221,7 @@ def plot_scatter(result: Evaluation, view: str, path: str | Path, max_points: in
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
     fig.suptitle(f"predicted vs true output length — {view}", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=110)
 
 
 def write_all(result: Evaluation, out_dir: str | Path, name: str = "predictors", meta: dict[str, Any] | None = None,
