@@ -95,6 +95,27 @@ def make_estimates(values: Sequence[float], sigma: float = 0.0) -> LengthEstimat
     return LengthEstimate(v[:, None] * np.exp(sigma * z)[None, :], v, v)
 
 
+def queued(policy: Policy, outputs: Sequence[int], now: float) -> tuple[object, list[Seq]]:
+    """The policy's waiting queue holding one seq per output length (prompt 4, arrivals 0, 1,
+    2, ..., estimate = its length exactly), pushed and updated at `now`: (queue, seqs)."""
+    reqs = make_requests([(4, o) for o in outputs], arrivals=[float(i) for i in range(len(outputs))])
+    est = make_estimates(outputs)
+    seqs = [Seq(r, i) for i, r in enumerate(reqs)]
+    q = policy.new_queue()
+    for s in seqs:
+        s.estimate = est[s.index]
+        q.push(s, now)
+    q.update(now)
+    return q, seqs
+
+
+def prompt_keys(requests: Sequence[Request]) -> set:
+    """The prompts of `requests` (presched.predict.data.prompt_key), to check splits disjoint."""
+    from presched.predict.data import prompt_key
+
+    return {prompt_key(r) for r in requests}
+
+
 class StepChecks:
     """Checks, at every step of one instance, what vLLM's scheduler guarantees (docs/invariants.md
     3, 7, 8). Wraps the instance's `sched.schedule` (the batch it returns) and its `_step` /

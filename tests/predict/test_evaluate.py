@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from builders import prompt_keys
 
 from presched.predict import PREDICTORS, Predictor
 from presched.predict.data import prompt_key
@@ -24,10 +25,6 @@ from presched.predict.figures import cross_model_tau_drop, headline_figures
 from presched.workload.request import Request
 
 
-def keys(reqs):
-    return {prompt_key(r) for r in reqs}
-
-
 @pytest.fixture(scope="module")
 def views(data_dir):
     return {v: castillo_view(v) for v in ("in-dist", "cross-model", "cross-dataset")}
@@ -35,7 +32,7 @@ def views(data_dir):
 
 def test_views_are_prompt_disjoint(views):
     for split in views.values():
-        tr, ca, te = keys(split.train), keys(split.calibration), keys(split.test)
+        tr, ca, te = prompt_keys(split.train), prompt_keys(split.calibration), prompt_keys(split.test)
         assert tr and ca and te
         assert not (tr & ca) and not (tr & te) and not (ca & te), split.view
 
@@ -46,8 +43,8 @@ def test_in_dist_view_uses_castillo_splits(views):
     assert {r.metadata["split"] for r in s.calibration} == {"validate"}
     assert {r.metadata["split"] for r in s.train} == {"train", "validate"}
     assert len({r.model for r in s.test}) == 13
-    val = len(keys([r for r in s.train + s.calibration if r.metadata["split"] == "validate"]))
-    assert len(keys(s.calibration)) / val == pytest.approx(0.25, abs=0.01)
+    val = len(prompt_keys([r for r in s.train + s.calibration if r.metadata["split"] == "validate"]))
+    assert len(prompt_keys(s.calibration)) / val == pytest.approx(0.25, abs=0.01)
 
 
 def test_cross_model_view_is_model_disjoint(views):
@@ -70,7 +67,7 @@ def test_cross_dataset_view_holds_out_sharegpt(views):
 def test_quick_view_is_small_and_still_disjoint(data_dir):
     s = castillo_view("in-dist", quick=500, seed=3)
     assert all(400 <= len(x) <= 560 for x in (s.train, s.calibration, s.test))
-    assert not keys(s.train) & keys(s.test)
+    assert not prompt_keys(s.train) & prompt_keys(s.test)
 
 
 def _log(n_prompts=60, models=("a", "b")):
@@ -87,8 +84,8 @@ def _log(n_prompts=60, models=("a", "b")):
 def test_generic_split_fractions_and_disjoint():
     reqs = _log(100)
     s = generic_split(reqs, test_fraction=0.2, calibration_fraction=0.1, seed=4)
-    assert (len(keys(s.train)), len(keys(s.calibration)), len(keys(s.test))) == (70, 10, 20)
-    assert not keys(s.train) & keys(s.test) and not keys(s.calibration) & keys(s.test)
+    assert (len(prompt_keys(s.train)), len(prompt_keys(s.calibration)), len(prompt_keys(s.test))) == (70, 10, 20)
+    assert not prompt_keys(s.train) & prompt_keys(s.test) and not prompt_keys(s.calibration) & prompt_keys(s.test)
     assert len(s.train) + len(s.calibration) + len(s.test) == len(reqs)
     again = generic_split(reqs, 0.2, 0.1, seed=4)
     assert [r.id for r in again.test] == [r.id for r in s.test]  # seeded
@@ -109,7 +106,7 @@ def test_subsample_keeps_whole_prompts():
     reqs = _log(50)
     sub = subsample(reqs, 21, seed=1)
     assert 21 <= len(sub) <= 22
-    counts = {k: sum(prompt_key(r) == k for r in sub) for k in keys(sub)}
+    counts = {k: sum(prompt_key(r) == k for r in sub) for k in prompt_keys(sub)}
     assert set(counts.values()) == {2}
 
 

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
+from builders import prompt_keys
 
-from presched.predict.data import prompt_key
 from presched.predict.evaluate import Evaluation, castillo_view
 from presched.predict.loso import (
     PREFIX,
@@ -22,10 +22,6 @@ from presched.predict.loso import (
     loso_summary,
     merge,
 )
-
-
-def keys(reqs):
-    return {prompt_key(r) for r in reqs}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +39,7 @@ def test_each_source_is_held_out_once_and_only_tested(folds):
         # test = that source's rows of the in-dist test split; training = in-dist minus the source
         assert sorted(r.id for r in f.test) == sorted(r.id for r in ind.test if r.metadata["dataset"] == src)
         assert len(f.train) == sum(r.metadata["dataset"] != src for r in ind.train)
-        assert not keys(f.train) & keys(f.test) and not keys(f.calibration) & keys(f.test)
+        assert not prompt_keys(f.train) & prompt_keys(f.test) and not prompt_keys(f.calibration) & prompt_keys(f.test)
     # every in-dist test row is scored by exactly one fold
     assert sum(len(f.test) for f in folds) == len(ind.test)
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from builders import make_engine, make_estimates, make_requests, run_engine
+from builders import make_engine, make_estimates, make_requests, queued, run_engine
 
 from presched.predict.estimate import LengthEstimate
 from presched.schedule import POLICIES
-from presched.sim.seq import Seq
 
 W = 10  # tracker window and min_samples in these tests
 
@@ -86,14 +85,7 @@ def test_falls_back_on_reversed_predictions_and_recovers_at_the_right_completion
 
 def test_switch_bumps_epoch_and_the_waiting_queue_is_rekeyed():
     pol = POLICIES.create("fallback", inner="sjf", min_samples=W, window=W)
-    reqs = make_requests([(4, 9), (4, 3), (4, 6)], arrivals=[0.0, 1.0, 2.0])
-    est = make_estimates([9, 3, 6])
-    seqs = [Seq(r, i) for i, r in enumerate(reqs)]
-    q = pol.new_queue()
-    for s in seqs:
-        s.estimate = est[s.index]
-        q.push(s, 3.0)
-    q.update(3.0)
+    q, seqs = queued(pol, [9, 3, 6], 3.0)
     assert q.peek() is seqs[1]  # predictive: shortest estimate
     epoch = pol.epoch
     pol._switch("conservative", 3.0)

@@ -8,11 +8,10 @@ test_gateway_learn.py raises a real one over HTTP)."""
 
 from __future__ import annotations
 
-from builders import make_engine, make_estimates, make_requests, run_engine
+from builders import make_engine, make_estimates, make_requests, queued, run_engine
 
 from presched.schedule import POLICIES
 from presched.schedule.interface import EngineInfo
-from presched.sim.seq import Seq
 
 BURST = [9, 3, 6, 1]  # queued behind a 20-token head; sjf runs them 1, 3, 6, 9
 
@@ -61,14 +60,7 @@ def test_the_alarm_and_the_tracker_combine():
     pol = POLICIES.create("fallback", inner="sjf", min_samples=2, window=2)
     raised = [True]
     pol.attach(EngineInfo(drift_alarm=lambda: raised[0]))
-    reqs = make_requests([(4, 9), (4, 3), (4, 6)], arrivals=[0.0, 1.0, 2.0])
-    est = make_estimates([9, 3, 6])
-    seqs = [Seq(r, i) for i, r in enumerate(reqs)]
-    q = pol.new_queue()
-    for s in seqs:
-        s.estimate = est[s.index]
-        q.push(s, 3.0)
-    q.update(3.0)
+    q, seqs = queued(pol, [9, 3, 6], 3.0)
     assert pol.mode == "conservative" and q.peek() is seqs[0]  # alarm: arrival order
     raised[0] = False
     q.update(3.0)
