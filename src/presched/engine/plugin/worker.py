@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -72,14 +73,22 @@ class FeatureHook:
     def _zeros(self) -> torch.Tensor:
         return torch.zeros(self.hidden, dtype=torch.float32, device=self.device)
 
-    def _hook(self, _module, _inputs, out) -> None:
+    @contextmanager
+    def _timed(self):
+        """Count the enclosed work in `busy_s` (the hook's own cost, in the stats file)."""
         t0 = time.perf_counter()
-        if isinstance(out, tuple):
-            h, r = out[0], out[1]
-            self.rows = h if r is None else h + r
-        else:
-            self.rows = out
-        self.busy_s += time.perf_counter() - t0
+        try:
+            yield
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    def _hook(self, _module, _inputs, out) -> None:
+        with self._timed():
+            if isinstance(out, tuple):
+                h, r = out[0], out[1]
+                self.rows = h if r is None else h + r
+            else:
+                self.rows = out
 
     def begin(self) -> None:
         self.rows, self.pending = None, None  # a warm-up or profile forward left its rows here
@@ -91,12 +100,9 @@ class FeatureHook:
         hs, self.rows = self.rows, None
         if hs is None or so.total_num_scheduled_tokens == 0:
             return
-        t0 = time.perf_counter()
-        try:
+        self.steps_seen += 1
+        with self._timed():
             self._split(so, hs)
-        finally:
-            self.busy_s += time.perf_counter() - t0
-            self.steps_seen += 1
 
     def _split(self, so, hs: torch.Tensor) -> None:
         if hs.shape[0] < so.total_num_scheduled_tokens:
@@ -122,11 +128,8 @@ class FeatureHook:
         pending, self.pending = self.pending, None
         if pending is None or output is EMPTY_MODEL_RUNNER_OUTPUT:
             return
-        t0 = time.perf_counter()
-        try:
+        with self._timed():
             self._attach(output, pending)
-        finally:
-            self.busy_s += time.perf_counter() - t0
 
     def _attach(self, output, pending: tuple) -> None:
         if not isinstance(output, ModelRunnerOutput):
