@@ -89,10 +89,10 @@ class VllmBackend:
         self.sp = SamplingParams(n=cfg["samples"], temperature=cfg["temperature"],
                                  top_p=cfg["top_p"], max_tokens=cfg["max_tokens"])  # fmt: skip
 
-    def generate(self, prompt_ids: list[list[int]]) -> list[tuple[list[int], list[bool]]]:
+    def generate(self, prompt_ids: list[list[int]]) -> list[tuple[list[list[int]], list[bool]]]:
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], self.sp,
                                  use_tqdm=False)  # fmt: skip
-        return [([len(o.token_ids) for o in r.outputs], [o.finish_reason == "length" for o in r.outputs])
+        return [([list(o.token_ids) for o in r.outputs], [o.finish_reason == "length" for o in r.outputs])
                 for r in outs]  # fmt: skip
 
 
@@ -111,7 +111,7 @@ class HfBackend:
         self.eos = set(self.eos if isinstance(self.eos, list) else [self.eos])
         self.pad = self.model.config.pad_token_id or 0
 
-    def generate(self, prompt_ids: list[list[int]]) -> list[tuple[list[int], list[bool]]]:
+    def generate(self, prompt_ids: list[list[int]]) -> list[tuple[list[list[int]], list[bool]]]:
         torch, cfg = self.torch, self.cfg
         width = max(map(len, prompt_ids))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompt_ids])
@@ -124,12 +124,12 @@ class HfBackend:
         gen = out[:, width:].tolist()
         res = []
         for i in range(len(prompt_ids)):
-            lens, caps = [], []
+            answers, caps = [], []
             for seq in gen[i * cfg["samples"]:(i + 1) * cfg["samples"]]:
                 stop = next((j for j, t in enumerate(seq) if t in self.eos), None)
-                lens.append(len(seq) if stop is None else stop + 1)
+                answers.append(seq if stop is None else seq[: stop + 1])
                 caps.append(stop is None)
-            res.append((lens, caps))
+            res.append((answers, caps))
         return res
 
 
@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--castillo", type=Path,
                     default=Path(os.environ.get("PRESCHED_DATA_DIR", "../shared/data")) / "castillo")
     ap.add_argument("--splits", default="train,validate,test")
+    ap.add_argument("--ids-out", type=Path, default=None,
+                    help="also append each answer's token ids here (JSONL; text, so keep it out of git)")
     ap.add_argument("--limit", type=int, default=40, help="first N prompts (hash order)")
     ap.add_argument("--backend", choices=("vllm", "hf"), default="vllm")
     ap.add_argument("--batch", type=int, default=16, help="prompts per batch (one cache append each)")
@@ -186,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     t_gen = 0.0
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
             TextColumn("{task.fields[rate]}"))  # fmt: skip
+    ids_f = a.ids_out.open("a") if a.ids_out else None
     with Progress(*cols) as bar, a.out.open("a") as f:
         task = bar.add_task("prompts", total=len(todo), rate="")
         for i in range(0, len(todo), a.batch):
@@ -193,16 +196,23 @@ def main(argv: list[str] | None = None) -> int:
             t1 = time.perf_counter()
             res = backend.generate([p["ids"] for p in chunk])
             t_gen += time.perf_counter() - t1
-            for p, (lens, caps) in zip(chunk, res):
+            for p, (answers, caps) in zip(chunk, res):
+                lens = [len(x) for x in answers]
+                if ids_f:
+                    ids_f.write(json.dumps({"prompt_id": p["prompt_id"], "answers": answers}) + "\n")
                 f.write(json.dumps({"prompt_id": p["prompt_id"], "dataset": p["dataset"], "split": p["split"],
                                     "prompt_tokens": len(p["ids"]), "lengths": lens, "capped": caps}) + "\n")  # fmt: skip
                 n_tok += sum(lens)
                 n_ans += len(lens)
                 n_cap += sum(caps)
             f.flush()
+            if ids_f:
+                ids_f.flush()
             bar.update(task, advance=len(chunk), rate=f"{n_tok / t_gen:.0f} tok/s")
             if not bar.console.is_terminal:  # logs: one line per batch
                 print(f"{i + len(chunk)}/{len(todo)} prompts, {n_tok} tokens, {n_tok / t_gen:.1f} tok/s", flush=True)
+    if ids_f:
+        ids_f.close()
     per_prompt = t_gen / len(todo)
     print(f"figure: gen_tok_per_s = {n_tok / t_gen:.1f}")
     print(f"figure: mean_length = {n_tok / n_ans:.1f}")
