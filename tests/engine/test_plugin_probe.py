@@ -93,3 +93,23 @@ def test_a_raising_probe_is_counted_and_the_estimates_are_kept(probe_file):
     assert (probe.predictions, probe.errors) == (0, 1)
     assert (seqs["a"].estimate, seqs["a"].pred_source) == ("text", "predictor")
     assert probe.apply(["a"], np.zeros((1, HIDDEN), np.float32), seqs) == 1  # still serving
+
+
+def test_start_engine_refuses_a_probe_of_another_layer_before_vllm_starts(tiny_model, tmp_path):
+    """The launcher makes the scheduler's check itself (a refusal in ~1 s, not after a ~25 s
+    vLLM start); the log file is only written once vLLM is launched, so its absence proves
+    the refusal came first."""
+    import json
+
+    from presched.engine.launch import start_engine
+
+    hidden = json.loads((tiny_model / "config.json").read_text())["hidden_size"]
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(30, hidden))
+    pred = PREDICTORS.create("probe", model=tiny_model.name, layer=0)
+    pred.fit_features(X[:20], np.exp(3 + X[:20, 0]), X[20:], np.exp(3 + X[20:, 0]))
+    path = pred.save(tmp_path / "layer0.npz")
+    log = tmp_path / "engine.log"
+    with pytest.raises(PluginConfigError, match=r"^probe \(.*layer: fitted on 0, got 1"):
+        start_engine(tiny_model, plugin={"probe": str(path), "features": {"layer": 1}}, log_path=log)
+    assert not log.exists()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import json
 import os
 import re
 import signal
@@ -228,6 +229,12 @@ def start_engine(
 
         cfg = parse_plugin_config(dict(plugin))
         build_policy(cfg)  # the engine builds it again; this fails fast, naming the field
+        if cfg.probe is not None:  # the same check the engine's scheduler makes, before vLLM starts
+            from presched.engine.plugin.probe import EngineProbe
+
+            hf = json.loads((model_dir / "config.json").read_text())
+            EngineProbe(cfg.probe, cfg.features, model_dir.name, int(hf["num_hidden_layers"]),
+                        int(hf["hidden_size"]))  # fmt: skip
         plugin_env["PRESCHED_PLUGIN_CONFIG"] = cfg.model_dump_json()
         features = cfg.features is not None
     port = port or free_port()
