@@ -35,7 +35,7 @@ from presched.engine.models import resolve_model
 OUT = Path(__file__).parent / "results"
 
 
-async def _round(url: str, name: str, n: int, tokens: int, prompt_len: int) -> tuple[float, int]:
+async def completions_round(url: str, name: str, n: int, tokens: int, prompt_len: int) -> tuple[float, int]:
     ids = list(range(5, 5 + prompt_len))
     async with httpx.AsyncClient(timeout=600) as c:
         async def one(i):
@@ -75,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
                                            log_path=tmp / f"{tag}.log")  # fmt: skip
     try:
         for eng in engines.values():  # warm-up
-            asyncio.run(_round(eng.url, "m", a.requests, 8, a.prompt_len))
+            asyncio.run(completions_round(eng.url, "m", a.requests, 8, a.prompt_len))
         runs: dict[str, list[dict]] = {"off": [], "on": []}
         s0 = _stats(tmp / "on.json")
         for i in range(a.rounds):
             for tag in (("off", "on"), ("on", "off"))[i % 2]:  # each goes first half the time
-                wall, toks = asyncio.run(_round(engines[tag].url, "m", a.requests, a.tokens,
+                wall, toks = asyncio.run(completions_round(engines[tag].url, "m", a.requests, a.tokens,
                                                 a.prompt_len))  # fmt: skip
                 runs[tag].append({"wall_s": wall, "tokens": toks, "tok_s": toks / wall})
                 print(f"{tag:>3}: {toks / wall:8.1f} tok/s ({wall:.2f} s)", flush=True)

@@ -181,6 +181,11 @@ def test_completion_order_follows_sjf(sjf_engine):
     assert len(aborted) == 1 and aborted[0]["finish_reason"] == "abort"
     assert 0 < aborted[0]["output_tokens"] < 4000
     assert since.stat("aborted") == 1 and len(rows) == len(lengths) + 1
+    # the plugin meters its own time per step (one request per step here: a step per token), and
+    # the stats file was written when the engine went idle (it is rewritten at most once a second
+    # while requests run)
+    assert since.stat("steps") >= sum(lengths)
+    assert 0 < since.stat("plugin_own_s") < 2e-3 * since.stat("steps")
 
 
 # --- preemption ------------------------------------------------------------------------------------
