@@ -29,16 +29,18 @@ import asyncio
 import json
 import platform
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
-from hook_overhead import completions_round
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+sys.path.insert(0, str(Path(__file__).parent))  # hook_overhead.py beside it
+from hook_overhead import completions_round  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
-from presched.engine import launch
-from presched.engine.models import resolve_model
-from presched.plotting import pyplot, save
+from presched.engine import launch  # noqa: E402
+from presched.engine.models import resolve_model  # noqa: E402
+from presched.plotting import pyplot, save  # noqa: E402
 
 OUT = Path(__file__).parent / "results"
 ENGINE_ARGS = ["--block-size", "128", "--no-enable-prefix-caching"]  # as engine_e2e.py

@@ -14,8 +14,13 @@ prompts, the probes' head only (their features come from the engine's forward pa
 
     PYTHONPATH=src python benchmarks/probes.py            # needs torch + transformers (.[all])
 
-Not measured here yet: `probe-refine`, `draft-probe`, `self-report` (not built) and the
-real-engine run; see docs/predictors/probe.md.
+Then `probe-refine` (probes_refine.py): answers still running after 16 / 64 / 256 tokens, their
+remaining length from the state at that token, against the step-0 probe's and text-gbm's own
+E[L - g | L > g] on the same answers; it needs the answers' token ids (`--answers`, written by
+`scripts/smollm2_lengths.py --ids-out`) and is skipped without them.
+
+Not measured here yet: `draft-probe`, `self-report` (not built) and the real-engine run; see
+docs/predictors/probe.md.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import gzip
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +42,9 @@ from presched.predict.metrics import score_all, ssjf_edges
 from presched.predict.probe import EGTP, Probe
 from presched.workload.paths import data_dir
 from presched.workload.request import Request
+
+sys.path.insert(0, str(Path(__file__).parent))  # its part: probes_refine.py beside it
+import probes_refine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -135,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layer", type=int, default=15)
     ap.add_argument("--feature-cache", type=Path, default=None,
                     help="npz of computed features (default: the engine cache folder's probe_features.npz)")
+    ap.add_argument("--answers", type=Path, default=None,
+                    help="answers' token ids for probe-refine (default: the engine cache folder's smollm2_answers.jsonl)")
+    ap.add_argument("--step-cache", type=Path, default=None,
+                    help="npz of computed answer states (default: the engine cache folder's probe_step_features.npz)")
     ap.add_argument("--out", type=Path, default=RESULTS / "probes.json")
     a = ap.parse_args(argv)
 
@@ -157,8 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = s
         print(f"{name:9s} tau-b {s['kendall_tau_b']:.3f}  MAE {s['mae']:.1f}  "
               f"max coverage err {s['max_coverage_error_pts']:.1f} pts  {s['latency_single_p50_ms']:.2f} ms")  # fmt: skip
+    refine = probes_refine.evaluate(rows, feats, {"probe": preds["probe"], "text-gbm": preds["text-gbm"]}, test,
+                                    a.answers or cache_dir() / "smollm2_answers.jsonl",
+                                    a.step_cache or cache_dir() / "probe_step_features.npz", a.layer, MODEL)  # fmt: skip
     out = {"config": config, "layer": a.layer, "n_prompts": len(rows), "n_test": len(test), "n_train": len(train),
-           "n_validate": len(val), "capped_fraction": capped, "results": results}  # fmt: skip
+           "n_validate": len(val), "capped_fraction": capped, "results": results, "refine": refine}  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1))
     plot(results, a.out.with_suffix(".png"))
@@ -168,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"figure: egtp_tau = {results['egtp']['kendall_tau_b']:.4f}")
     print(f"figure: probe_coverage_err_pts = {results['probe']['max_coverage_error_pts']:.2f}")
     print(f"figure: probes_test_prompts = {len(test)}")
+    for step, r in (refine or {}).get("steps", {}).items():
+        print(f"figure: probe_refine{step}_tau = {r['refine_tau']:.4f}")
+        print(f"figure: probe_prior{step}_tau = {r['probe_prior_tau']:.4f}")
+        print(f"figure: probe_refine{step}_test_answers = {r['test_answers']}")
     return 0
 
 

@@ -3,13 +3,10 @@ itself; the own-time meter it reads is checked on a real engine in tests/engine/
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from builders import load_benchmark
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from plugin_overhead import figures  # noqa: E402
+figures = load_benchmark("plugin_overhead.py").figures
 
 
 def _runs(stock_tok_s, plugin_tok_s, wall=2.0):

@@ -97,3 +97,19 @@ def test_probe_with_a_model_dir_computes_missing_vectors_with_the_featurizer(smo
     attached = [Request(id="a", prompt_tokens=5, prompt="Describe a cat.",
                         metadata={pred.spec.key(): smollm2.encode(["Describe a cat."])["egtp"][0]})]
     np.testing.assert_allclose(pred.predict(attached).point, pred.predict(reqs[5:]).point, rtol=1e-6)
+
+
+def test_step_states_are_the_layer_output_at_the_gth_answer_token(smollm2):
+    ids = smollm2.token_ids(["Name a colour.", "Write a poem about rain."])
+    answers = [list(range(300, 340)), list(range(500, 505))]  # 40 and 5 tokens
+    out = smollm2.encode_steps(list(zip(ids, answers)), steps=[16, 4, 32])
+    assert out.shape == (2, 3, 576)  # steps sorted: 4, 16, 32
+    with torch.inference_mode():
+        for g_i, g in enumerate((4, 16, 32)):
+            seq = torch.tensor([ids[0] + answers[0][:g]])
+            ref = smollm2.model(input_ids=seq, output_hidden_states=True).hidden_states[16][0, -1]
+            np.testing.assert_allclose(out[0, g_i], ref.numpy(), rtol=1e-4, atol=1e-3)  # batch = alone
+    # the 5-token answer was running after 4 tokens only (it had stopped before 16 and 32)
+    assert np.isfinite(out[1, 0]).all() and np.isnan(out[1, 1:]).all()
+    with pytest.raises(ValueError, match="steps"):
+        smollm2.encode_steps(list(zip(ids, answers)), steps=[0])

@@ -120,3 +120,38 @@ class PromptFeaturizer:
 
     def encode(self, prompts: Sequence[str]) -> dict[str, np.ndarray]:
         return self.encode_ids(self.token_ids(prompts))
+
+    @torch.inference_mode()
+    def encode_steps(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+                     steps: Sequence[int]) -> np.ndarray:  # fmt: skip
+        """`probe-refine`'s inputs: for each (prompt ids, answer ids) and each g in `steps`, the
+        residual stream at `layer` at the position of the answer's g-th token (what the model
+        has read after generating g tokens; the engine hook ships the same state in the step
+        that reads that token). (n, len(steps), d); NaN rows where the answer has <= g tokens
+        (it was no longer running then). One forward per answer, cut after its last needed token."""
+        steps = sorted(set(int(g) for g in steps))
+        if not steps or steps[0] < 1:
+            raise ValueError(f"steps: need positive token counts, got {steps}")
+        out = np.full((len(pairs), len(steps), self.hidden), np.nan, dtype=np.float32)
+        pad = self.model.config.pad_token_id or 0
+        for i in range(0, len(pairs), self.batch):
+            chunk = pairs[i : i + self.batch]
+            seqs, wanted = [], []
+            for prompt, answer in chunk:
+                gs = [g for g in steps if len(answer) > g]
+                wanted.append(gs)
+                seqs.append(list(prompt) + list(answer[: gs[-1]]) if gs else list(prompt[:1]))
+            width = max(map(len, seqs))
+            x = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+            mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+            seen: list[torch.Tensor] = []
+            hook = self.model.model.layers[self.layer].register_forward_hook(
+                lambda _m, _i, o: seen.append(o[0] if isinstance(o, tuple) else o))
+            try:
+                self.model(input_ids=x, attention_mask=mask)
+            finally:
+                hook.remove()
+            for j, ((prompt, _), gs) in enumerate(zip(chunk, wanted)):
+                for g in gs:
+                    out[i + j, steps.index(g)] = seen[0][j, len(prompt) + g - 1].numpy()
+        return out

@@ -46,6 +46,64 @@ def ridge(X: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float
     return w, float(ym - xm @ w)
 
 
+class RidgeHead:
+    """Log-length regression with calibrated quantiles, numpy only: standardised features ->
+    ridge on log(y) (mu), a second ridge on the absolute in-sample residual (sigma, floored at
+    `sigma_floor`), split-conformal normalised quantiles on a calibration set."""
+
+    def __init__(self, alpha: float, sigma_floor: float) -> None:
+        self.alpha, self.sigma_floor = alpha, sigma_floor
+
+    def fit(self, X: np.ndarray, y: np.ndarray, X_cal: np.ndarray, y_cal: np.ndarray) -> "RidgeHead":
+        self.x_mean, self.x_std = X.mean(0), X.std(0) + 1e-6
+        Z = (X - self.x_mean) / self.x_std
+        ly = np.log(y)
+        self.w, self.b = ridge(Z, ly, self.alpha)
+        self.sw, self.sb = ridge(Z, np.abs(ly - Z @ self.w - self.b), self.alpha)
+        mu, sigma = self.mu_sigma(X_cal)
+        self.conformal = ConformalQuantiles(LEVELS).fit(np.exp(mu), y_cal, scale=sigma)
+        return self
+
+    def mu_sigma(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        Z = (np.asarray(X, dtype=float) - self.x_mean) / self.x_std
+        return Z @ self.w + self.b, np.maximum(Z @ self.sw + self.sb, self.sigma_floor)
+
+    def quantiles(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(quantiles (n, len(LEVELS)), mu) of y for features X."""
+        mu, sigma = self.mu_sigma(X)
+        return self.conformal.apply(np.exp(mu), scale=sigma), mu
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, values = self.conformal.state()
+        arrays.update(x_mean=self.x_mean, x_std=self.x_std, w=self.w, sw=self.sw, bias=np.array([self.b, self.sb]))
+        return arrays, values
+
+    @classmethod
+    def from_state(cls, alpha: float, sigma_floor: float, arrays: dict[str, np.ndarray],
+                   values: dict[str, Any]) -> "RidgeHead":  # fmt: skip
+        head = cls(alpha, sigma_floor)
+        head.conformal = ConformalQuantiles.from_state(arrays, values)
+        head.x_mean, head.x_std, head.w, head.sw = (arrays[k] for k in ("x_mean", "x_std", "w", "sw"))
+        head.b, head.sb = (float(v) for v in arrays["bias"])
+        return head
+
+
+def check_pairs(X: np.ndarray, y: np.ndarray, X_cal: np.ndarray, y_cal: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The four fit arrays as floats; ValueError unless they are (n, d) features with one
+    positive length per row, >= 2 fit rows and >= 1 calibration row."""
+    X, X_cal = np.asarray(X, dtype=float), np.asarray(X_cal, dtype=float)
+    y, y_cal = np.asarray(y, dtype=float), np.asarray(y_cal, dtype=float)
+    if X.ndim != 2 or X_cal.ndim != 2 or X.shape[1] != X_cal.shape[1]:
+        raise ValueError(f"features: expected two (n, d) arrays of one d, got {X.shape} and {X_cal.shape}")
+    if len(X) != len(y) or len(X_cal) != len(y_cal) or len(X) < 2 or len(X_cal) < 1:
+        raise ValueError("features and lengths: need >= 2 fit rows, >= 1 calibration row, one length per row")
+    if (y <= 0).any() or (y_cal <= 0).any():
+        raise ValueError("lengths: must be positive token counts")
+    if not (np.isfinite(X).all() and np.isfinite(X_cal).all()):
+        raise ValueError("features: must be finite (NaN rows: states that were never read)")
+    return X, y, X_cal, y_cal
+
+
 class HiddenStateProbe(Predictor):
     """Shared by `probe` and `egtp`; they differ only in the pooling they read."""
 
@@ -104,31 +162,14 @@ class HiddenStateProbe(Predictor):
     def fit_features(self, X: np.ndarray, y: np.ndarray, X_cal: np.ndarray, y_cal: np.ndarray,
                      spec: FeatureSpec | None = None) -> "HiddenStateProbe":  # fmt: skip
         """Fit on (features, true length) pairs; `spec` (default: this predictor's params) is stored."""
-        X, X_cal = np.asarray(X, dtype=float), np.asarray(X_cal, dtype=float)
-        y, y_cal = np.asarray(y, dtype=float), np.asarray(y_cal, dtype=float)
-        if X.ndim != 2 or X_cal.ndim != 2 or X.shape[1] != X_cal.shape[1]:
-            raise ValueError(f"features: expected two (n, d) arrays of one d, got {X.shape} and {X_cal.shape}")
-        if len(X) != len(y) or len(X_cal) != len(y_cal) or len(X) < 2 or len(X_cal) < 1:
-            raise ValueError("features and lengths: need >= 2 fit rows, >= 1 calibration row, one length per row")
-        if (y <= 0).any() or (y_cal <= 0).any():
-            raise ValueError("lengths: must be positive token counts")
+        X, y, X_cal, y_cal = check_pairs(X, y, X_cal, y_cal)
         spec = spec or self.wanted_spec(X.shape[1])
         if spec.hidden != X.shape[1]:
             raise ValueError(f"features: {X.shape[1]} columns but spec.hidden is {spec.hidden}")
         self.spec = spec
-        self.x_mean, self.x_std = X.mean(0), X.std(0) + 1e-6
-        Z = (X - self.x_mean) / self.x_std
-        ly = np.log(y)
-        self.w, self.b = ridge(Z, ly, self.params["alpha"])
-        self.sw, self.sb = ridge(Z, np.abs(ly - Z @ self.w - self.b), self.params["alpha"])
-        mu, sigma = self._mu_sigma(X_cal)
-        self.conformal = ConformalQuantiles(LEVELS).fit(np.exp(mu), y_cal, scale=sigma)
+        self.head = RidgeHead(self.params["alpha"], self.params["sigma_floor"]).fit(X, y, X_cal, y_cal)
         self.fitted = True
         return self
-
-    def _mu_sigma(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        Z = (np.asarray(X, dtype=float) - self.x_mean) / self.x_std
-        return Z @ self.w + self.b, np.maximum(Z @ self.sw + self.sb, self.params["sigma_floor"])
 
     def predict(self, requests: Sequence[Request]) -> LengthEstimate:
         self.check_fitted()
@@ -145,14 +186,12 @@ class HiddenStateProbe(Predictor):
         X = np.asarray(X, dtype=float)
         if X.ndim != 2 or X.shape[1] != self.spec.hidden:
             raise ValueError(f"features: expected shape (n, {self.spec.hidden}) for {self.spec.key()}, got {X.shape}")
-        mu, sigma = self._mu_sigma(X)
-        q = self.conformal.apply(np.exp(mu), scale=sigma)
+        q, mu = self.head.quantiles(X)
         return LengthEstimate(q, q[:, _MED], mu)
 
     # --- persistence ------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, values = self.conformal.state()
-        arrays.update(x_mean=self.x_mean, x_std=self.x_std, w=self.w, sw=self.sw, bias=np.array([self.b, self.sb]))
+        arrays, values = self.head.state()
         assert self.spec is not None
         values["spec"] = self.spec.model_dump()
         return arrays, values
@@ -163,9 +202,7 @@ class HiddenStateProbe(Predictor):
         pred.spec = FeatureSpec.parse(values.get("spec"), f"{cls.name} file")
         if pred.spec.pooling != cls.pooling:
             raise ValueError(f"{cls.name} file: its features are {pred.spec.pooling!r}-pooled, not {cls.pooling!r}")
-        pred.conformal = ConformalQuantiles.from_state(arrays, values)
-        pred.x_mean, pred.x_std, pred.w, pred.sw = (arrays[k] for k in ("x_mean", "x_std", "w", "sw"))
-        pred.b, pred.sb = (float(v) for v in arrays["bias"])
+        pred.head = RidgeHead.from_state(pred.params["alpha"], pred.params["sigma_floor"], arrays, values)
         pred.fitted = True
         return pred
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Pooling = Literal["mean", "egtp"]
+Pooling = Literal["mean", "egtp", "step"]
 
 
 class FeatureSpec(BaseModel):
@@ -22,7 +22,7 @@ class FeatureSpec(BaseModel):
     model: str = Field(description="the served model whose hidden states these are (its folder name)")
     layer: int = Field(ge=0, description="decoder layer whose output (the residual stream) is pooled")
     hidden: int = Field(ge=1, description="hidden size = vector length")
-    pooling: Pooling = Field(description="mean: mean without the sink tokens; egtp: entropy-weighted")
+    pooling: Pooling = Field(description="mean: mean without the sink tokens; egtp: entropy-weighted; step: no pooling, the state at the last token read (probe-refine)")
     sink: int = Field(default=1, ge=0, description="leading prompt positions left out of the pool")
 
     def key(self) -> str:

@@ -1,0 +1,92 @@
+"""`probe-refine`: remaining length from the state at the g-th generated token (numpy only; the
+states here are synthetic with a planted law, since what is tested is the head, its total-length
+estimate, its file and its refusals — `encode_steps` is tested on SmolLM2 in test_features.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import kendalltau
+
+from presched.predict import LEVELS, PREDICTORS, load_predictor
+from presched.predict.probe.refine import GENERATED
+from presched.workload.request import Request
+
+D = 8
+
+
+def _steps(n, seed):
+    """Rows of a running request at g: its remaining length follows the step state's column 0
+    (what the model 'knows' mid-answer); the prompt state carries only a weak prior (column 0 of
+    P, which the step state's column 0 does not contain)."""
+    rng = np.random.default_rng(seed)
+    S, P = rng.normal(size=(n, D)), rng.normal(size=(n, D))
+    g = rng.choice([16, 64, 256], size=n).astype(float)
+    rem = np.maximum(np.round(np.exp(3.5 + 0.9 * S[:, 0] + 0.2 * P[:, 0] + 0.15 * rng.normal(size=n))), 1)
+    return S, P, g, g + rem
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return PREDICTORS.create("probe-refine").fit_steps(*_steps(800, 0), *_steps(2000, 1))
+
+
+def test_refine_ranks_remaining_lengths_and_its_quantiles_are_calibrated(fitted):
+    S, P, g, L = _steps(2000, 2)
+    est = fitted.predict_steps(S, P, g)
+    rem = L - g
+    assert kendalltau(est.mean_remaining(g), rem).statistic > 0.7
+    assert kendalltau(est.rank_score, rem).statistic > 0.7
+    cover = (L[:, None] <= est.quantiles).mean(0)
+    assert np.abs(cover[:9] - np.array(LEVELS[:9])).max() < 0.05
+    # a total-length estimate given L > g: never below g + 1
+    assert (est.quantiles >= g[:, None] + 1 - 1e-9).all()
+
+
+def test_the_step_state_is_what_it_reads():
+    # the same rows with the step state shuffled across requests: the ranking is lost
+    S, P, g, L = _steps(800, 0)
+    cal = _steps(2000, 1)
+    perm = np.random.default_rng(9).permutation(len(S))
+    shuffled = PREDICTORS.create("probe-refine").fit_steps(S[perm], P, g, L, *cal)
+    St, Pt, gt, Lt = _steps(2000, 2)
+    assert kendalltau(shuffled.predict_steps(St, Pt, gt).rank_score, Lt - gt).statistic < 0.3
+
+
+def test_requests_round_trip_and_file_round_trip(fitted, tmp_path):
+    S, P, g, L = _steps(30, 3)
+    step, prompt = fitted.specs(D)
+    reqs = [Request(id=str(i), prompt_tokens=9, output_tokens=int(L[i]),
+                    metadata={step.key(): S[i], prompt.key(): P[i], GENERATED: int(g[i])}) for i in range(30)]
+    direct = fitted.predict_steps(S, P, g)
+    np.testing.assert_allclose(fitted.predict(reqs).quantiles, direct.quantiles)
+    back = load_predictor(fitted.save(tmp_path / "refine.npz"))
+    assert type(back).__name__ == "ProbeRefine"
+    np.testing.assert_array_equal(back.predict_steps(S, P, g).quantiles, direct.quantiles)
+    # fit from requests: the same as from arrays
+    cal = _steps(200, 4)
+    cal_reqs = [Request(id=f"c{i}", prompt_tokens=9, output_tokens=int(cal[3][i]),
+                        metadata={step.key(): cal[0][i], prompt.key(): cal[1][i], GENERATED: int(cal[2][i])})
+                for i in range(200)]  # fmt: skip
+    a = PREDICTORS.create("probe-refine").fit(reqs, validation=cal_reqs)
+    b = PREDICTORS.create("probe-refine").fit_steps(S, P, g, L, *cal)
+    np.testing.assert_allclose(a.predict_steps(S, P, g).quantiles, b.predict_steps(S, P, g).quantiles)
+
+
+def test_bad_input_is_refused_naming_what_is_wrong(fitted):
+    S, P, g, L = _steps(20, 5)
+    new = PREDICTORS.create("probe-refine")
+    with pytest.raises(ValueError, match="still be running"):
+        new.fit_steps(S, P, g, g, S, P, g, L)  # L == g: finished, no remaining length
+    with pytest.raises(ValueError, match="generated"):
+        fitted.predict_steps(S, P, np.zeros(20))
+    with pytest.raises(ValueError, match="width"):
+        fitted.predict_steps(S[:, :4], P[:, :4], g)
+    S2 = S.copy()
+    S2[0, 0] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        fitted.predict_steps(S2, P, g)
+    with pytest.raises(ValueError, match="metadata has no"):
+        fitted.predict([Request(id="x", prompt_tokens=3)])
+    with pytest.raises(ValueError, match="validation"):
+        new.fit([Request(id="x", prompt_tokens=3)])
