@@ -112,24 +112,27 @@ def test_spec_tokens_are_not_the_last_verified_row():
     assert (a.last, b.last) == (0, 3) and a.pool is None and not b.prompt_done
 
 
-def _seq(rid):
-    return SimpleNamespace(id=rid, features_prompt=None, features_n=0, features_missing=0,
-                           feature_pools=0, features_step=None, feature_steps=0)  # fmt: skip
+def _seq(rid, generated=0):
+    return SimpleNamespace(id=rid, features_prompt=None, features_n=0, features_missing=0, generated=generated,
+                           feature_pools=0, features_step=None, feature_steps=0, features_step_g=0)  # fmt: skip
 
 
 def test_delivery_to_seqs_and_records(tmp_path):
-    seqs = {"a": _seq("a"), "b": _seq("b")}
+    seqs = {"a": _seq("a"), "b": _seq("b", generated=5)}
     sf = StepFeatures(layer=1, sink=1, hidden=3, prompt_ids=["a", "gone"],
                       prompt=np.array([[1, 2, 3], [4, 5, 6]], np.float32), prompt_n=[7, 1],
                       prompt_missing=[0, 0], step_ids=["b", "a"],
                       step=np.array([[0, 0, 1], [0, 1, 0]], np.float32))  # fmt: skip
     deliver(sf, seqs)  # "gone" was freed: dropped
+    seqs["a"].generated = 1  # the scheduler counts the step's token after delivery
     deliver(StepFeatures(layer=1, sink=1, hidden=3, step_ids=["a"],
                          step=np.array([[9, 9, 9]], np.float32)), seqs)  # fmt: skip
     a, b = seqs["a"], seqs["b"]
     assert a.features_prompt.tolist() == [1, 2, 3] and a.features_n == 7 and a.feature_pools == 1
     assert a.features_step.tolist() == [9, 9, 9] and a.feature_steps == 2
     assert b.features_prompt is None and b.features_step.tolist() == [0, 0, 1]
+    # each state is at the token its step read: g = tokens generated before that step
+    assert (a.features_step_g, b.features_step_g) == (1, 5)
     w = RecordWriter(tmp_path / "r.sqlite")
     w.write_features(a, '{"layer": 1}')
     w.close()

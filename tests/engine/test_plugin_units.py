@@ -42,6 +42,11 @@ def _cfg(data) -> dict:
     ({"features": {"layer": -1}}, "features.layer"),
     ({"features": {"sink_tokens": "one"}}, "features.sink_tokens"),
     ({"features": {"pooling": "max"}}, "features.pooling"),
+    ({"refine": "/no/such/refine.npz"}, "refine"),  # needs features first
+    ({"refine": "/no/such/refine.npz", "features": {"steps": False}}, "refine"),
+    ({"refine": "/no/such/refine.npz", "features": {}}, "refine"),  # not found
+    ({"refine_at": []}, "refine_at"),
+    ({"refine_at": [0]}, "refine_at"),
 ])  # fmt: skip
 def test_bad_config_names_the_field(data, field):
     with pytest.raises(PluginConfigError) as e:
@@ -92,7 +97,7 @@ def test_bad_xargs_name_the_field(xargs, field):
 def _ns(**kw):
     base = dict(scheduler="vllm", policy=None, param=[], predictor=None, records=None,
                 plugin_stats=None, plugin_config=None, features=False, feature_layer=None,
-                probe=None)  # fmt: skip
+                probe=None, refine=None, refine_at=None)  # fmt: skip
     return argparse.Namespace(**(base | kw))
 
 
@@ -116,3 +121,9 @@ def test_launch_flags():
         plugin_from_args(_ns(scheduler="presched", probe=Path("p.npz")))
     assert plugin_from_args(_ns(scheduler="presched", features=True, probe=Path("p.npz"))) == {
         "features": {}, "probe": "p.npz"}
+    with pytest.raises(ValueError, match="--refine needs --features"):
+        plugin_from_args(_ns(scheduler="presched", refine=Path("r.npz")))
+    with pytest.raises(ValueError, match="--refine-at needs --refine"):
+        plugin_from_args(_ns(scheduler="presched", features=True, refine_at=[8]))
+    assert plugin_from_args(_ns(scheduler="presched", features=True, refine=Path("r.npz"), refine_at=[8, 32])) == {
+        "features": {}, "refine": "r.npz", "refine_at": [8, 32]}

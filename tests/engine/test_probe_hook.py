@@ -14,7 +14,10 @@ without the engine, test_plugin_features.py, on random schedules.)
 The same engine runs a probe (plugin config `probe`) fitted offline on the reference features of
 other prompts, labelled 10 x prompt tokens: each request's final estimate (the record's
 pred_mean / pred_quantiles) must be the probe's prediction on its own reference feature, with
-pred_source 'probe', except for a request that sent its own prediction in vllm_xargs.
+pred_source 'probe', except for a request that sent its own prediction in vllm_xargs. It also
+runs a `probe-refine` model (plugin config `refine`, at REFINE_AT tokens, which the requests
+above never reach): a longer request's final estimate must be that model's prediction on the
+reference state at its own REFINE_AT-th generated token and its reference prompt state.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from presched.engine.plugin.records import FEATURE_TABLE
 
 PROMPT_LENS = (41, 57, 73, 90)
 OUTPUT = 150
+REFINE_AT = 160  # beyond OUTPUT: only the refine test's longer requests are refined
 
 
 def _prompts(lens, seed):
@@ -61,20 +65,42 @@ def probe(tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def hooked(engine_factory, tmp_path_factory, probe):
+def refine(tiny_model, tmp_path_factory):
+    """A probe-refine model fitted on reference states of random prompts and answers at
+    REFINE_AT (random remaining lengths: what is checked is that the engine feeds it the right
+    state, not what it learnt)."""
+    from presched.predict import PREDICTORS
+    from presched.predict.probe.features import PromptFeaturizer
+
+    rng = np.random.default_rng(11)
+    prompts = _prompts(rng.integers(20, 80, 24), 12)
+    answers = [rng.integers(3, 4096, REFINE_AT + 4).tolist() for _ in prompts]
+    fz = PromptFeaturizer(tiny_model, layer=None, sink=1)
+    S = fz.encode_steps(list(zip(prompts, answers)), [REFINE_AT])[:, 0]
+    P = fz.encode_ids(prompts)["mean"]
+    g = np.full(len(S), float(REFINE_AT))
+    L = g + rng.integers(5, 300, len(S))
+    pred = PREDICTORS.create("probe-refine", model=tiny_model.name, layer=1)
+    pred.fit_steps(S[:16], P[:16], g[:16], L[:16], S[16:], P[16:], g[16:], L[16:])
+    return pred, pred.save(tmp_path_factory.mktemp("refine") / "refine.npz"), fz
+
+
+@pytest.fixture(scope="module")
+def hooked(engine_factory, tmp_path_factory, probe, refine):
     d = tmp_path_factory.mktemp("hook")
     rec = d / "rec.sqlite"
     plugin = {"policy": "fcfs", "records": str(rec), "features": {"sink_tokens": 1},
-              "probe": str(probe[1]), "stats": str(d / "stats.json")}  # fmt: skip
+              "probe": str(probe[1]), "refine": str(refine[1]), "refine_at": [REFINE_AT],
+              "stats": str(d / "stats.json")}  # fmt: skip
     eng = engine_factory(plugin=plugin, max_num_seqs=4, num_gpu_blocks_override=5, max_model_len=512,
                          extra_args=("--max-num-batched-tokens", "32"))  # fmt: skip
     return eng, rec
 
 
-async def _run(url: str, prompts: list[list[int]], xargs=None) -> list[dict]:
+async def _run(url: str, prompts: list[list[int]], xargs=None, output: int = OUTPUT, **extra) -> list[dict]:
     async with httpx.AsyncClient(timeout=120) as c:
         async def one(ids, xa):
-            body = dict(model="tiny", prompt=ids, max_tokens=OUTPUT, ignore_eos=True, temperature=0.0)
+            body = dict(model="tiny", prompt=ids, max_tokens=output, ignore_eos=True, temperature=0.0, **extra)
             if xa:
                 body["vllm_xargs"] = xa
             r = await c.post(f"{url}/v1/completions", json=body)
@@ -144,3 +170,23 @@ def test_a_requests_own_prediction_wins_over_the_probe(hooked, tiny_model, probe
     stats = json.loads((rec.parent / "stats.json").read_text())
     n = len(PROMPT_LENS) + 1  # + recomputes: a preempted request is probed again when re-pooled
     assert stats["pred_probe"] >= n and stats["probe_errors"] == 0 and stats["pred_xargs"] == 1
+
+
+def test_probe_refine_replaces_the_estimate_from_the_engines_own_step_state(hooked, tiny_model, probe, refine):
+    eng, rec = hooked
+    lens = (38, 66)  # prompt lengths the tests above do not use
+    prompts = _prompts(lens, 18)
+    outs = asyncio.run(_run(eng.url, prompts, output=REFINE_AT + 12, return_token_ids=True))
+    rows = {r[0]: r for r in _rows(rec, len(PROMPT_LENS) + 2 + len(lens))}
+    pred, _, fz = refine
+    answers = [o["choices"][0]["token_ids"] for o in outs]
+    S = fz.encode_steps(list(zip(prompts, answers)), [REFINE_AT])[:, 0]
+    P = _reference(tiny_model, prompts)
+    want = pred.predict_steps(S, P, np.full(len(lens), float(REFINE_AT)))
+    for i, n in enumerate(lens):
+        row = rows[n]
+        assert row[9] == "refine", row[9]  # the probe's step-0 estimate was replaced
+        np.testing.assert_allclose(row[10], want[i].mean, rtol=1e-3)
+        np.testing.assert_allclose(json.loads(row[11]), want[i].quantiles, rtol=1e-3)
+    stats = json.loads((rec.parent / "stats.json").read_text())
+    assert stats["pred_refine"] >= len(lens) and stats["refine_errors"] == 0

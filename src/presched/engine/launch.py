@@ -17,7 +17,8 @@ CLI (stays in the foreground until Ctrl-C; put the gateway in front of it):
     python -m presched.engine.launch --model tiny|smollm2|DIR [--port 8100] [-- extra vllm args]
     python -m presched.engine.launch --model tiny --scheduler presched --policy mlfq \
         --param preempt=true --param within=mean [--predictor model.npz] [--records r.sqlite]
-    python -m presched.engine.launch --model tiny --scheduler presched --features [--feature-layer 1] [--probe probe.npz]
+    python -m presched.engine.launch --model tiny --scheduler presched --features [--feature-layer 1] [--probe probe.npz] \
+        [--refine refine.npz --refine-at 16 64 256]
 
 `--scheduler presched` runs presched's policies inside vLLM (`presched.engine.plugin`, see
 docs/engine-plugin.md): the config is checked here first (a bad policy or parameter fails before
@@ -235,6 +236,12 @@ def start_engine(
             hf = json.loads((model_dir / "config.json").read_text())
             EngineProbe(cfg.probe, cfg.features, model_dir.name, int(hf["num_hidden_layers"]),
                         int(hf["hidden_size"]))  # fmt: skip
+        if cfg.refine is not None:  # likewise for probe-refine
+            from presched.engine.plugin.refine import EngineRefine
+
+            hf = json.loads((model_dir / "config.json").read_text())
+            EngineRefine(cfg.refine, cfg.features, cfg.refine_at, model_dir.name,
+                         int(hf["num_hidden_layers"]), int(hf["hidden_size"]))  # fmt: skip
         plugin_env["PRESCHED_PLUGIN_CONFIG"] = cfg.model_dump_json()
         features = cfg.features is not None
     port = port or free_port()

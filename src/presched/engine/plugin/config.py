@@ -58,6 +58,8 @@ class PluginConfig(Config):
     stats: Path | None = Field(None, description="JSON file with the plugin's counters (policy errors per hook, predictions by source, bad vllm_xargs, preemptions asked by the policy, the plugin's own time plugin_own_s over steps), rewritten at start, when a request finishes (at most once a second while others run, always when the engine goes idle), after each policy error and at shutdown. None: counters only in the engine log.")
     features: FeatureConfig | None = Field(None, description="Hidden-state features from the worker hook (needs `--worker-cls presched.engine.plugin.worker.PreschedCPUWorker` and prefix caching off; the launcher's --features sets both). None: off.")
     probe: Path | None = Field(None, description="A probe model file (`presched train -p probe`), loaded in the engine core and run on each request's pooled prompt state after prefill: its prediction replaces the request's estimate unless the request sent its own in vllm_xargs. Needs `features`; its FeatureSpec (model, layer, hidden, sink, mean pooling) must be what the hook pools from the served model. None: off.")
+    refine: Path | None = Field(None, description="A probe-refine model file (predict/probe/refine.py), loaded in the engine core: when a request's per-step state is at a `refine_at` generated token, its estimate is replaced by probe-refine's (total length given L > g, from that state and the pooled prompt state) unless the request sent its own in vllm_xargs. Needs `features` with steps on; the file's model, layer, sink and width must be what the hook reads. None: off.")
+    refine_at: tuple[int, ...] = Field((16, 64, 256), min_length=1, max_length=64, description="Generated-token counts at which `refine` replaces a running request's estimate.")
     imports: tuple[str, ...] = Field((), description="Modules (dotted names or .py paths) imported before the policy is built, e.g. to register your own policies.")
 
 
@@ -131,6 +133,13 @@ def parse_plugin_config(data: dict) -> PluginConfig:
             raise PluginConfigError(PROBE_NEEDS_FEATURES)
         if not cfg.probe.is_file():
             raise PluginConfigError(f"probe: model file not found: {cfg.probe}")
+    if cfg.refine is not None:
+        if cfg.features is None or not cfg.features.steps:
+            raise PluginConfigError("refine: needs `features` with steps on (the per-step states it reads)")
+        if not cfg.refine.is_file():
+            raise PluginConfigError(f"refine: model file not found: {cfg.refine}")
+    if any(not 1 <= g <= 2**20 for g in cfg.refine_at):
+        raise PluginConfigError(f"refine_at: token counts must be in 1..{2**20}, got {list(cfg.refine_at)}")
     return cfg
 
 

@@ -159,7 +159,9 @@ def unpack(blob: bytes) -> np.ndarray:
 def deliver(sf: StepFeatures, seqs: Mapping[str, object]) -> None:
     """Keep one step's features on the scheduler's seqs (`EngineSeq`, by request id): the pooled
     prompt state replaces `features_prompt` (a preempted request ships it again after its
-    recompute), the per-step state replaces `features_step` and counts in `feature_steps`."""
+    recompute), the per-step state replaces `features_step` and counts in `feature_steps`; its
+    token number g (the state of the position reading generated token g, or of the prompt's
+    last position when g = 0) goes in `features_step_g`."""
     for rid, vec, n, missing in sf.prompts():
         seq = seqs.get(rid)
         if seq is not None:
@@ -167,6 +169,6 @@ def deliver(sf: StepFeatures, seqs: Mapping[str, object]) -> None:
             seq.feature_pools += 1
     for rid, vec in sf.steps():
         seq = seqs.get(rid)
-        if seq is not None:
-            seq.features_step = vec
+        if seq is not None:  # called before the step's tokens are counted: `generated` is g
+            seq.features_step, seq.features_step_g = vec, seq.generated
             seq.feature_steps += 1

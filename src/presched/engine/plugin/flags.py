@@ -17,6 +17,8 @@ def add_plugin_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--features", action="store_true", help="with --scheduler presched: the hidden-state hook in the worker (pooled prompt state and per-step state per request; docs/engine-plugin.md); turns prefix caching off")
     ap.add_argument("--feature-layer", type=int, default=None, help="with --features: the decoder layer read (default n_layers // 2)")
     ap.add_argument("--probe", type=Path, default=None, help="with --features: a probe file (`presched train -p probe`) run in the engine on each pooled prompt state; its prediction replaces the estimate of requests without their own in vllm_xargs")
+    ap.add_argument("--refine", type=Path, default=None, help="with --features: a probe-refine file run in the engine on the per-step states; at each --refine-at token it replaces a running request's estimate (unless the request sent its own)")
+    ap.add_argument("--refine-at", type=int, nargs="+", default=None, metavar="G", help="with --refine: the generated-token counts at which estimates are refined (default 16 64 256)")
     ap.add_argument("--plugin-config", type=Path, default=None, help="with --scheduler presched: a JSON/YAML file with the whole plugin config; the flags above override it")
 
 
@@ -25,7 +27,7 @@ def plugin_from_args(a: argparse.Namespace) -> dict | None:
     naming the flag or field."""
     import yaml
 
-    given = [f for f in ("policy", "predictor", "probe", "records", "plugin_stats", "plugin_config")
+    given = [f for f in ("policy", "predictor", "probe", "refine", "refine_at", "records", "plugin_stats", "plugin_config")
              if getattr(a, f) is not None] + (["param"] if a.param else [])  # fmt: skip
     given += ["features"] if a.features else []
     given += ["feature_layer"] if a.feature_layer is not None else []
@@ -55,10 +57,15 @@ def plugin_from_args(a: argparse.Namespace) -> dict | None:
         if a.feature_layer is not None:
             feats["layer"] = a.feature_layer
         data["features"] = feats
-    if a.probe is not None and not a.features and "features" not in data:
-        raise ValueError("--probe needs --features")
-    for flag, field in (("predictor", "predictor"), ("probe", "probe"), ("records", "records"),
-                        ("plugin_stats", "stats")):  # fmt: skip
+    for flag in ("probe", "refine"):
+        if getattr(a, flag) is not None and not a.features and "features" not in data:
+            raise ValueError(f"--{flag} needs --features")
+    if a.refine_at is not None:
+        if a.refine is None and "refine" not in data:
+            raise ValueError("--refine-at needs --refine")
+        data["refine_at"] = list(a.refine_at)
+    for flag, field in (("predictor", "predictor"), ("probe", "probe"), ("refine", "refine"),
+                        ("records", "records"), ("plugin_stats", "stats")):  # fmt: skip
         if getattr(a, flag) is not None:
             data[field] = str(getattr(a, flag))
     return data

@@ -58,6 +58,7 @@ from presched.engine.plugin.guard import Guard
 from presched.engine.plugin.probe import EngineProbe
 from presched.engine.plugin.queue import PolicyRequestQueue
 from presched.engine.plugin.records import RecordWriter, record_row
+from presched.engine.plugin.refine import EngineRefine
 from presched.engine.plugin.seq import EngineSeq, xargs_of
 from presched.engine.plugin.version import check_vllm_version
 from presched.schedule.interface import EngineInfo, Policy
@@ -114,7 +115,7 @@ class PreschedScheduler(Scheduler):
         self.counts = {"arrivals": 0, "pred_xargs": 0, "pred_predictor": 0, "pred_none": 0,
                        "bad_xargs": 0, "preempt_for": 0, "finished": 0, "aborted": 0,
                        "features_worker_s": 0.0, "features_worker_steps": 0,
-                       "pred_probe": 0, "probe_errors": 0}  # fmt: skip
+                       "pred_probe": 0, "probe_errors": 0, "pred_refine": 0, "refine_errors": 0}  # fmt: skip
         self._seqs: dict[str, EngineSeq] = {}
         self._now = time.time()
         num_blocks = int(self.kv_cache_config.num_blocks)
@@ -154,11 +155,14 @@ class PreschedScheduler(Scheduler):
         log.info("presched in-engine scheduler: policy %s, %s KV tokens (%d usable blocks of "
                  "%d), max_num_seqs %d", policy.describe(), self.engine_info.kv_tokens, num_blocks - 1,
                  self.block_size, self.max_num_running_reqs)  # fmt: skip
-        self.probe = None
+        self.probe = self.refine = None
+        hf = mc.hf_config
         if cfg.probe is not None:
-            hf = mc.hf_config
             self.probe = EngineProbe(cfg.probe, cfg.features, Path(mc.model).name,
                                      int(hf.num_hidden_layers), int(hf.hidden_size))  # fmt: skip
+        if cfg.refine is not None:
+            self.refine = EngineRefine(cfg.refine, cfg.features, cfg.refine_at, Path(mc.model).name,
+                                       int(hf.num_hidden_layers), int(hf.hidden_size))  # fmt: skip
         self._save_stats()
 
     # --- seqs ---------------------------------------------------------------------------------
@@ -302,6 +306,12 @@ class PreschedScheduler(Scheduler):
                 self.counts["pred_probe"] = self.probe.predictions
                 if self.probe.errors != self.counts["probe_errors"]:
                     self.counts["probe_errors"] = self.probe.errors
+                    self._save_stats()
+            if self.refine is not None and sf.step_ids:
+                self.refine.apply(sf.step_ids, self._seqs)
+                self.counts["pred_refine"] = self.refine.predictions
+                if self.refine.errors != self.counts["refine_errors"]:
+                    self.counts["refine_errors"] = self.refine.errors
                     self._save_stats()
             self.counts["features_worker_s"] = round(sf.worker_s, 6)
             self.counts["features_worker_steps"] = sf.worker_steps

@@ -24,7 +24,8 @@ Hidden-state features (plugin config `features`, worker.py), None / 0 without th
     features_n       prompt positions pooled into it; features_missing: non-sink positions the
                      hook never saw (0 unless prefix-cached)
     feature_pools    how often a pooled prompt state arrived (1 + recomputes after preemption)
-    features_step    state at the last generated token; feature_steps: how many arrived
+    features_step    state at the last generated token; feature_steps: how many arrived;
+                     features_step_g: that token's number g (the step reads token g)
 
 Also kept for the request record: `recomputed_tokens` (tokens prefilled again after
 preemptions), `finish`, `vreq` (the vLLM request).
@@ -45,7 +46,8 @@ class EngineSeq:
     __slots__ = ("vreq", "request", "arrival", "prompt_tokens", "generated", "estimate",
                  "first_scheduled", "first_token", "preemptions", "target", "recomputed_tokens",
                  "finish", "pred_source", "computed", "features_prompt", "features_n",
-                 "features_missing", "feature_pools", "features_step", "feature_steps")  # fmt: skip
+                 "features_missing", "feature_pools", "features_step", "feature_steps",
+                 "features_step_g")  # fmt: skip
 
     def __init__(self, vreq: Any, estimate: Any = None, pred_source: str | None = None) -> None:
         self.vreq = vreq
@@ -74,6 +76,7 @@ class EngineSeq:
         self.computed = 0  # vLLM's num_computed_tokens, refreshed at each schedule()
         self.features_prompt = self.features_step = None
         self.features_n = self.features_missing = self.feature_pools = self.feature_steps = 0
+        self.features_step_g = 0
 
     @property
     def id(self) -> str:
