@@ -49,6 +49,21 @@ def test_destination_header_prediction_and_log_row(stack):
     assert row["pred_mean"] == pytest.approx(pred, abs=0.05)
 
 
+def test_a_chunked_upload_reaches_the_engine_whole(stack):
+    raw = json.dumps({"model": "tiny", "prompt": SHORT, "max_tokens": 3}).encode()
+    r = httpx.post(f"{stack.url}/v1/completions", content=iter([raw[:9], raw[9:]]),
+                   headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    served = r.headers["x-presched-endpoint"]
+    headers, body = stack.st.engines[[e.address for e in stack.st.picker.cfg.endpoints].index(served)].seen[-1]
+    assert body["prompt"] == SHORT and "presched_pred_mean" in body["vllm_xargs"]
+    if stack.st.picker.cfg.envoy_body_mode == "buffered":  # the picker set the rewritten body's length
+        assert int(headers["content-length"]) > len(raw) and "transfer-encoding" not in headers
+    else:  # Envoy streams the rewritten body on
+        assert headers["transfer-encoding"] == "chunked" and "content-length" not in headers
+    stack.idle()
+
+
 def test_stream_passes_through_and_usage_is_counted(stack):
     before = {b.name: b.served for b in stack.st.picker.gw.backends}
     r = post(stack.url, {"prompt": SHORT, "max_tokens": 5, "stream": True})
