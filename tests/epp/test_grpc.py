@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 _MODE = processing_mode_pb2.ProcessingMode
 ANNOUNCE = {"full-duplex": (_MODE.FULL_DUPLEX_STREAMED, _MODE.FULL_DUPLEX_STREAMED),
-            "buffered": (_MODE.BUFFERED, _MODE.STREAMED)}  # fmt: skip
+            "buffered": (_MODE.BUFFERED, _MODE.STREAMED), "streamed": (_MODE.STREAMED, _MODE.STREAMED)}  # fmt: skip
 
 
 def _exchange(port: int, body: dict, subset: list[str] | None = None, fairness: str | None = None,
@@ -95,6 +95,15 @@ def test_a_buffered_body_is_answered_with_the_pick_and_the_rewritten_body(stack)
         sent = common.body_mutation.body
         assert int(set_["content-length"]) == len(sent)
         assert json.loads(sent)["prompt"] == "hi" and "presched_pred_mean" in json.loads(sent)["vllm_xargs"]
+    stack.idle()
+
+
+def test_a_request_body_mode_the_picker_cannot_use_is_refused_at_once(stack):
+    """STREAMED request bodies (each chunk answered before the next) would never let the
+    picker hold the headers until the body is whole: a clear 500, not a hang."""
+    out = _exchange(stack.st.ports["epp"], {"model": "tiny", "prompt": "hi"}, announce="streamed")
+    imm = out[0].immediate_response
+    assert imm.status.code == 500 and "STREAMED" in json.loads(imm.body)["error"]["message"]
     stack.idle()
 
 

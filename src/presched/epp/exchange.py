@@ -63,6 +63,10 @@ class Exchange:
             self.subset = P.subset_hint(msg)
             if msg.request_headers.end_of_stream:
                 return await self._decide(with_body=False)
+            if self.request_mode not in (P.BUFFERED, P.DUPLEX):  # the body would never come whole
+                self.decided = True
+                return [P.immediate(500, f"the gateway's ext_proc request_body_mode is {self.request_mode}; the endpoint "
+                                    "picker needs BUFFERED or FULL_DUPLEX_STREAMED", "server_error")]  # fmt: skip
             return [P.plain_headers("request")] if self.buffered else []
         if kind == "request_body":
             rb = msg.request_body
