@@ -3,6 +3,7 @@ presched's own gateway, on the same engines and the same replayed workload.
 
     python benchmarks/epp.py              # ~6 min on 2 busy cores
     python benchmarks/epp.py --quick      # ~1.5 min, fewer requests
+    python benchmarks/epp.py --tiny --out DIR   # a run of seconds for the tests: numbers meaningless
 
 Everything runs in one process tree on 127.0.0.1: three stand-in engines
 (`python -m presched.serve.stub`, a TEST DOUBLE with a stated service model: each has `--slots`
@@ -206,6 +207,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stack", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="a run of seconds for the test suite (30 requests, short steps): its numbers mean nothing")
+    ap.add_argument("--out", type=Path, default=HERE / "results", help="folder for epp.json and epp.png")
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--load", type=float, default=0.9, help="offered load, fraction of the engines' capacity")
     ap.add_argument("--token-s", type=float, default=0.002)
@@ -213,7 +216,7 @@ def main() -> None:
     ap.add_argument("--sim-only", action="store_true", help="add the simulator's expectation to an existing results/epp.json")
     a = ap.parse_args()
     if a.sim_only:
-        path = HERE / "results" / "epp.json"
+        path = a.out / "epp.json"
         result = json.loads(path.read_text())
         result["simulator"] = simulate(result)
         path.write_text(json.dumps(result, indent=1, default=float))
@@ -224,11 +227,13 @@ def main() -> None:
         return
     from presched.workload.default import default_workload
 
-    n = a.requests or (250 if a.quick else 700)
+    n = a.requests or (30 if a.tiny else 250 if a.quick else 700)
+    quick = a.quick or a.tiny
     from dataclasses import replace as _replace
 
-    # the stub generates max_tokens; the tail is capped at 2048 so one run stays minutes
-    work = [_replace(r, output_tokens=min(r.output_tokens, 2048)) for r in default_workload(n, seed=0)]
+    # the stub generates max_tokens; the tail is capped at 2048 (--tiny: 128) so one run stays minutes
+    cap = 128 if a.tiny else 2048
+    work = [_replace(r, output_tokens=min(r.output_tokens, cap)) for r in default_workload(n, seed=0)]
     mean_service = a.token_s * float(np.mean([r.output_tokens for r in work]))
     capacity = 3 * a.slots / mean_service  # req/s
     rate = a.load * capacity
@@ -237,7 +242,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="presched-epp-bench-"))
     engines, addrs = start_engines(3, a.token_s, a.slots)
     result = {"requests": n, "load": a.load, "token_s": a.token_s, "slots": a.slots, "engines": 3,
-              "capacity_rps": capacity, "rate_rps": rate, "sigma": SIGMA, "e2e": {}}  # fmt: skip
+              "capacity_rps": capacity, "rate_rps": rate, "sigma": SIGMA, "max_tokens": cap, "e2e": {}}  # fmt: skip
     lost = 0
     try:
         configs = [("envoy-rr", "epp", {}, "round-robin"), ("envoy-lr", "epp", {}, "least-request"),
@@ -267,8 +272,8 @@ def main() -> None:
         st = Stack({"kind": "epp", "endpoints": addrs, "log": str(logp), "policy": "fcfs",
                     "router": "least-requests", "max_in_flight": 1000})  # fmt: skip
         try:
-            blocks = 3 if a.quick else 6
-            per = 150 if a.quick else 300
+            blocks = 1 if a.tiny else 3 if quick else 6
+            per = 40 if a.tiny else 150 if quick else 300
             alone, picked = [], []
             asyncio.run(sequential(st.ports["envoy"], 30))  # warm-up
             asyncio.run(sequential(st.ports["round-robin"], 30))
@@ -282,8 +287,9 @@ def main() -> None:
             lost += (blocks * per - len(picked))
             ramp = []
             max_rps = 0.0
-            for rate_step in ([20, 50, 100, 150] if a.quick else [20, 50, 100, 150, 200, 300]):
-                dur = 3.0 if a.quick else 5.0
+            steps = [20, 50] if a.tiny else [20, 50, 100, 150] if quick else [20, 50, 100, 150, 200, 300]
+            for rate_step in steps:
+                dur = 1.5 if a.tiny else 3.0 if quick else 5.0
                 arr = poisson_arrivals(rate_step, dur, seed=rate_step)
                 body = json.dumps({"model": "stub", "prompt": "hello " * 60, "max_tokens": 16}).encode()
                 row = asyncio.run(_load(st.ports["envoy"], arr, body, dur))
@@ -299,7 +305,7 @@ def main() -> None:
         st = Stack({"kind": "epp", "endpoints": addrs, "policy": "fcfs", "router": "least-requests",
                     "max_in_flight": 1000})  # fmt: skip
         try:  # its own stack, without a log: a fresh picker starts with its own books
-            result["restart"] = asyncio.run(_restart_under_load(st, 40.0, 6.0))
+            result["restart"] = asyncio.run(_restart_under_load(st, 40.0, 3.0 if a.tiny else 6.0))
         finally:
             st.close()
         rows, distinct = log_rows(logp)
@@ -316,8 +322,8 @@ def main() -> None:
             "epp_rr_over_presched_mean_e2e": e["envoy-rr"]["mean_e2el_ms"] / e["epp-sjf"]["mean_e2el_ms"],
             "epp_lost_requests": lost, "epp_max_rps": result["max_rps"]}  # fmt: skip
     result["figures"] = figs
-    out = HERE / "results"
-    out.mkdir(exist_ok=True)
+    out = a.out
+    out.mkdir(parents=True, exist_ok=True)
     (out / "epp.json").write_text(json.dumps(result, indent=1, default=float))
     _plot(result, out / "epp.png")
     for k, v in figs.items():
@@ -327,7 +333,8 @@ def main() -> None:
 def simulate(result: dict) -> dict:
     """The simulator's expectation for the same cluster: 3 instances of `slots` sequences whose
     every step takes `token_s` whatever the batch (the stubs' service model, as a fitted step
-    time with only the intercepts), the same workload (lengths capped at 2048) at the same rate;
+    time with only the intercepts), the same workload (lengths capped at `max_tokens`, 2048) at
+    the same rate;
     Envoy round-robin = router round-robin + fcfs, presched = least-work + sjf on the same
     noisy oracle (sigma 0.79)."""
     t = result["token_s"]
@@ -335,7 +342,7 @@ def simulate(result: dict) -> dict:
     base = [sys.executable, "-m", "presched.cli", "simulate", "-w", "default", "-n", str(result["requests"]),
             "--rate", f"{result['rate_rps']:.4f}", "-i", "3", "--set", f"sim.engine.max_num_seqs={result['slots']}",
             "--set", "sim.step_time.kind=fitted", "--set", f"sim.step_time.coefficients={coef}",
-            "--set", "workload.max_tokens=2048", "--json"]  # fmt: skip
+            "--set", f"workload.max_tokens={result.get('max_tokens', 2048)}", "--json"]  # fmt: skip
     runs = {"rr-fcfs": ["--router", "round-robin", "--policy", "fcfs"],
             "lw-sjf": ["--router", "least-work", "--policy", "sjf", "--set", "predictions.source=noisy-oracle",
                        "--set", f"predictions.sigma={SIGMA}"]}  # fmt: skip

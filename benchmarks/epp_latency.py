@@ -11,8 +11,12 @@ keep-alive requests (the lean client of benchmarks/gateway_overhead_load.py), ON
 IN TURN, so that the machine's load (other work) falls on every path alike. Paths:
 
 - alone: Envoy round robin, no picker;
-- shipped: Envoy + picker as `presched epp` runs it (ext_proc request and response bodies
-  FULL_DUPLEX_STREAMED, override_host + retries);
+- shipped: Envoy + picker as `presched epp` runs it (envoy_body_mode 'buffered': ext_proc
+  request body BUFFERED, response body STREAMED; override_host + retries);
+- full-duplex: the same picker, Envoy sending GIE's standard FULL_DUPLEX_STREAMED bodies
+  (envoy_body_mode 'full-duplex'; the shipped mode before 2026-12-03);
+- no-header-wait: 'buffered' with the filter's `send_body_without_waiting_for_header_response`
+  (the body sent before the headers' answer comes back; an experiment, not shipped);
 - worker-thread: as before this change: the prompt's tokens counted and the length predicted in
   the worker thread (now: prompts up to `core.INLINE_COUNT_CHARS` counted, and predictors whose
   calls take at most `inline_predict_ms` called, on the event loop);
@@ -100,6 +104,8 @@ def run_stack(addrs: list[str]) -> None:
         retry = {"retry_on": E.RETRY_ON, "num_retries": 2}
         paths = {"alone": st.ports["round-robin"]}
         variants = {name: (port, {}) for name, port in pickers.items()}
+        variants["full-duplex"] = (st.server.port, E.BODY_MODES["full-duplex"])
+        variants["no-header-wait"] = (st.server.port, {})
         variants["no-response-body"] = (st.server.port, {"response_body_mode": "NONE", "response_trailer_mode": "SKIP"})
         for name, (port, modes) in variants.items():
             c = E._static(f"epp-{name}", [f"127.0.0.1:{port}"])
@@ -107,6 +113,8 @@ def run_stack(addrs: list[str]) -> None:
             clusters.append(c)
             paths[name] = free_port()
             f = E.ext_proc_filter(cluster=f"epp-{name}", modes=modes)
+            if name == "no-header-wait":
+                f["typed_config"]["send_body_without_waiting_for_header_response"] = True
             listeners.append(E._listener(name, paths[name], "gie_pool", [f], "127.0.0.1", retry))
         admin = free_port()
         boot = {"admin": {"address": E._addr("127.0.0.1", admin)},

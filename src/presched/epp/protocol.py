@@ -1,16 +1,24 @@
 """The Gateway API Inference Extension's endpoint-picker protocol over Envoy ext_proc v3: the
 names it fixes and the `ProcessingResponse`s the picker sends.
 
-Per HTTP request the proxy opens one bidirectional `ExternalProcessor.Process` stream:
+Per HTTP request the proxy opens one bidirectional `ExternalProcessor.Process` stream, in one of
+two body modes (Envoy names them in the first message's `protocol_config`, `announced_modes`):
 
-    request_headers -> request_body chunks (FULL_DUPLEX_STREAMED) [-> request_trailers]
-    -> response_headers -> response_body chunks [-> response_trailers]
+    BUFFERED request, STREAMED response (presched's Envoy by default):
+        request_headers (answered at once) -> request_body, whole (answered with the pick)
+        -> response_headers -> response_body chunks, each answered [-> response_trailers]
+    FULL_DUPLEX_STREAMED both ways (GIE's standard):
+        request_headers -> request_body chunks -> request_trailers (the pick answers the headers)
+        -> response_headers -> response_body chunks [-> response_trailers]
 
-The picker answers the request headers only once the whole body is in (as GIE's picker does),
-with a header mutation setting `x-gateway-destination-endpoint` to the picked endpoint followed
-by its ordered fallbacks (`ip:port,ip:port,...`), and the same value in the `envoy.lb` dynamic
-metadata under the same key; the body goes back as a streamed body mutation. Refusals are `ImmediateResponse`s (503 when no
-endpoint is eligible, 429 when the request is shed) with an OpenAI-format JSON body.
+The picker decides once the whole body is in (as GIE's picker does) and sets
+`x-gateway-destination-endpoint` to the picked endpoint followed by its ordered fallbacks
+(`ip:port,ip:port,...`), with the same value in the `envoy.lb` dynamic metadata under the same
+key: in FULL_DUPLEX_STREAMED mode on the held request headers (`route_headers`, the body going
+back as a streamed body mutation), in BUFFERED mode on the body's answer (`route_body`: header
+mutation, content-length of the rewritten body, body mutation in one CommonResponse). Refusals
+are `ImmediateResponse`s (503 when no endpoint is eligible, 429 when the request is shed) with
+an OpenAI-format JSON body.
 
 Inputs: the subset hint in `metadata_context.filter_metadata["envoy.lb.subset_hint"]
 ["x-gateway-destination-endpoint-subset"]` (a list of ip:port); the served endpoint in
@@ -24,6 +32,7 @@ import json
 import math
 
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
@@ -35,6 +44,19 @@ SERVED_KEY = "x-gateway-destination-endpoint-served"
 EXT_PROC_ATTRS = "envoy.filters.http.ext_proc"
 UPSTREAM_ADDRESS = "upstream.address"
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+_BODY_MODE = processing_mode_pb2.ProcessingMode.BodySendMode
+BUFFERED, DUPLEX = "BUFFERED", "FULL_DUPLEX_STREAMED"
+# EppConfig.envoy_body_mode -> (request, response) body modes, assumed when Envoy names none
+CONFIGURED_MODES = {"buffered": (BUFFERED, "STREAMED"), "full-duplex": (DUPLEX, DUPLEX)}
+
+
+def announced_modes(req: pb.ProcessingRequest) -> tuple[str, str] | None:
+    """The (request, response) body modes Envoy names in `protocol_config` (Envoy 1.40 sends it
+    in the first message of each stream), as BodySendMode names; None when it names none."""
+    if not req.HasField("protocol_config"):
+        return None
+    pc = req.protocol_config
+    return _BODY_MODE.Name(pc.request_body_mode), _BODY_MODE.Name(pc.response_body_mode)
 
 
 def headers_of(msg: pb.HttpHeaders) -> dict[str, str]:
@@ -75,20 +97,41 @@ def _set(headers: dict[str, str]) -> pb.HeaderMutation:
         for k, v in headers.items()])  # fmt: skip
 
 
-def route(dest_header: str, destinations: list[str], extra: dict[str, str]) -> pb.ProcessingResponse:
-    """The answer to the request headers: the primary and its ordered fallbacks,
-    `ip:port,ip:port,...`, in the destination header and in the `envoy.lb` dynamic metadata
-    under the same key (GIE's protocol; Envoy's `override_host` policy reads either and tries
-    the next address on each retry)."""
+def _route(dest_header: str, destinations: list[str], extra: dict[str, str],
+           length: int | None) -> tuple[pb.HeaderMutation, struct_pb2.Struct]:  # fmt: skip
     dests = ",".join(destinations)
     md = struct_pb2.Struct()
     md.update({LB_NAMESPACE: {dest_header: dests}})
-    mut = _set({dest_header: dests, **extra})
-    # the body is rewritten (streamed mutation): its length is no longer the client's
+    hdrs = {dest_header: dests, **extra}
+    if length is not None:
+        hdrs["content-length"] = str(length)
+    return _set(hdrs), md
+
+
+def route_headers(dest_header: str, destinations: list[str], extra: dict[str, str]) -> pb.ProcessingResponse:
+    """The pick as the answer to the request headers: the primary and its ordered fallbacks,
+    `ip:port,ip:port,...`, in the destination header and in the `envoy.lb` dynamic metadata
+    under the same key (GIE's protocol; Envoy's `override_host` policy reads either and tries
+    the next address on each retry)."""
+    mut, md = _route(dest_header, destinations, extra, None)
+    # a FULL_DUPLEX_STREAMED body is rewritten as a stream: its length is no longer the client's
     mut.remove_headers.append("content-length")
     return pb.ProcessingResponse(
         request_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=mut)),
         dynamic_metadata=md)  # fmt: skip
+
+
+def route_body(dest_header: str, destinations: list[str], extra: dict[str, str],
+               payload: bytes | None) -> pb.ProcessingResponse:  # fmt: skip
+    """The pick as the answer to a BUFFERED request body: the same header mutation and
+    metadata as `route_headers` (Envoy still holds the headers), and the body replaced by
+    `payload` with its content-length (None: the body passes unchanged). No clear_route_cache:
+    the route does not depend on these headers (`override_host` reads them after routing)."""
+    mut, md = _route(dest_header, destinations, extra, None if payload is None else len(payload))
+    common = pb.CommonResponse(header_mutation=mut)
+    if payload is not None:
+        common.body_mutation.body = payload
+    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common), dynamic_metadata=md)
 
 
 def plain_headers(phase: str, extra: dict[str, str] | None = None) -> pb.ProcessingResponse:
@@ -101,6 +144,18 @@ def body(phase: str, data: bytes, end: bool) -> pb.ProcessingResponse:
     """A streamed body mutation (FULL_DUPLEX_STREAMED) of `phase` carrying `data`."""
     mut = pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=data, end_of_stream=end))
     return pb.ProcessingResponse(**{f"{phase}_body": pb.BodyResponse(response=pb.CommonResponse(body_mutation=mut))})
+
+
+def chunk_answer(phase: str, data: bytes, original: bytes) -> pb.ProcessingResponse:
+    """The answer to one STREAMED (or BUFFERED) body message of `phase`: `data` in place of
+    `original` (no mutation when they are the same bytes, the body cleared when `data` is empty)."""
+    common = pb.CommonResponse()
+    if data != original:
+        if data:
+            common.body_mutation.body = data
+        else:
+            common.body_mutation.clear_body = True
+    return pb.ProcessingResponse(**{f"{phase}_body": pb.BodyResponse(response=common)})
 
 
 def trailers(phase: str) -> pb.ProcessingResponse:
