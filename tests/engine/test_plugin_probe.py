@@ -74,14 +74,17 @@ def _seq(source=None, estimate=None):
 def test_apply_replaces_estimates_batched_but_never_a_requests_own(probe_file):
     probe = _probe(probe_file)
     own = object()
-    seqs = {"a": _seq("predictor", "text"), "b": _seq("xargs", own), "c": _seq()}
-    vecs = np.random.default_rng(2).normal(size=(4, HIDDEN)).astype(np.float32)
-    assert probe.apply(["a", "b", "c", "gone"], vecs, seqs) == 2  # "gone" was freed
+    refined = object()
+    seqs = {"a": _seq("predictor", "text"), "b": _seq("xargs", own), "c": _seq(), "d": _seq("refine", refined)}
+    vecs = np.random.default_rng(2).normal(size=(5, HIDDEN)).astype(np.float32)
+    # "gone" was freed; "d" was refined mid-answer (a re-pooled preempted request): kept
+    assert probe.apply(["a", "b", "c", "gone", "d"], vecs, seqs) == 2
     want = probe.predictor.predict_features(vecs[[0, 2]])
     for j, rid in enumerate(("a", "c")):
         assert seqs[rid].pred_source == "probe"
         np.testing.assert_allclose(seqs[rid].estimate.quantiles, want[j].quantiles, rtol=1e-12)
     assert seqs["b"].estimate is own and seqs["b"].pred_source == "xargs"
+    assert seqs["d"].estimate is refined and seqs["d"].pred_source == "refine"
     assert (probe.predictions, probe.errors) == (2, 0)
 
 

@@ -7,8 +7,9 @@ differs from what this engine's hook pools. `apply` runs the probe once per engi
 prompts pooled in that step (batched) and replaces each seq's estimate with its prediction.
 
 Precedence (module doc of estimates.py for the other two): a request's own `vllm_xargs`
-prediction wins and is never replaced; otherwise the probe's prediction replaces the in-engine
-text predictor's (or no estimate) as soon as the prompt is pooled, i.e. after prefill. The
+prediction wins and is never replaced, nor is a `refine` estimate (refine.py: later evidence);
+otherwise the probe's prediction replaces the in-engine text predictor's (or no estimate) as soon
+as the prompt is pooled, i.e. after prefill. The
 waiting-queue order before that still comes from xargs or the text predictor.
 
 Policies have no hook for an updated estimate: they read `seq.estimate` at each decision
@@ -70,7 +71,9 @@ class EngineProbe:
         rows, targets = [], []
         for i, rid in enumerate(prompt_ids):
             seq = seqs.get(rid)
-            if seq is not None and seq.pred_source != "xargs":  # the request's own prediction wins
+            # the request's own prediction wins; a refined one (later evidence) too, when a
+            # preempted request is re-pooled
+            if seq is not None and seq.pred_source not in ("xargs", "refine"):
                 rows.append(i)
                 targets.append(seq)
         if not targets:

@@ -31,7 +31,8 @@ With `features` in the plugin config, the worker hook's `StepFeatures` (worker.p
 each step's ModelRunnerOutput and kept on the seqs (`features_prompt`, `features_step`); the
 records get the pooled prompt state (records.py, table `prompt_features`). With `probe` too,
 the pooled prompt states of each step go through the probe (probe.py), whose estimates replace
-those of requests without their own vllm_xargs prediction.
+those of requests without their own vllm_xargs prediction; with `refine`, the per-step states at
+the `refine_at` tokens go through probe-refine (refine.py), whose estimates replace those too.
 
 A policy hook that raises is counted and logged (`Guard`), the FCFS decision is taken for that
 call, and the engine keeps serving. The vLLM version is pinned (version.py); LoRA and KV
@@ -301,7 +302,7 @@ class PreschedScheduler(Scheduler):
         sf = getattr(model_runner_output, FEATURES_ATTR, None)
         if sf is not None:  # before super(): it frees the requests that finish in this step
             deliver(sf, self._seqs)
-            if self.probe is not None and sf.prompt_ids:  # xargs > probe > text predictor
+            if self.probe is not None and sf.prompt_ids:  # xargs > refine > probe > text predictor
                 self.probe.apply(sf.prompt_ids, sf.prompt, self._seqs)
                 self.counts["pred_probe"] = self.probe.predictions
                 if self.probe.errors != self.counts["probe_errors"]:
