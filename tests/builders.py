@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -262,3 +264,32 @@ def require_engine() -> None:
     if os.environ.get("CI"):
         pytest.fail(msg + " -- CI must run scripts/engine/install.sh first", pytrace=False)
     pytest.skip(msg)
+
+
+def smollm2_dataset(data_dir: str, tmp: Path) -> tuple[Path, Path, dict[str, int]]:
+    """A small file in `scripts/smollm2_lengths.py`'s format on real CASTILLO prompts (60 train,
+    20 validate, 20 test) with planted lengths, and a feature cache whose column 0 is each
+    prompt's log mean length: (lengths file, feature cache, prompts per split)."""
+    want = {"train": 60, "validate": 20, "test": 20}
+    rows, rng = [], np.random.default_rng(0)
+    with gzip.open(Path(data_dir) / "castillo" / "prompts.jsonl.gz", "rt") as f:
+        seen = set()
+        for line in f:
+            r = json.loads(line)
+            if r["prompt_id"] in seen or want.get(r["split"], 0) == 0:
+                continue
+            seen.add(r["prompt_id"])
+            want[r["split"]] -= 1
+            base = int(rng.integers(5, 500))
+            lengths = [max(1, min(512, base + int(rng.integers(-3, 4)))) for _ in range(4)]
+            rows.append({"prompt_id": r["prompt_id"], "dataset": r["dataset"], "split": r["split"],
+                         "prompt_tokens": 10, "lengths": lengths, "capped": [x == 512 for x in lengths]})  # fmt: skip
+    assert not any(want.values())
+    lengths = tmp / "lengths.jsonl"
+    lengths.write_text("\n".join(json.dumps(x) for x in [{"config": {"max_tokens": 512}}, *rows]) + "\n")
+    X = rng.normal(size=(len(rows), 8))
+    X[:, 0] = [np.log(np.mean(r["lengths"])) for r in rows]
+    ids = [r["prompt_id"] for r in rows]
+    cache = tmp / "features.npz"
+    np.savez(cache, layer=15, ids=np.array(ids), mean=X, egtp=X[:, ::-1].copy())
+    return lengths, cache, {s: sum(r["split"] == s for r in rows) for s in ("train", "validate", "test")}

@@ -6,42 +6,14 @@ labels, loses it."""
 
 from __future__ import annotations
 
-import gzip
 import json
-from pathlib import Path
 
 import numpy as np
-from builders import load_benchmark, printed_figures
-
-
-def _dataset(data_dir: str, tmp: Path) -> tuple[Path, Path, dict[str, int]]:
-    want = {"train": 60, "validate": 20, "test": 20}
-    rows, rng = [], np.random.default_rng(0)
-    with gzip.open(Path(data_dir) / "castillo" / "prompts.jsonl.gz", "rt") as f:
-        seen = set()
-        for line in f:
-            r = json.loads(line)
-            if r["prompt_id"] in seen or want.get(r["split"], 0) == 0:
-                continue
-            seen.add(r["prompt_id"])
-            want[r["split"]] -= 1
-            base = int(rng.integers(5, 500))
-            lengths = [max(1, min(512, base + int(rng.integers(-3, 4)))) for _ in range(4)]
-            rows.append({"prompt_id": r["prompt_id"], "dataset": r["dataset"], "split": r["split"],
-                         "prompt_tokens": 10, "lengths": lengths, "capped": [x == 512 for x in lengths]})  # fmt: skip
-    assert not any(want.values())
-    lengths = tmp / "lengths.jsonl"
-    lengths.write_text("\n".join(json.dumps(x) for x in [{"config": {"max_tokens": 512}}, *rows]) + "\n")
-    X = rng.normal(size=(len(rows), 8))
-    X[:, 0] = [np.log(np.mean(r["lengths"])) for r in rows]
-    ids = [r["prompt_id"] for r in rows]
-    cache = tmp / "features.npz"
-    np.savez(cache, layer=15, ids=np.array(ids), mean=X, egtp=X[:, ::-1].copy())
-    return lengths, cache, {s: sum(r["split"] == s for r in rows) for s in ("train", "validate", "test")}
+from builders import load_benchmark, printed_figures, smollm2_dataset
 
 
 def test_probes_run_on_the_cached_features_of_each_prompt(data_dir, tmp_path, capsys):
-    lengths, cache, n = _dataset(data_dir, tmp_path)
+    lengths, cache, n = smollm2_dataset(data_dir, tmp_path)
     out = tmp_path / "probes.json"
     assert load_benchmark("probes.py").main(["--lengths", str(lengths), "--feature-cache", str(cache),
                                              "--answers", str(tmp_path / "none.jsonl"),
@@ -63,7 +35,7 @@ def test_probe_refine_reads_each_answers_own_state_at_each_step(data_dir, tmp_pa
     # answers of one prompt differ a lot here; the planted state at step g is log(L - g) of that
     # very answer (column 0), which the prompt alone cannot know: refinement must beat the
     # step-0 priors, and a bug pairing an answer with another's state (or step) loses it
-    lengths, cache, n = _dataset(data_dir, tmp_path)
+    lengths, cache, n = smollm2_dataset(data_dir, tmp_path)
     lines = lengths.read_text().splitlines()
     rows = [json.loads(x) for x in lines[1:]]
     rng = np.random.default_rng(1)

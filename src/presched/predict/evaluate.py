@@ -105,10 +105,10 @@ def ensure_registered(names: Sequence[str]) -> dict[str, str]:
 def available_predictors(include_oracles: bool = False) -> list[str]:
     """Registered predictor names (after `discover_predictors`), default first, then anchors,
     then the rest; oracles (which read the labels) only when asked. Predictors that read the
-    serving model's hidden states (`probe`, `egtp`: `needs_hidden_states`) are left out: text
-    data has no such features; name them explicitly."""
+    serving model (`probe`, `egtp`, `probe-refine`: its hidden states; `self-report`: its answers;
+    `needs_serving_model`) are left out: text data has no such features; name them explicitly."""
     names = [n for n in PREDICTORS.names() if (include_oracles or not getattr(PREDICTORS.get(n), "oracle", False))
-             and not getattr(PREDICTORS.get(n), "needs_hidden_states", False)]  # fmt: skip
+             and not getattr(PREDICTORS.get(n), "needs_serving_model", False)]  # fmt: skip
     order = {n: i for i, n in enumerate((DEFAULT, *ANCHORS, *BASELINES))}
     return sorted(names, key=lambda n: (order.get(n, len(order)), n))
 

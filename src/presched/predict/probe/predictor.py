@@ -108,7 +108,7 @@ class HiddenStateProbe(Predictor):
     """Shared by `probe` and `egtp`; they differ only in the pooling they read."""
 
     pooling: str = "mean"
-    needs_hidden_states = True  # left out of `available_predictors` (text-only evaluations)
+    needs_serving_model = True  # left out of `available_predictors` (text-only evaluations)
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params(self.name, DEFAULTS, params, nullable=("model_dir",)))

@@ -57,7 +57,7 @@ class ProbeRefine(Predictor):
     """TRAIL while decoding: remaining length from the state at the g-th generated token."""
 
     name = "probe-refine"
-    needs_hidden_states = True
+    needs_serving_model = True
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params(self.name, DEFAULTS, params))

@@ -1,0 +1,139 @@
+"""`self-report`: ask the served model itself how long its answer will be (PiA).
+
+    pred = PREDICTORS.create("self-report", base_url="http://127.0.0.1:8100", model="smollm2-135m")
+    pred.fit(train_requests, validation=calibration_requests)
+    est = pred.predict(requests)                         # one chat completion per new prompt
+
+For each request, one greedy chat completion on the served model's OpenAI API (`/v1/chat/
+completions`, `max_tokens` short) with the request's prompt and `question` after it, e.g. "...
+How many words will your answer have? Reply with one number only." The first integer of the
+reply is the model's own estimate r (`parse_report`; none: the reply is "unparsed"). The raw
+number is not trusted as a length: it is calibrated like every presched predictor, features
+[log(1 + r), 1 if parsed] -> `RidgeHead` (ridge on log length, a ridge on the residual for the
+spread, split-conformal quantiles on `validation`), so an unparsed reply gets the fitted mean of
+unparsed ones and a model that always answers "100" ranks nothing (its tau-b is 0, honestly).
+
+Cost: a model call per prompt before the request can be ordered (cached by prompt text within
+the predictor); calls run `concurrency` at a time with `timeout_s` each. A call that fails
+(HTTP error, timeout, bad JSON) counts as unparsed and is counted in `errors`; `asked`,
+`unparsed` count the rest. Needs httpx (the `serve` extra).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from presched.predict.base import PREDICTORS, Predictor, checked_params
+from presched.predict.estimate import LEVELS, LengthEstimate
+from presched.predict.probe.predictor import RidgeHead
+from presched.predict.text_gbm import fit_and_calibration
+from presched.workload.request import Request
+
+QUESTION = ("\n\nDo not answer yet. How many words will your answer to this have? "
+            "Reply with one number only.")  # fmt: skip
+DEFAULTS: dict[str, Any] = {"base_url": None, "model": None, "question": QUESTION, "max_tokens": 8,
+                            "timeout_s": 60.0, "concurrency": 8, "alpha": 1.0, "sigma_floor": 0.05,
+                            "calib_frac": 0.2, "seed": 0}  # fmt: skip
+MAX_REPORT = 1_000_000
+_INT = re.compile(r"\d[\d,]*")
+_MED = LEVELS.index(0.5)
+
+
+def parse_report(text: str | None) -> int | None:
+    """The first integer in a reply ("About 120 words." -> 120, "1,200" -> 1200), capped at
+    MAX_REPORT; None when there is none."""
+    if not text:
+        return None
+    m = _INT.search(text)
+    if m is None:
+        return None
+    digits = m.group(0).replace(",", "")
+    return min(int(digits[:7]), MAX_REPORT)
+
+
+@PREDICTORS.register("self-report")
+class SelfReport(Predictor):
+    """PiA: the served model's own answer to "how long will your answer be?", calibrated."""
+
+    name = "self-report"
+    needs_serving_model = True  # needs a live model: left out of text-only evaluations
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**checked_params(self.name, DEFAULTS, params, nullable=("base_url", "model")))
+        p = self.params
+        if not 1 <= int(p["max_tokens"]) <= 256 or not 1 <= int(p["concurrency"]) <= 64:
+            raise ValueError("self-report: max_tokens must be in 1..256 and concurrency in 1..64")
+        if not 0 < float(p["timeout_s"]) <= 3600:
+            raise ValueError("self-report: timeout_s must be in (0, 3600]")
+        self._replies: dict[str, int | None] = {}
+        self.asked = self.unparsed = self.errors = 0
+
+    # --- the model's own report ---------------------------------------------------------------
+    def reports(self, requests: Sequence[Request]) -> list[int | None]:
+        """The parsed report of each request's prompt (asked once per distinct prompt)."""
+        p = self.params
+        if p["base_url"] is None or p["model"] is None:
+            raise ValueError("self-report: set base_url and model (the served model to ask)")
+        for r in requests:
+            if not r.prompt:
+                raise ValueError(f"request {r.id!r}: field 'prompt' is empty; self-report asks the model about the text")
+        todo = sorted({r.prompt for r in requests if r.prompt not in self._replies})
+        if todo:
+            import httpx
+
+            with httpx.Client(base_url=p["base_url"].rstrip("/"), timeout=float(p["timeout_s"])) as client:
+                with ThreadPoolExecutor(int(p["concurrency"])) as pool:
+                    for prompt, rep in zip(todo, pool.map(lambda t: self._ask(client, t), todo)):
+                        self._replies[prompt] = rep
+        return [self._replies[r.prompt] for r in requests]
+
+    def _ask(self, client, prompt: str) -> int | None:
+        p = self.params
+        body = {"model": p["model"], "max_tokens": int(p["max_tokens"]), "temperature": 0.0,
+                "messages": [{"role": "user", "content": prompt + p["question"]}]}  # fmt: skip
+        try:
+            r = client.post("/v1/chat/completions", json=body)
+            r.raise_for_status()
+            text = r.json()["choices"][0]["message"]["content"]
+        except Exception:  # noqa: BLE001 - counted; the request then gets the unparsed estimate
+            self.errors += 1
+            return None
+        self.asked += 1
+        rep = parse_report(text)
+        self.unparsed += rep is None
+        return rep
+
+    @staticmethod
+    def features(reports: Sequence[int | None]) -> np.ndarray:
+        return np.array([[np.log1p(r) if r is not None else 0.0, float(r is not None)] for r in reports])
+
+    # --- fit / predict ------------------------------------------------------------------------
+    def fit(self, requests: Sequence[Request], validation: Sequence[Request] | None = None) -> "SelfReport":
+        p = self.params
+        reqs, y, cal, y_cal = fit_and_calibration(requests, validation, p["calib_frac"], p["seed"])
+        X, X_cal = self.features(self.reports(reqs)), self.features(self.reports(cal))
+        self.head = RidgeHead(p["alpha"], p["sigma_floor"]).fit(X, y, X_cal, y_cal)
+        self.fitted = True
+        return self
+
+    def predict(self, requests: Sequence[Request]) -> LengthEstimate:
+        self.check_fitted()
+        if len(requests) == 0:
+            raise ValueError("requests: empty")
+        q, mu = self.head.quantiles(self.features(self.reports(requests)))
+        return LengthEstimate(q, q[:, _MED], mu)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return self.head.state()
+
+    @classmethod
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray], values: dict[str, Any]) -> "SelfReport":
+        pred = cls(**params)
+        pred.head = RidgeHead.from_state(pred.params["alpha"], pred.params["sigma_floor"], arrays, values)
+        pred.fitted = True
+        return pred
