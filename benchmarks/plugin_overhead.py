@@ -33,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))  # hook_overhead.py beside it
+sys.path.append(str(Path(__file__).parent))  # hook_overhead.py beside it
 from hook_overhead import completions_round  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402

@@ -43,7 +43,7 @@ from presched.predict.probe import EGTP, Probe
 from presched.workload.paths import data_dir
 from presched.workload.request import Request
 
-sys.path.insert(0, str(Path(__file__).parent))  # its part: probes_refine.py beside it
+sys.path.append(str(Path(__file__).parent))  # its part: probes_refine.py beside it
 import probes_refine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

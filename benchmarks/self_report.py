@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))  # probes.py beside it: the same dataset reader
+sys.path.append(str(Path(__file__).parent))  # probes.py beside it: the same dataset reader
 from probes import MODEL, RESULTS, load_dataset  # noqa: E402
 
 from presched.predict.base import predictor_class  # noqa: E402
