@@ -32,7 +32,24 @@ as vLLM once every free block is cached, which a busy cache reaches quickly).
 The cache is a radix tree of unit keys (`_Node`: a run of keys that requests share or not as a
 whole; a request holds a path from the root). Work per request is per node on its path, with
 C-level list compares and slices inside a node, not per unit: a step only compares `computed`
-with `seq.next_unit_end`, and a request that extends its own chain appends to its own node.
+with `seq.next_unit_end`.
+
+Two pieces of work are done lazily, when someone could see them, never changing a result
+(tests/sim/test_prefix_golden.py holds fingerprints of the eager version):
+
+- **Own leaves.** A request whose deepest node is a leaf that it alone holds (the usual case
+  once it computes past what it shares: its decode blocks) *owns* it (`node.owner`): the
+  units it computes then are appended as vLLM would append them, but only when the node is
+  read (`_sync`: by a lookup, an insert or acquire that walks into it, its release, an
+  inspection), as the first `min(len(keys), computed // unit_tokens)` of its keys: the same
+  units an eager insert after every step would have added. Its `next_unit_end` is infinite
+  meanwhile, so steps make no calls. Another request walking into it ends the ownership
+  (`_claim`), and the owner's next full unit goes through `insert` again.
+- **Evictions.** `take` only counts (the base class's); the blocks taken beyond the uncached
+  free ones, `evictable - free`, are evicted by `_settle` before the tree is next read or a
+  release pushes new units into the LRU (lookup, acquire, insert, release, inspection).
+  Between two such points only takes happen, and LRU eviction of a + b blocks in one go picks
+  the same units as a then b (the smallest LRU prefix that covers the total).
 """
 
 from __future__ import annotations
@@ -50,7 +67,7 @@ class PrefixCacheError(ValueError):
 
 
 class _Node:
-    __slots__ = ("keys", "ub", "parent", "children", "ref", "stamp")
+    __slots__ = ("keys", "ub", "parent", "children", "ref", "stamp", "owner")
 
     def __init__(self, keys: list[int], ub: int, parent: "_Node | None", ref: int) -> None:
         self.keys = keys  # unit keys of this run, in order
@@ -59,6 +76,7 @@ class _Node:
         self.children: dict[int, _Node] = {}  # by the child's first key
         self.ref = ref  # requests holding this node (a holder holds every ancestor too)
         self.stamp = 0  # when its reference count last dropped to 0 (LRU)
+        self.owner: Seq | None = None  # the request that appends to it lazily (module doc)
 
     @property
     def blocks(self) -> int:
@@ -88,14 +106,15 @@ class CachingBlockManager(BlockManager):
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)
         self.root = _Node([], 0, None, 1)
-        self.evictable = 0  # blocks of the cached units nobody holds (part of `free`)
+        self.evictable = 0  # blocks of the cached units nobody holds (part of `free`; before
+        # `_settle`, the ones owed to evictions too)
         self._heap: list[tuple[int, int, _Node]] = []  # (stamp, tie, leaf) with reference 0
         self._clock = itertools.count(1)
         self.hit_tokens = 0
         self.queried_tokens = 0
         self.prompt_hit_tokens = 0  # hits at each request's first admission (no recomputes)
         self.prompt_tokens = 0  # prompt tokens of the requests admitted the first time
-        self.evicted_units = 0
+        self._evicted_units = 0
 
     # --- per request, once, when it joins the instance ------------------------------------
     def prepare(self, seq: Seq) -> None:
@@ -128,12 +147,16 @@ class CachingBlockManager(BlockManager):
         keys = seq.keys
         if not keys:
             return 0, 0
+        if self.evictable > self.free:
+            self._settle()
         most = min(len(keys), (total - 1) // seq.unit_tokens)
         node, i, revive = self.root, 0, 0
         while i < most:
             child = node.children.get(keys[i])
             if child is None:
                 break
+            if child.owner is not None:
+                self._sync(child)
             m = _common(child.keys, keys[i:most])
             if not child.ref:
                 revive += m * child.ub
@@ -152,10 +175,14 @@ class CachingBlockManager(BlockManager):
             self.prompt_tokens += seq.prompt_tokens
         if not units:
             return 0
+        if self.evictable > self.free:
+            self._settle()
         keys = seq.keys
         node, i = self.root, 0
         while i < units:
             child = node.children[keys[i]]
+            if child.owner is not None:
+                self._claim(child)
             m = _common(child.keys, keys[i:units])
             if m < len(child.keys):
                 child = self._split(child, m)
@@ -193,6 +220,8 @@ class CachingBlockManager(BlockManager):
     # --- as KV is computed ----------------------------------------------------------------
     def insert(self, seq: Seq) -> None:
         """`seq.computed` reached `seq.next_unit_end`: cache the units it now covers."""
+        if self.evictable > self.free:
+            self._settle()
         keys, unit = seq.keys, seq.unit_tokens
         i = seq.cached_upto
         end = min(len(keys), seq.computed // unit)
@@ -200,6 +229,8 @@ class CachingBlockManager(BlockManager):
         node = seq.cache_node or self.root
         while i < end:
             child = node.children.get(keys[i])
+            if child is not None and child.owner is not None:
+                self._claim(child)
             if child is None:
                 if node.ref == 1 and node is not self.root and not node.children and node.ub == ub:
                     node.keys.extend(keys[i:end])  # its own leaf (held by it alone): extend it
@@ -218,23 +249,40 @@ class CachingBlockManager(BlockManager):
             self.free += m * ub  # ... and this request's own copy of those units returns to it
             i += m
             node = child
-        seq.cache_node = node if node is not self.root else None
         seq.cached_upto = i
+        if node is self.root:
+            seq.cache_node = None
+        else:
+            seq.cache_node = node
+            if i < len(keys) and node.ref == 1 and not node.children and node.ub == ub:
+                node.owner = seq  # its own leaf: later units are appended lazily (module doc)
+                seq.next_unit_end = math.inf
+                return
         seq.next_unit_end = (i + 1) * unit if i < len(keys) else math.inf
 
-    # --- allocation and release -------------------------------------------------------------
-    def take(self, seq: Seq, extra: int) -> None:
-        short = extra - (self.free - self.evictable)
-        if short > 0:
-            self._evict(short)
-        seq.blocks += extra
-        self.free -= extra
-        used = self.num_blocks - self.free
-        if used > self.peak_used:
-            self.peak_used = used
+    def _sync(self, node: _Node) -> None:
+        """Append to its owner's leaf the units the owner has computed since (module doc)."""
+        seq: Seq = node.owner  # type: ignore[assignment]
+        end = min(len(seq.keys), seq.computed // seq.unit_tokens)
+        if end > seq.cached_upto:
+            node.keys.extend(seq.keys[seq.cached_upto : end])
+            seq.cached_upto = end
 
-    def _evict(self, blocks: int) -> None:
+    def _claim(self, node: _Node) -> None:
+        """End `node`'s ownership (another request reads it): its owner inserts again."""
+        self._sync(node)
+        seq: Seq = node.owner  # type: ignore[assignment]
+        node.owner = None
+        i = seq.cached_upto
+        seq.next_unit_end = (i + 1) * seq.unit_tokens if i < len(seq.keys) else math.inf
+
+    # --- allocation and release -------------------------------------------------------------
+    # (`take` is the base class's: the evictions it makes necessary wait for `_settle`)
+    def _settle(self) -> None:
+        """Evict, least recently released first, the `evictable - free` blocks that takes have
+        used beyond the uncached free ones (module doc)."""
         heap, root = self._heap, self.root
+        blocks = self.evictable - self.free
         while blocks > 0:
             stamp, _, node = heap[0]
             if node.ref or node.children or node.parent is None or node.stamp != stamp:
@@ -246,7 +294,7 @@ class CachingBlockManager(BlockManager):
             del keys[len(keys) - t :]
             b = t * node.ub
             self.evictable -= b
-            self.evicted_units += t
+            self._evicted_units += t
             blocks -= b
             if keys:  # the least recent still: it stays at the top of the heap
                 continue
@@ -258,9 +306,14 @@ class CachingBlockManager(BlockManager):
                 heapq.heappush(heap, (parent.stamp, next(self._clock), parent))
 
     def release(self, seq: Seq) -> None:
+        if self.evictable > self.free:
+            self._settle()
         still_used = 0
         heap, clock, root = self._heap, self._clock, self.root
         node = seq.cache_node
+        if node is not None and node.owner is not None:
+            self._sync(node)
+            node.owner = None
         while node is not None and node is not root:  # deepest first
             node.ref -= 1
             if node.ref:
@@ -276,16 +329,29 @@ class CachingBlockManager(BlockManager):
         self._reset(seq)
 
     # --- inspection -------------------------------------------------------------------------
-    def nodes(self):
-        """Every cached run (tree node but the root), parents before children."""
+    def settle(self) -> None:
+        """Apply the lazy work (module doc): the tree as an eager cache would have it now."""
+        if self.evictable > self.free:
+            self._settle()
+        for node in self._all():
+            if node.owner is not None:
+                self._sync(node)
+
+    def _all(self):
         todo = list(self.root.children.values())
         while todo:
             node = todo.pop()
             yield node
             todo.extend(node.children.values())
 
+    def nodes(self):
+        """Every cached run (tree node but the root), parents before children (settled)."""
+        self.settle()
+        yield from self._all()
+
     def path(self, seq: Seq) -> list[_Node]:
-        """The nodes `seq` holds, from the root down."""
+        """The nodes `seq` holds, from the root down (settled)."""
+        self.settle()
         out, node = [], seq.cache_node
         while node is not None and node is not self.root:
             out.append(node)
@@ -294,6 +360,12 @@ class CachingBlockManager(BlockManager):
 
     def cached_keys(self) -> set[int]:
         return {k for node in self.nodes() for k in node.keys}
+
+    @property
+    def evicted_units(self) -> int:
+        """Cached units evicted so far."""
+        self.settle()
+        return self._evicted_units
 
     @property
     def hit_rate(self) -> float:
