@@ -83,15 +83,16 @@ class _Node:
         return len(self.keys) * self.ub
 
 
-def _common(a: list[int], b: list[int]) -> int:
-    """Length of the common start of `a` and `b` (C-level slice compares, binary search)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+def _common(a: list[int], keys: list[int], i: int, j: int) -> int:
+    """Length of the common start of `a` and `keys[i:j]` (C-level slice compares, binary
+    search; slices no longer than `a`)."""
+    n = min(len(a), j - i)
+    if (a if n == len(a) else a[:n]) == keys[i : i + n]:
         return n
     lo, hi = 0, n - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
+        if a[:mid] == keys[i : i + mid]:
             lo = mid
         else:
             hi = mid - 1
@@ -147,9 +148,14 @@ class CachingBlockManager(BlockManager):
         keys = seq.keys
         if not keys:
             return 0, 0
-        if self.evictable > self.free:
-            self._settle()
         most = min(len(keys), (total - 1) // seq.unit_tokens)
+        units, revive = self._walk(keys, most)
+        if revive and self.evictable > self.free:  # it met units nobody holds: some may be owed
+            self._settle()  # to evictions (units in use never are)
+            units, revive = self._walk(keys, most)
+        return units, revive
+
+    def _walk(self, keys: list[int], most: int) -> tuple[int, int]:
         node, i, revive = self.root, 0, 0
         while i < most:
             child = node.children.get(keys[i])
@@ -157,7 +163,7 @@ class CachingBlockManager(BlockManager):
                 break
             if child.owner is not None:
                 self._sync(child)
-            m = _common(child.keys, keys[i:most])
+            m = _common(child.keys, keys, i, most)
             if not child.ref:
                 revive += m * child.ub
             i += m
@@ -175,7 +181,7 @@ class CachingBlockManager(BlockManager):
             self.prompt_tokens += seq.prompt_tokens
         if not units:
             return 0
-        if self.evictable > self.free:
+        if revive and self.evictable > self.free:  # (`lookup` has settled already)
             self._settle()
         keys = seq.keys
         node, i = self.root, 0
@@ -183,7 +189,7 @@ class CachingBlockManager(BlockManager):
             child = node.children[keys[i]]
             if child.owner is not None:
                 self._claim(child)
-            m = _common(child.keys, keys[i:units])
+            m = _common(child.keys, keys, i, units)
             if m < len(child.keys):
                 child = self._split(child, m)
             if not child.ref:
@@ -219,9 +225,10 @@ class CachingBlockManager(BlockManager):
 
     # --- as KV is computed ----------------------------------------------------------------
     def insert(self, seq: Seq) -> None:
-        """`seq.computed` reached `seq.next_unit_end`: cache the units it now covers."""
-        if self.evictable > self.free:
-            self._settle()
+        """`seq.computed` reached `seq.next_unit_end`: cache the units it now covers. Evictions
+        owed wait unless it finds a cached run (sharing it returns blocks to the free pool) or
+        whether its own node has children decides how it grows (a `get` that misses would
+        miss after them too: they only remove runs nobody holds)."""
         keys, unit = seq.keys, seq.unit_tokens
         i = seq.cached_upto
         end = min(len(keys), seq.computed // unit)
@@ -229,6 +236,10 @@ class CachingBlockManager(BlockManager):
         node = seq.cache_node or self.root
         while i < end:
             child = node.children.get(keys[i])
+            if self.evictable > self.free and (child is not None or (
+                    node.ref == 1 and node.children and node is not self.root)):  # fmt: skip
+                self._settle()
+                continue
             if child is not None and child.owner is not None:
                 self._claim(child)
             if child is None:
@@ -239,7 +250,7 @@ class CachingBlockManager(BlockManager):
                     node.parent.children[keys[i]] = node  # type: ignore[union-attr]
                 i = end
                 break
-            m = _common(child.keys, keys[i:end])  # cached meanwhile by another request: share it
+            m = _common(child.keys, keys, i, end)  # cached meanwhile by another request: share it
             if m < len(child.keys):
                 child = self._split(child, m)
             if not child.ref:
