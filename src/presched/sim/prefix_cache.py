@@ -31,8 +31,10 @@ as vLLM once every free block is cached, which a busy cache reaches quickly).
 
 The cache is a radix tree of unit keys (`_Node`: a run of keys that requests share or not as a
 whole; a request holds a path from the root). Work per request is per node on its path, with
-C-level list compares and slices inside a node, not per unit: a step only compares `computed`
-with `seq.next_unit_end`.
+C-level tuple compares inside a node, not per unit: a step only compares `computed` with
+`seq.next_unit_end`. A node does not copy its keys: it is a view, `src[start:end]`, of the key
+tuple of a request that holds or held it (its request's `block_hashes` itself, when those are
+the units), so caching, extending and evicting units move indices and touch no key object.
 
 Two pieces of work are done lazily, when someone could see them, never changing a result
 (tests/sim/test_prefix_golden.py holds fingerprints of the eager version):
@@ -67,10 +69,12 @@ class PrefixCacheError(ValueError):
 
 
 class _Node:
-    __slots__ = ("keys", "ub", "parent", "children", "ref", "stamp", "owner")
+    __slots__ = ("src", "start", "end", "ub", "parent", "children", "ref", "stamp", "owner")
 
-    def __init__(self, keys: list[int], ub: int, parent: "_Node | None", ref: int) -> None:
-        self.keys = keys  # unit keys of this run, in order
+    def __init__(
+        self, src: tuple[int, ...], start: int, end: int, ub: int, parent: "_Node | None", ref: int
+    ) -> None:  # fmt: skip
+        self.src, self.start, self.end = src, start, end  # its unit keys: src[start:end]
         self.ub = ub  # blocks per unit
         self.parent = parent
         self.children: dict[int, _Node] = {}  # by the child's first key
@@ -80,23 +84,34 @@ class _Node:
 
     @property
     def blocks(self) -> int:
-        return len(self.keys) * self.ub
+        return (self.end - self.start) * self.ub
+
+    @property
+    def keys(self) -> list[int]:
+        return list(self.src[self.start : self.end])
 
 
-def _common(a: list[int], keys: list[int], i: int, j: int) -> int:
-    """Length of the common start of `a` and `keys[i:j]` (C-level slice compares, binary
-    search; slices no longer than `a`)."""
-    n = min(len(a), j - i)
-    if (a if n == len(a) else a[:n]) == keys[i : i + n]:
+def _common(node: _Node, keys: tuple[int, ...], i: int, j: int) -> int:
+    """Length of the common start of `node`'s keys and `keys[i:j]` (C-level slice compares,
+    binary search; slices no longer than the node's run)."""
+    src, a = node.src, node.start
+    n = min(node.end - a, j - i)
+    if (src is keys and a == i) or src[a : a + n] == keys[i : i + n]:
         return n
     lo, hi = 0, n - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[:mid] == keys[i : i + mid]:
+        if src[a : a + mid] == keys[i : i + mid]:
             lo = mid
         else:
             hi = mid - 1
     return lo
+
+
+def _view(node: _Node, keys: tuple[int, ...], i: int, end: int) -> None:
+    """Make `node`, the last node of a path that spells `keys[:i]`, view `keys` up to `end`."""
+    n = node.end - node.start
+    node.src, node.start, node.end = keys, i - n, end
 
 
 class CachingBlockManager(BlockManager):
@@ -106,7 +121,7 @@ class CachingBlockManager(BlockManager):
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)
-        self.root = _Node([], 0, None, 1)
+        self.root = _Node((), 0, 0, 0, None, 1)
         self.evictable = 0  # blocks of the cached units nobody holds (part of `free`; before
         # `_settle`, the ones owed to evictions too)
         self._heap: list[tuple[int, int, _Node]] = []  # (stamp, tie, leaf) with reference 0
@@ -123,12 +138,12 @@ class CachingBlockManager(BlockManager):
         r = seq.request
         hashes, h, bs = r.block_hashes, r.hash_block_tokens, self.block_size
         if not hashes:
-            seq.keys, seq.unit_tokens = [], 0
+            seq.keys, seq.unit_tokens = (), 0
         elif h % bs == 0:
-            seq.keys, seq.unit_tokens = list(hashes), h
+            seq.keys, seq.unit_tokens = hashes, h
         elif bs % h == 0:  # finer hashes: a block is named by the chain hash of its last piece
             step = bs // h
-            seq.keys, seq.unit_tokens = list(hashes[step - 1 :: step]), bs
+            seq.keys, seq.unit_tokens = hashes[step - 1 :: step], bs
         else:
             raise PrefixCacheError(
                 f"request {r.id!r}: field 'hash_block_tokens' = {h} is neither a multiple nor a "
@@ -155,7 +170,7 @@ class CachingBlockManager(BlockManager):
             units, revive = self._walk(keys, most)
         return units, revive
 
-    def _walk(self, keys: list[int], most: int) -> tuple[int, int]:
+    def _walk(self, keys: tuple[int, ...], most: int) -> tuple[int, int]:
         node, i, revive = self.root, 0, 0
         while i < most:
             child = node.children.get(keys[i])
@@ -163,11 +178,11 @@ class CachingBlockManager(BlockManager):
                 break
             if child.owner is not None:
                 self._sync(child)
-            m = _common(child.keys, keys, i, most)
+            m = _common(child, keys, i, most)
             if not child.ref:
                 revive += m * child.ub
             i += m
-            if m < len(child.keys):
+            if m < child.end - child.start:
                 break
             node = child
         return i, revive
@@ -189,8 +204,8 @@ class CachingBlockManager(BlockManager):
             child = node.children[keys[i]]
             if child.owner is not None:
                 self._claim(child)
-            m = _common(child.keys, keys, i, units)
-            if m < len(child.keys):
+            m = _common(child, keys, i, units)
+            if m < child.end - child.start:
                 child = self._split(child, m)
             if not child.ref:
                 self.evictable -= child.blocks
@@ -215,12 +230,13 @@ class CachingBlockManager(BlockManager):
         """Cut `node` after its first m units; returns the new upper part (the lower part keeps
         the node object, its children and its place in the eviction heap; its holders, who hold
         their deepest node and so every ancestor, hold the upper part too: same count)."""
-        upper = _Node(node.keys[:m], node.ub, node.parent, node.ref)
+        src, a = node.src, node.start
+        upper = _Node(src, a, a + m, node.ub, node.parent, node.ref)
         upper.stamp = node.stamp
-        node.parent.children[node.keys[0]] = upper  # type: ignore[union-attr]
-        node.keys = node.keys[m:]
+        node.parent.children[src[a]] = upper  # type: ignore[union-attr]
+        node.start = a + m
         node.parent = upper
-        upper.children[node.keys[0]] = node
+        upper.children[src[a + m]] = node
         return upper
 
     # --- as KV is computed ----------------------------------------------------------------
@@ -244,14 +260,14 @@ class CachingBlockManager(BlockManager):
                 self._claim(child)
             if child is None:
                 if node.ref == 1 and node is not self.root and not node.children and node.ub == ub:
-                    node.keys.extend(keys[i:end])  # its own leaf (held by it alone): extend it
+                    _view(node, keys, i, end)  # its own leaf (held by it alone): extend it
                 else:
-                    node = _Node(keys[i:end], ub, node, 1)
+                    node = _Node(keys, i, end, ub, node, 1)
                     node.parent.children[keys[i]] = node  # type: ignore[union-attr]
                 i = end
                 break
-            m = _common(child.keys, keys, i, end)  # cached meanwhile by another request: share it
-            if m < len(child.keys):
+            m = _common(child, keys, i, end)  # cached meanwhile by another request: share it
+            if m < child.end - child.start:
                 child = self._split(child, m)
             if not child.ref:
                 self.evictable -= child.blocks
@@ -266,7 +282,8 @@ class CachingBlockManager(BlockManager):
         else:
             seq.cache_node = node
             if i < len(keys) and node.ref == 1 and not node.children and node.ub == ub:
-                node.owner = seq  # its own leaf: later units are appended lazily (module doc)
+                _view(node, keys, i, i)  # its own leaf: later units are appended lazily
+                node.owner = seq
                 seq.next_unit_end = math.inf
                 return
         seq.next_unit_end = (i + 1) * unit if i < len(keys) else math.inf
@@ -275,8 +292,8 @@ class CachingBlockManager(BlockManager):
         """Append to its owner's leaf the units the owner has computed since (module doc)."""
         seq: Seq = node.owner  # type: ignore[assignment]
         end = min(len(seq.keys), seq.computed // seq.unit_tokens)
-        if end > seq.cached_upto:
-            node.keys.extend(seq.keys[seq.cached_upto : end])
+        if end > seq.cached_upto:  # (the node views seq.keys, ending at cached_upto)
+            node.end += end - seq.cached_upto
             seq.cached_upto = end
 
     def _claim(self, node: _Node) -> None:
@@ -299,19 +316,17 @@ class CachingBlockManager(BlockManager):
             if node.ref or node.children or node.parent is None or node.stamp != stamp:
                 heapq.heappop(heap)  # stale: used again, extended, or gone
                 continue
-            keys = node.keys
-            t = min(len(keys), -(-blocks // node.ub))
-            first = keys[0]
-            del keys[len(keys) - t :]
+            t = min(node.end - node.start, -(-blocks // node.ub))
+            node.end -= t
             b = t * node.ub
             self.evictable -= b
             self._evicted_units += t
             blocks -= b
-            if keys:  # the least recent still: it stays at the top of the heap
+            if node.end > node.start:  # the least recent still: it stays at the top of the heap
                 continue
             heapq.heappop(heap)
             parent: _Node = node.parent  # type: ignore[assignment]
-            del parent.children[first]
+            del parent.children[node.src[node.start]]
             node.parent = None
             if parent is not root and not parent.ref and not parent.children:  # a leaf now
                 heapq.heappush(heap, (parent.stamp, next(self._clock), parent))
