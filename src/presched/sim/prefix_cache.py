@@ -48,10 +48,12 @@ Two pieces of work are done lazily, when someone could see them, never changing 
   meanwhile, so steps make no calls. Another request walking into it ends the ownership
   (`_claim`), and the owner's next full unit goes through `insert` again.
 - **Evictions.** `take` only counts (the base class's); the blocks taken beyond the uncached
-  free ones, `evictable - free`, are evicted by `_settle` before the tree is next read or a
-  release pushes new units into the LRU (lookup, acquire, insert, release, inspection).
-  Between two such points only takes happen, and LRU eviction of a + b blocks in one go picks
-  the same units as a then b (the smallest LRU prefix that covers the total).
+  free ones, `evictable - free`, are evicted by `_settle` before anything could see them or
+  change the count: a lookup or acquire that meets units nobody holds, an insert that finds a
+  cached run or decides by its own node's children, a release, an inspection. Between two
+  such points only takes happen (and reads that meet units in use only, which evictions never
+  touch), and LRU eviction of a + b blocks in one go picks the same units as a then b (the
+  smallest LRU prefix that covers the total).
 """
 
 from __future__ import annotations
