@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import importlib.util
 import json
 import os
@@ -86,6 +87,23 @@ def run_engine(inst: Instance, requests: Sequence[Request], estimates=None) -> l
         inst.add(seq, seq.arrival)
     inst.advance(float("inf"))
     return seqs
+
+
+def fingerprint(res) -> str:
+    """SHA-256 (16 hex digits) of a `SimResult`: every record column, the ITL log, and the step,
+    run and preemption counts (tests/sim/test_fingerprints.py, test_prefix_golden.py)."""
+    h = hashlib.sha256()
+    r = res.records
+    for name in ("arrival", "first_scheduled", "first_token", "finish", "max_itl",
+                 "prompt_tokens", "output_tokens", "preemptions", "recomputed_tokens",
+                 "instance"):  # fmt: skip
+        h.update(np.ascontiguousarray(getattr(r, name)).tobytes())
+    h.update("|".join(r.id.tolist()).encode())
+    v, w = res.itl.values()
+    h.update(np.ascontiguousarray(v).tobytes())
+    h.update(np.ascontiguousarray(w).tobytes())
+    h.update(f"{res.num_steps},{res.num_runs},{res.num_preemptions}".encode())
+    return h.hexdigest()[:16]
 
 
 def make_estimates(values: Sequence[float], sigma: float = 0.0) -> LengthEstimate:

@@ -5,29 +5,12 @@ inter-token-latency log must stay exactly what it was; a change here means today
 Each fingerprint is the SHA-256 of every record column (ids, timestamps, counts, instances) and
 the ITL log, in request order, plus the step, run and preemption counts."""
 
-import hashlib
-
-import numpy as np
 import pytest
+from builders import fingerprint
 
 from presched.sim import SimConfig, simulate
 from presched.sim.config import DisaggConfig
 from presched.workload.config import WorkloadConfig, build_workload
-
-
-def fingerprint(res) -> str:
-    h = hashlib.sha256()
-    r = res.records
-    for name in ("arrival", "first_scheduled", "first_token", "finish", "max_itl",
-                 "prompt_tokens", "output_tokens", "preemptions", "recomputed_tokens",
-                 "instance"):  # fmt: skip
-        h.update(np.ascontiguousarray(getattr(r, name)).tobytes())
-    h.update("|".join(r.id.tolist()).encode())
-    v, w = res.itl.values()
-    h.update(np.ascontiguousarray(v).tobytes())
-    h.update(np.ascontiguousarray(w).tobytes())
-    h.update(f"{res.num_steps},{res.num_runs},{res.num_preemptions}".encode())
-    return h.hexdigest()[:16]
 
 
 def default(n):

@@ -43,7 +43,7 @@ class CacheChecks(StepChecks):
             for n in paths[id(s)]:
                 assert n.parent is parent and n.parent.children[n.keys[0]] is n
                 parent, keys = n, keys + n.keys
-            assert keys == s.keys[: s.cached_upto] and s.cached_upto * s.unit_tokens <= s.computed
+            assert keys == list(s.keys[: s.cached_upto]) and s.cached_upto * s.unit_tokens <= s.computed
         private = sum(s.blocks - sum(n.blocks for n in paths[id(s)]) for s in sched.running)
         shared = sum(n.blocks for n in nodes if n.ref)
         assert kv.free >= 0 and kv.free + private + shared == kv.num_blocks

@@ -90,7 +90,8 @@ class Cluster:
 
 def make_seqs(requests: Sequence[Request], estimates=None) -> list[Seq]:
     """One `Seq` per request, in (arrival, workload position) order, with its estimate set."""
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
+    arrivals = [r.arrival for r in requests]
+    order = sorted(range(len(requests)), key=arrivals.__getitem__)  # stable: ties by position
     seqs = [Seq(requests[i], i) for i in order]
     if estimates is not None:
         if len(estimates) != len(requests):

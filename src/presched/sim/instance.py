@@ -171,7 +171,7 @@ class Instance:
     def _run_decodes(self, seqs: list[Seq], B: int, C: int, now: float, until: float) -> None:
         t0, slope, valid = self.step_model.decode_line(B, C)
         s = slope * B  # each step is s seconds longer than the previous one
-        k = min(seq.stop - seq.generated for seq in seqs)
+        k = min([seq.stop - seq.generated for seq in seqs])
         if valid != math.inf:
             k = min(k, int((valid - C) // B) + 1)
         limit = math.inf if self.lazy else until
@@ -213,7 +213,7 @@ class Instance:
                 if seq.computed + k > seq.blocks * bs:
                     kv.take(seq, kv.blocks_for(seq.computed + k) - seq.blocks)
         for seq in seqs:
-            if seq.computed + k > seq.blocks * bs:  # past the blocks it holds
+            if not caching and seq.computed + k > seq.blocks * bs:  # past the blocks it holds
                 kv.take(seq, kv.blocks_for(seq.computed + k) - seq.blocks)
             seq.computed += k
             if caching and seq.computed >= seq.next_unit_end:

@@ -31,8 +31,29 @@ as vLLM once every free block is cached, which a busy cache reaches quickly).
 
 The cache is a radix tree of unit keys (`_Node`: a run of keys that requests share or not as a
 whole; a request holds a path from the root). Work per request is per node on its path, with
-C-level list compares and slices inside a node, not per unit: a step only compares `computed`
-with `seq.next_unit_end`, and a request that extends its own chain appends to its own node.
+C-level tuple compares inside a node, not per unit: a step only compares `computed` with
+`seq.next_unit_end`. A node does not copy its keys: it is a view, `src[start:end]`, of the key
+tuple of a request that holds or held it (its request's `block_hashes` itself, when those are
+the units), so caching, extending and evicting units move indices and touch no key object.
+
+Two pieces of work are done lazily, when someone could see them, never changing a result
+(tests/sim/test_prefix_golden.py holds fingerprints of the eager version):
+
+- **Own leaves.** A request whose deepest node is a leaf that it alone holds (the usual case
+  once it computes past what it shares: its decode blocks) *owns* it (`node.owner`): the
+  units it computes then are appended as vLLM would append them, but only when the node is
+  read (`_sync`: by a lookup, an insert or acquire that walks into it, its release, an
+  inspection), as the first `min(len(keys), computed // unit_tokens)` of its keys: the same
+  units an eager insert after every step would have added. Its `next_unit_end` is infinite
+  meanwhile, so steps make no calls. Another request walking into it ends the ownership
+  (`_claim`), and the owner's next full unit goes through `insert` again.
+- **Evictions.** `take` only counts (the base class's); the blocks taken beyond the uncached
+  free ones, `evictable - free`, are evicted by `_settle` before anything could see them or
+  change the count: a lookup or acquire that meets units nobody holds, an insert that finds a
+  cached run or decides by its own node's children, a release, an inspection. Between two
+  such points only takes happen (and reads that meet units in use only, which evictions never
+  touch), and LRU eviction of a + b blocks in one go picks the same units as a then b (the
+  smallest LRU prefix that covers the total).
 """
 
 from __future__ import annotations
@@ -50,34 +71,49 @@ class PrefixCacheError(ValueError):
 
 
 class _Node:
-    __slots__ = ("keys", "ub", "parent", "children", "ref", "stamp")
+    __slots__ = ("src", "start", "end", "ub", "parent", "children", "ref", "stamp", "owner")
 
-    def __init__(self, keys: list[int], ub: int, parent: "_Node | None", ref: int) -> None:
-        self.keys = keys  # unit keys of this run, in order
+    def __init__(
+        self, src: tuple[int, ...], start: int, end: int, ub: int, parent: "_Node | None", ref: int
+    ) -> None:  # fmt: skip
+        self.src, self.start, self.end = src, start, end  # its unit keys: src[start:end]
         self.ub = ub  # blocks per unit
         self.parent = parent
         self.children: dict[int, _Node] = {}  # by the child's first key
         self.ref = ref  # requests holding this node (a holder holds every ancestor too)
         self.stamp = 0  # when its reference count last dropped to 0 (LRU)
+        self.owner: Seq | None = None  # the request that appends to it lazily (module doc)
 
     @property
     def blocks(self) -> int:
-        return len(self.keys) * self.ub
+        return (self.end - self.start) * self.ub
+
+    @property
+    def keys(self) -> list[int]:
+        return list(self.src[self.start : self.end])
 
 
-def _common(a: list[int], b: list[int]) -> int:
-    """Length of the common start of `a` and `b` (C-level slice compares, binary search)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+def _common(node: _Node, keys: tuple[int, ...], i: int, j: int) -> int:
+    """Length of the common start of `node`'s keys and `keys[i:j]` (C-level slice compares,
+    binary search; slices no longer than the node's run)."""
+    src, a = node.src, node.start
+    n = min(node.end - a, j - i)
+    if (src is keys and a == i) or src[a : a + n] == keys[i : i + n]:
         return n
     lo, hi = 0, n - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
+        if src[a : a + mid] == keys[i : i + mid]:
             lo = mid
         else:
             hi = mid - 1
     return lo
+
+
+def _view(node: _Node, keys: tuple[int, ...], i: int, end: int) -> None:
+    """Make `node`, the last node of a path that spells `keys[:i]`, view `keys` up to `end`."""
+    n = node.end - node.start
+    node.src, node.start, node.end = keys, i - n, end
 
 
 class CachingBlockManager(BlockManager):
@@ -87,15 +123,16 @@ class CachingBlockManager(BlockManager):
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)
-        self.root = _Node([], 0, None, 1)
-        self.evictable = 0  # blocks of the cached units nobody holds (part of `free`)
+        self.root = _Node((), 0, 0, 0, None, 1)
+        self.evictable = 0  # blocks of the cached units nobody holds (part of `free`; before
+        # `_settle`, the ones owed to evictions too)
         self._heap: list[tuple[int, int, _Node]] = []  # (stamp, tie, leaf) with reference 0
         self._clock = itertools.count(1)
         self.hit_tokens = 0
         self.queried_tokens = 0
         self.prompt_hit_tokens = 0  # hits at each request's first admission (no recomputes)
         self.prompt_tokens = 0  # prompt tokens of the requests admitted the first time
-        self.evicted_units = 0
+        self._evicted_units = 0
 
     # --- per request, once, when it joins the instance ------------------------------------
     def prepare(self, seq: Seq) -> None:
@@ -103,12 +140,12 @@ class CachingBlockManager(BlockManager):
         r = seq.request
         hashes, h, bs = r.block_hashes, r.hash_block_tokens, self.block_size
         if not hashes:
-            seq.keys, seq.unit_tokens = [], 0
+            seq.keys, seq.unit_tokens = (), 0
         elif h % bs == 0:
-            seq.keys, seq.unit_tokens = list(hashes), h
+            seq.keys, seq.unit_tokens = hashes, h
         elif bs % h == 0:  # finer hashes: a block is named by the chain hash of its last piece
             step = bs // h
-            seq.keys, seq.unit_tokens = list(hashes[step - 1 :: step]), bs
+            seq.keys, seq.unit_tokens = hashes[step - 1 :: step], bs
         else:
             raise PrefixCacheError(
                 f"request {r.id!r}: field 'hash_block_tokens' = {h} is neither a multiple nor a "
@@ -129,16 +166,25 @@ class CachingBlockManager(BlockManager):
         if not keys:
             return 0, 0
         most = min(len(keys), (total - 1) // seq.unit_tokens)
+        units, revive = self._walk(keys, most)
+        if revive and self.evictable > self.free:  # it met units nobody holds: some may be owed
+            self._settle()  # to evictions (units in use never are)
+            units, revive = self._walk(keys, most)
+        return units, revive
+
+    def _walk(self, keys: tuple[int, ...], most: int) -> tuple[int, int]:
         node, i, revive = self.root, 0, 0
         while i < most:
             child = node.children.get(keys[i])
             if child is None:
                 break
-            m = _common(child.keys, keys[i:most])
+            if child.owner is not None:
+                self._sync(child)
+            m = _common(child, keys, i, most)
             if not child.ref:
                 revive += m * child.ub
             i += m
-            if m < len(child.keys):
+            if m < child.end - child.start:
                 break
             node = child
         return i, revive
@@ -152,12 +198,16 @@ class CachingBlockManager(BlockManager):
             self.prompt_tokens += seq.prompt_tokens
         if not units:
             return 0
+        if revive and self.evictable > self.free:  # (`lookup` has settled already)
+            self._settle()
         keys = seq.keys
         node, i = self.root, 0
         while i < units:
             child = node.children[keys[i]]
-            m = _common(child.keys, keys[i:units])
-            if m < len(child.keys):
+            if child.owner is not None:
+                self._claim(child)
+            m = _common(child, keys, i, units)
+            if m < child.end - child.start:
                 child = self._split(child, m)
             if not child.ref:
                 self.evictable -= child.blocks
@@ -182,17 +232,21 @@ class CachingBlockManager(BlockManager):
         """Cut `node` after its first m units; returns the new upper part (the lower part keeps
         the node object, its children and its place in the eviction heap; its holders, who hold
         their deepest node and so every ancestor, hold the upper part too: same count)."""
-        upper = _Node(node.keys[:m], node.ub, node.parent, node.ref)
+        src, a = node.src, node.start
+        upper = _Node(src, a, a + m, node.ub, node.parent, node.ref)
         upper.stamp = node.stamp
-        node.parent.children[node.keys[0]] = upper  # type: ignore[union-attr]
-        node.keys = node.keys[m:]
+        node.parent.children[src[a]] = upper  # type: ignore[union-attr]
+        node.start = a + m
         node.parent = upper
-        upper.children[node.keys[0]] = node
+        upper.children[src[a + m]] = node
         return upper
 
     # --- as KV is computed ----------------------------------------------------------------
     def insert(self, seq: Seq) -> None:
-        """`seq.computed` reached `seq.next_unit_end`: cache the units it now covers."""
+        """`seq.computed` reached `seq.next_unit_end`: cache the units it now covers. Evictions
+        owed wait unless it finds a cached run (sharing it returns blocks to the free pool) or
+        whether its own node has children decides how it grows (a `get` that misses would
+        miss after them too: they only remove runs nobody holds)."""
         keys, unit = seq.keys, seq.unit_tokens
         i = seq.cached_upto
         end = min(len(keys), seq.computed // unit)
@@ -200,16 +254,22 @@ class CachingBlockManager(BlockManager):
         node = seq.cache_node or self.root
         while i < end:
             child = node.children.get(keys[i])
+            if self.evictable > self.free and (child is not None or (
+                    node.ref == 1 and node.children and node is not self.root)):  # fmt: skip
+                self._settle()
+                continue
+            if child is not None and child.owner is not None:
+                self._claim(child)
             if child is None:
                 if node.ref == 1 and node is not self.root and not node.children and node.ub == ub:
-                    node.keys.extend(keys[i:end])  # its own leaf (held by it alone): extend it
+                    _view(node, keys, i, end)  # its own leaf (held by it alone): extend it
                 else:
-                    node = _Node(keys[i:end], ub, node, 1)
+                    node = _Node(keys, i, end, ub, node, 1)
                     node.parent.children[keys[i]] = node  # type: ignore[union-attr]
                 i = end
                 break
-            m = _common(child.keys, keys[i:end])  # cached meanwhile by another request: share it
-            if m < len(child.keys):
+            m = _common(child, keys, i, end)  # cached meanwhile by another request: share it
+            if m < child.end - child.start:
                 child = self._split(child, m)
             if not child.ref:
                 self.evictable -= child.blocks
@@ -218,49 +278,70 @@ class CachingBlockManager(BlockManager):
             self.free += m * ub  # ... and this request's own copy of those units returns to it
             i += m
             node = child
-        seq.cache_node = node if node is not self.root else None
         seq.cached_upto = i
+        if node is self.root:
+            seq.cache_node = None
+        else:
+            seq.cache_node = node
+            if i < len(keys) and node.ref == 1 and not node.children and node.ub == ub:
+                _view(node, keys, i, i)  # its own leaf: later units are appended lazily
+                node.owner = seq
+                seq.next_unit_end = math.inf
+                return
         seq.next_unit_end = (i + 1) * unit if i < len(keys) else math.inf
 
-    # --- allocation and release -------------------------------------------------------------
-    def take(self, seq: Seq, extra: int) -> None:
-        short = extra - (self.free - self.evictable)
-        if short > 0:
-            self._evict(short)
-        seq.blocks += extra
-        self.free -= extra
-        used = self.num_blocks - self.free
-        if used > self.peak_used:
-            self.peak_used = used
+    def _sync(self, node: _Node) -> None:
+        """Append to its owner's leaf the units the owner has computed since (module doc)."""
+        seq: Seq = node.owner  # type: ignore[assignment]
+        end = min(len(seq.keys), seq.computed // seq.unit_tokens)
+        if end > seq.cached_upto:  # (the node views seq.keys, ending at cached_upto)
+            node.end += end - seq.cached_upto
+            seq.cached_upto = end
 
-    def _evict(self, blocks: int) -> None:
+    def _claim(self, node: _Node) -> None:
+        """End `node`'s ownership (another request reads it): its owner inserts again."""
+        self._sync(node)
+        seq: Seq = node.owner  # type: ignore[assignment]
+        node.owner = None
+        i = seq.cached_upto
+        seq.next_unit_end = (i + 1) * seq.unit_tokens if i < len(seq.keys) else math.inf
+
+    # --- allocation and release -------------------------------------------------------------
+    # (`take` is the base class's: the evictions it makes necessary wait for `_settle`)
+    def _settle(self) -> None:
+        """Evict, least recently released first, the `evictable - free` blocks that takes have
+        used beyond the uncached free ones (module doc)."""
         heap, root = self._heap, self.root
+        blocks = self.evictable - self.free
         while blocks > 0:
             stamp, _, node = heap[0]
             if node.ref or node.children or node.parent is None or node.stamp != stamp:
                 heapq.heappop(heap)  # stale: used again, extended, or gone
                 continue
-            keys = node.keys
-            t = min(len(keys), -(-blocks // node.ub))
-            first = keys[0]
-            del keys[len(keys) - t :]
+            t = min(node.end - node.start, -(-blocks // node.ub))
+            node.end -= t
             b = t * node.ub
             self.evictable -= b
-            self.evicted_units += t
+            self._evicted_units += t
             blocks -= b
-            if keys:  # the least recent still: it stays at the top of the heap
+            if node.end > node.start:  # the least recent still: it stays at the top of the heap
                 continue
             heapq.heappop(heap)
             parent: _Node = node.parent  # type: ignore[assignment]
-            del parent.children[first]
+            del parent.children[node.src[node.start]]
             node.parent = None
             if parent is not root and not parent.ref and not parent.children:  # a leaf now
                 heapq.heappush(heap, (parent.stamp, next(self._clock), parent))
 
     def release(self, seq: Seq) -> None:
+        if self.evictable > self.free:
+            self._settle()
         still_used = 0
         heap, clock, root = self._heap, self._clock, self.root
         node = seq.cache_node
+        if node is not None and node.owner is not None:
+            self._sync(node)
+            node.owner = None
         while node is not None and node is not root:  # deepest first
             node.ref -= 1
             if node.ref:
@@ -276,16 +357,29 @@ class CachingBlockManager(BlockManager):
         self._reset(seq)
 
     # --- inspection -------------------------------------------------------------------------
-    def nodes(self):
-        """Every cached run (tree node but the root), parents before children."""
+    def settle(self) -> None:
+        """Apply the lazy work (module doc): the tree as an eager cache would have it now."""
+        if self.evictable > self.free:
+            self._settle()
+        for node in self._all():
+            if node.owner is not None:
+                self._sync(node)
+
+    def _all(self):
         todo = list(self.root.children.values())
         while todo:
             node = todo.pop()
             yield node
             todo.extend(node.children.values())
 
+    def nodes(self):
+        """Every cached run (tree node but the root), parents before children (settled)."""
+        self.settle()
+        yield from self._all()
+
     def path(self, seq: Seq) -> list[_Node]:
-        """The nodes `seq` holds, from the root down."""
+        """The nodes `seq` holds, from the root down (settled)."""
+        self.settle()
         out, node = [], seq.cache_node
         while node is not None and node is not self.root:
             out.append(node)
@@ -294,6 +388,12 @@ class CachingBlockManager(BlockManager):
 
     def cached_keys(self) -> set[int]:
         return {k for node in self.nodes() for k in node.keys}
+
+    @property
+    def evicted_units(self) -> int:
+        """Cached units evicted so far."""
+        self.settle()
+        return self._evicted_units
 
     @property
     def hit_rate(self) -> float:

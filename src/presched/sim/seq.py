@@ -55,7 +55,7 @@ class Seq:
         self.prefill_instance = -1  # disaggregated: the prefill instance (`instance`: decode)
         self.kv_ready: float | None = None  # disaggregated: time its prompt KV reached decode
         # prefix caching (sim/prefix_cache.py; set by the instance's block manager)
-        self.keys: list[int] = []  # cache keys of its units
+        self.keys: tuple[int, ...] = ()  # cache keys of its units
         self.unit_tokens = 0  # tokens per unit
         self.cache_node = None  # deepest cache tree node it holds (and so every ancestor)
         self.cached_upto = 0  # units [0, cached_upto) are cached and held

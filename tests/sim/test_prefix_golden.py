@@ -1,0 +1,75 @@
+"""Bit-identical results with prefix caching on: fingerprints of runs recorded from the radix
+cache as it was before its speed work (commit 9307744). Speeding up `prefix_cache.py` must not
+move a single timestamp, hit, eviction or preemption; a change here means results moved.
+
+Each fingerprint is `builders.fingerprint` (every record column, the ITL log, step,
+run and preemption counts) plus every request's cached tokens, the hit counters, the peak KV
+use and the evicted units of every instance. The cases cover the finest units (16-token hashes,
+one unit per block), coarser (32: two blocks) and finer hashes (8), Mooncake's 512-token
+hashes on two instances, multi-turn conversations (decode blocks hit), a KV cache small enough
+to evict and preempt all the time, and fast-forward off."""
+
+import hashlib
+
+import numpy as np
+import pytest
+from builders import fingerprint
+
+from presched.sim import SimConfig
+from presched.sim.setup import build_cluster
+from presched.workload.config import WorkloadConfig, build_workload
+from presched.workload.shared_prefix import SharedPrefixConfig
+
+
+def run(reqs, cfg):
+    cluster = build_cluster(cfg)
+    res = cluster.run(reqs)
+    kvs = [inst.sched.kv for inst in cluster.instances]
+    h = hashlib.sha256(fingerprint(res).encode())
+    h.update(np.array([s.cached_tokens for s in res.seqs], dtype=np.int64).tobytes())
+    h.update(f"{res.prefix_hit_tokens},{res.prefix_queried_tokens},{res.prompt_hit_tokens},"
+             f"{res.prompt_tokens_admitted},{res.peak_kv_blocks}".encode())  # fmt: skip
+    h.update(str([kv.evicted_units for kv in kvs]).encode())
+    return h.hexdigest()[:16], res, kvs
+
+
+def shared(n, **prefix):
+    prefix = dict(dict(system_prompts=8, system_prompt_tokens=512), **prefix)
+    return build_workload(WorkloadConfig(source="azure-conv", num_requests=n,
+                                         shared_prefix=SharedPrefixConfig(**prefix)))  # fmt: skip
+
+
+def caching(**engine):
+    return dict(engine, enable_prefix_caching=True)
+
+
+CASES = {
+    "sys-16": (lambda: shared(3000), SimConfig(engine=caching(num_blocks=6000))),
+    "sys-16-srpt-small-kv": (lambda: shared(1500), SimConfig(
+        policy="srpt-oracle", engine=caching(num_blocks=1500, max_num_seqs=64))),
+    "sys-16-no-fast-forward": (lambda: shared(800), SimConfig(
+        fast_forward=False, engine=caching(num_blocks=1500))),
+    "turns-32-small-kv": (lambda: shared(1500, mean_turns=3, system_prompts=4, block_tokens=32),
+                          SimConfig(engine=caching(num_blocks=3000))),
+    "turns-8": (lambda: shared(1500, mean_turns=4, block_tokens=8),
+                SimConfig(policy="sjf-oracle", engine=caching(num_blocks=4000))),
+    "mooncake-2-rr": (lambda: build_workload(WorkloadConfig(source="mooncake-conv", num_requests=600)),
+                      SimConfig(num_instances=2, router="round-robin", engine=caching(num_blocks=10000))),
+}
+
+GOLDEN = {
+    "mooncake-2-rr": "77eaf05a4dbdd116",
+    "sys-16": "03a1f7d022e98dbd",
+    "sys-16-no-fast-forward": "3908800a0d70e025",
+    "sys-16-srpt-small-kv": "bd473a0e34fdb7ec",
+    "turns-32-small-kv": "20d0490be08a6042",
+    "turns-8": "8716673a32d04052",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_cached_results_are_unchanged(name):
+    make, cfg = CASES[name]
+    fp, res, kvs = run(make(), cfg)
+    assert res.prefix_hit_tokens > 0 and sum(kv.evicted_units for kv in kvs) > 0  # it is exercised
+    assert fp == GOLDEN[name]
