@@ -90,6 +90,11 @@ def test_bad_params_and_input_are_clear_errors():
         PREDICTORS.create("self-report", base_ulr="x")
     with pytest.raises(ValueError, match="set base_url and model"):
         PREDICTORS.create("self-report").reports([Request(id="x", prompt_tokens=1, prompt="hi")])
+    down = PREDICTORS.create("self-report", base_url="http://127.0.0.1:9", model="m", timeout_s=5.0)
+    # 4 fit prompts + 1 calibration prompt, each refused
+    with pytest.raises(ValueError, match=r"no reply from http://127.0.0.1:9 \(5 calls failed; last: ConnectError"):
+        down.fit([Request(id=str(i), prompt_tokens=1, prompt=f"p{i}", output_tokens=5 + i) for i in range(4)],
+                 validation=[Request(id="v", prompt_tokens=1, prompt="v", output_tokens=9)])  # fmt: skip
     with pytest.raises(ValueError, match="'prompt' is empty"):
         PREDICTORS.create("self-report", base_url="http://127.0.0.1:9", model="m").reports(
             [Request(id="x", prompt_tokens=1)])  # fmt: skip

@@ -72,6 +72,7 @@ class SelfReport(Predictor):
             raise ValueError("self-report: timeout_s must be in (0, 3600]")
         self._replies: dict[str, int | None] = {}
         self.asked = self.unparsed = self.errors = 0
+        self.last_error: str | None = None
 
     # --- the model's own report ---------------------------------------------------------------
     def reports(self, requests: Sequence[Request]) -> list[int | None]:
@@ -100,8 +101,9 @@ class SelfReport(Predictor):
             r = client.post("/v1/chat/completions", json=body)
             r.raise_for_status()
             text = r.json()["choices"][0]["message"]["content"]
-        except Exception:  # noqa: BLE001 - counted; the request then gets the unparsed estimate
+        except Exception as e:  # noqa: BLE001 - counted; the request then gets the unparsed estimate
             self.errors += 1
+            self.last_error = f"{type(e).__name__}: {e}"
             return None
         self.asked += 1
         rep = parse_report(text)
@@ -117,6 +119,9 @@ class SelfReport(Predictor):
         p = self.params
         reqs, y, cal, y_cal = fit_and_calibration(requests, validation, p["calib_frac"], p["seed"])
         X, X_cal = self.features(self.reports(reqs)), self.features(self.reports(cal))
+        if self.asked == 0:  # nothing to calibrate: the server is down or not an OpenAI API
+            raise ValueError(f"self-report: no reply from {p['base_url']} ({self.errors} calls failed; "
+                             f"last: {self.last_error})")  # fmt: skip
         self.head = RidgeHead(p["alpha"], p["sigma_floor"]).fit(X, y, X_cal, y_cal)
         self.fitted = True
         return self
