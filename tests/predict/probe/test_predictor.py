@@ -118,3 +118,28 @@ def test_hidden_state_predictors_are_registered_but_not_in_the_default_eval_list
     assert {"probe", "egtp"} <= set(PREDICTORS.names())
     names = available_predictors()
     assert "text-gbm" in names and "probe" not in names and "egtp" not in names
+
+
+def test_alpha_none_is_chosen_on_held_out_fit_rows():
+    from presched.predict.probe.predictor import ALPHAS, RidgeHead
+
+    rng = np.random.default_rng(5)
+    # 400 noisy columns, 150 rows, one weak signal: a small penalty overfits, a large one wins
+    X = rng.normal(size=(150, 400))
+    y = np.exp(4 + 0.3 * X[:, 0] + 0.5 * rng.normal(size=150))
+    noisy = RidgeHead(None, 0.05).fit(X, y, X[:20], y[:20])
+    # 3 clean columns, many rows: the least penalty is as good as any
+    X2 = rng.normal(size=(2000, 3))
+    y2 = np.exp(4 + X2 @ np.array([0.8, -0.5, 0.3]) + 0.05 * rng.normal(size=2000))
+    clean = RidgeHead(None, 0.05).fit(X2, y2, X2[:20], y2[:20])
+    assert noisy.alpha >= 300 and clean.alpha <= 10 and {noisy.alpha, clean.alpha} <= set(ALPHAS)
+    assert RidgeHead(7.0, 0.05).fit(X, y, X[:20], y[:20]).alpha == 7.0  # a given alpha is kept
+    with pytest.raises(ValueError, match="'alpha' must be a positive number or null"):
+        PREDICTORS.create("probe", alpha=0)
+    with pytest.raises(ValueError, match="'alpha' must be a positive number or null"):
+        PREDICTORS.create("probe-refine", alpha="big")
+
+
+def test_a_saved_probe_keeps_the_alpha_it_chose(fitted, tmp_path):
+    back = load_predictor(fitted.save(tmp_path / "p.npz"))
+    assert back.head.alpha == fitted.head.alpha is not None

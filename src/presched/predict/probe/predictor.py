@@ -33,9 +33,36 @@ from presched.predict.probe.spec import FeatureSpec
 from presched.predict.text_gbm import fit_and_calibration
 from presched.workload.request import Request
 
-DEFAULTS: dict[str, Any] = {"model": "smollm2-135m", "layer": 15, "sink": 1, "alpha": 10.0,
+DEFAULTS: dict[str, Any] = {"model": "smollm2-135m", "layer": 15, "sink": 1, "alpha": None,
                             "sigma_floor": 0.05, "calib_frac": 0.2, "seed": 0, "model_dir": None}  # fmt: skip
 _MED = LEVELS.index(0.5)
+
+
+ALPHAS = (1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0)
+"""The ridge penalties `alpha=None` chooses from (on standardised features)."""
+
+
+def check_alpha(name: str, alpha: Any) -> None:
+    """ValueError unless `alpha` is None (chosen on the fit data) or a positive number."""
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0):
+        raise ValueError(f"{name}: parameter 'alpha' must be a positive number or null (chosen "
+                         f"from {ALPHAS} on held-out fit rows), got {alpha!r}")  # fmt: skip
+
+
+def choose_alpha(Z: np.ndarray, ly: np.ndarray, seed: int = 0) -> float:
+    """The penalty of ALPHAS with the least squared error of log length on a random fifth of the
+    fit rows, fitted on the rest (the calibration set stays untouched for the conformal step)."""
+    n = len(Z)
+    if n < 10:
+        return 10.0
+    held = np.random.default_rng(seed).permutation(n)[: max(2, n // 5)]
+    keep = np.ones(n, bool)
+    keep[held] = False
+    errs = []
+    for a in ALPHAS:
+        w, b = ridge(Z[keep], ly[keep], a)
+        errs.append(float(np.mean((Z[held] @ w + b - ly[held]) ** 2)))
+    return ALPHAS[int(np.argmin(errs))]
 
 
 def ridge(X: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
@@ -49,15 +76,18 @@ def ridge(X: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float
 class RidgeHead:
     """Log-length regression with calibrated quantiles, numpy only: standardised features ->
     ridge on log(y) (mu), a second ridge on the absolute in-sample residual (sigma, floored at
-    `sigma_floor`), split-conformal normalised quantiles on a calibration set."""
+    `sigma_floor`), split-conformal normalised quantiles on a calibration set. `alpha` None:
+    chosen by `choose_alpha` on the fit rows (kept in `alpha` after `fit`)."""
 
-    def __init__(self, alpha: float, sigma_floor: float) -> None:
+    def __init__(self, alpha: float | None, sigma_floor: float) -> None:
         self.alpha, self.sigma_floor = alpha, sigma_floor
 
     def fit(self, X: np.ndarray, y: np.ndarray, X_cal: np.ndarray, y_cal: np.ndarray) -> "RidgeHead":
         self.x_mean, self.x_std = X.mean(0), X.std(0) + 1e-6
         Z = (X - self.x_mean) / self.x_std
         ly = np.log(y)
+        if self.alpha is None:
+            self.alpha = choose_alpha(Z, ly)
         self.w, self.b = ridge(Z, ly, self.alpha)
         self.sw, self.sb = ridge(Z, np.abs(ly - Z @ self.w - self.b), self.alpha)
         mu, sigma = self.mu_sigma(X_cal)
@@ -76,12 +106,13 @@ class RidgeHead:
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays, values = self.conformal.state()
         arrays.update(x_mean=self.x_mean, x_std=self.x_std, w=self.w, sw=self.sw, bias=np.array([self.b, self.sb]))
+        values["alpha_fitted"] = self.alpha
         return arrays, values
 
     @classmethod
     def from_state(cls, alpha: float, sigma_floor: float, arrays: dict[str, np.ndarray],
                    values: dict[str, Any]) -> "RidgeHead":  # fmt: skip
-        head = cls(alpha, sigma_floor)
+        head = cls(values.get("alpha_fitted", alpha), sigma_floor)
         head.conformal = ConformalQuantiles.from_state(arrays, values)
         head.x_mean, head.x_std, head.w, head.sw = (arrays[k] for k in ("x_mean", "x_std", "w", "sw"))
         head.b, head.sb = (float(v) for v in arrays["bias"])
@@ -112,6 +143,7 @@ class HiddenStateProbe(Predictor):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params(self.name, DEFAULTS, params, nullable=("model_dir",)))
+        check_alpha(self.name, self.params["alpha"])
         self._featurizer: Any = None
         self.spec: FeatureSpec | None = None
 

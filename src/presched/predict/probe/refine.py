@@ -29,14 +29,14 @@ import numpy as np
 
 from presched.predict.base import PREDICTORS, Predictor, checked_params
 from presched.predict.estimate import LengthEstimate
-from presched.predict.probe.predictor import _MED, RidgeHead, check_pairs
+from presched.predict.probe.predictor import _MED, RidgeHead, check_alpha, check_pairs
 from presched.predict.probe.spec import FeatureSpec
 from presched.workload.request import Request
 
 GENERATED = "generated"
 """`Request.metadata` key: output tokens generated so far (g)."""
 
-DEFAULTS: dict[str, Any] = {"model": "smollm2-135m", "layer": 15, "sink": 1, "alpha": 10.0,
+DEFAULTS: dict[str, Any] = {"model": "smollm2-135m", "layer": 15, "sink": 1, "alpha": None,
                             "sigma_floor": 0.05}  # fmt: skip
 
 
@@ -61,6 +61,7 @@ class ProbeRefine(Predictor):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params(self.name, DEFAULTS, params))
+        check_alpha(self.name, self.params["alpha"])
         self.hidden: int | None = None
 
     def specs(self, hidden: int) -> tuple[FeatureSpec, FeatureSpec]:
