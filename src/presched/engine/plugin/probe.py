@@ -76,17 +76,26 @@ class EngineProbe:
             if seq is not None and seq.pred_source not in ("xargs", "refine"):
                 rows.append(i)
                 targets.append(seq)
-        if not targets:
-            return 0
-        try:
-            est = self.predictor.predict_features(np.asarray(vectors)[rows])
-        except Exception as e:  # noqa: BLE001 - a broken probe must not kill the engine
-            self.errors += 1
-            if self.errors <= _LOGGED:
-                log.error("presched: probe raised (%d so far; estimates kept): %s: %s",
-                          self.errors, type(e).__name__, e, exc_info=e)  # fmt: skip
-            return 0
-        for j, seq in enumerate(targets):
-            seq.estimate, seq.pred_source = est[j], SOURCE
-        self.predictions += len(targets)
-        return len(targets)
+        return replace_estimates(self, "probe", SOURCE, targets,
+                                 lambda: self.predictor.predict_features(np.asarray(vectors)[rows]))
+
+
+def replace_estimates(owner, what: str, source: str, targets: list, predict) -> int:
+    """Give each seq of `targets` its row of `predict()` (a LengthEstimate) as `estimate`, with
+    `pred_source` = source; the number replaced, counted in `owner.predictions`. A raising
+    `predict` (a broken model must not kill the engine) replaces nothing: counted in
+    `owner.errors`, the first few logged with their traceback."""
+    if not targets:
+        return 0
+    try:
+        est = predict()
+    except Exception as e:  # noqa: BLE001
+        owner.errors += 1
+        if owner.errors <= _LOGGED:
+            log.error("presched: %s raised (%d so far; estimates kept): %s: %s",
+                      what, owner.errors, type(e).__name__, e, exc_info=e)  # fmt: skip
+        return 0
+    for j, seq in enumerate(targets):
+        seq.estimate, seq.pred_source = est[j], source
+    owner.predictions += len(targets)
+    return len(targets)

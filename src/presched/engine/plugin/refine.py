@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from presched.engine.plugin.config import FeatureConfig, PluginConfigError
+from presched.engine.plugin.probe import replace_estimates
 
 log = logging.getLogger("presched.engine.plugin")
 SOURCE = "refine"
-_LOGGED = 5
 
 
 class EngineRefine:
@@ -64,20 +64,10 @@ class EngineRefine:
             if (seq is not None and seq.features_step_g in self.at and seq.features_prompt is not None
                     and seq.pred_source != "xargs"):  # fmt: skip
                 targets.append(seq)
-        if not targets:
-            return 0
-        try:
+        def predict():
             S = np.stack([s.features_step for s in targets])
             P = np.stack([s.features_prompt for s in targets])
             g = np.array([s.features_step_g for s in targets], dtype=float)
-            est = self.predictor.predict_steps(S, P, g)
-        except Exception as e:  # noqa: BLE001 - a broken model must not kill the engine
-            self.errors += 1
-            if self.errors <= _LOGGED:
-                log.error("presched: probe-refine raised (%d so far; estimates kept): %s: %s",
-                          self.errors, type(e).__name__, e, exc_info=e)  # fmt: skip
-            return 0
-        for j, seq in enumerate(targets):
-            seq.estimate, seq.pred_source = est[j], SOURCE
-        self.predictions += len(targets)
-        return len(targets)
+            return self.predictor.predict_steps(S, P, g)
+
+        return replace_estimates(self, "probe-refine", SOURCE, targets, predict)
