@@ -29,7 +29,7 @@ Simplification: vLLM's free queue mixes uncached and cached free blocks in one L
 uncached free blocks are used first and cached units evicted only when none are left (the same
 as vLLM once every free block is cached, which a busy cache reaches quickly).
 
-The cache is a radix tree of unit keys (`_Node`: a run of keys that requests share or not as a
+The cache is a radix tree of unit keys (`Node`: a run of keys that requests share or not as a
 whole; a request holds a path from the root). Work per request is per node on its path, with
 C-level tuple compares inside a node, not per unit: a step only compares `computed` with
 `seq.next_unit_end`. A node does not copy its keys: it is a view, `src[start:end]`, of the key
@@ -63,57 +63,12 @@ import itertools
 import math
 
 from presched.sim.block_manager import BlockManager
+from presched.sim.prefix_node import Node, common, view
 from presched.sim.seq import Seq
 
 
 class PrefixCacheError(ValueError):
     """A request's block hashes do not fit the engine's block size."""
-
-
-class _Node:
-    __slots__ = ("src", "start", "end", "ub", "parent", "children", "ref", "stamp", "owner")
-
-    def __init__(
-        self, src: tuple[int, ...], start: int, end: int, ub: int, parent: "_Node | None", ref: int
-    ) -> None:  # fmt: skip
-        self.src, self.start, self.end = src, start, end  # its unit keys: src[start:end]
-        self.ub = ub  # blocks per unit
-        self.parent = parent
-        self.children: dict[int, _Node] = {}  # by the child's first key
-        self.ref = ref  # requests holding this node (a holder holds every ancestor too)
-        self.stamp = 0  # when its reference count last dropped to 0 (LRU)
-        self.owner: Seq | None = None  # the request that appends to it lazily (module doc)
-
-    @property
-    def blocks(self) -> int:
-        return (self.end - self.start) * self.ub
-
-    @property
-    def keys(self) -> list[int]:
-        return list(self.src[self.start : self.end])
-
-
-def _common(node: _Node, keys: tuple[int, ...], i: int, j: int) -> int:
-    """Length of the common start of `node`'s keys and `keys[i:j]` (C-level slice compares,
-    binary search; slices no longer than the node's run)."""
-    src, a = node.src, node.start
-    n = min(node.end - a, j - i)
-    if (src is keys and a == i) or src[a : a + n] == keys[i : i + n]:
-        return n
-    lo, hi = 0, n - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if src[a : a + mid] == keys[i : i + mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _view(node: _Node, keys: tuple[int, ...], i: int, end: int) -> None:
-    """Make `node`, the last node of a path that spells `keys[:i]`, view `keys` up to `end`."""
-    n = node.end - node.start
-    node.src, node.start, node.end = keys, i - n, end
 
 
 class CachingBlockManager(BlockManager):
@@ -123,10 +78,10 @@ class CachingBlockManager(BlockManager):
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)
-        self.root = _Node((), 0, 0, 0, None, 1)
+        self.root = Node((), 0, 0, 0, None, 1)
         self.evictable = 0  # blocks of the cached units nobody holds (part of `free`; before
         # `_settle`, the ones owed to evictions too)
-        self._heap: list[tuple[int, int, _Node]] = []  # (stamp, tie, leaf) with reference 0
+        self._heap: list[tuple[int, int, Node]] = []  # (stamp, tie, leaf) with reference 0
         self._clock = itertools.count(1)
         self.hit_tokens = 0
         self.queried_tokens = 0
@@ -180,7 +135,7 @@ class CachingBlockManager(BlockManager):
                 break
             if child.owner is not None:
                 self._sync(child)
-            m = _common(child, keys, i, most)
+            m = common(child, keys, i, most)
             if not child.ref:
                 revive += m * child.ub
             i += m
@@ -206,7 +161,7 @@ class CachingBlockManager(BlockManager):
             child = node.children[keys[i]]
             if child.owner is not None:
                 self._claim(child)
-            m = _common(child, keys, i, units)
+            m = common(child, keys, i, units)
             if m < child.end - child.start:
                 child = self._split(child, m)
             if not child.ref:
@@ -228,12 +183,12 @@ class CachingBlockManager(BlockManager):
             self.prompt_hit_tokens += hit
         return hit
 
-    def _split(self, node: _Node, m: int) -> _Node:
+    def _split(self, node: Node, m: int) -> Node:
         """Cut `node` after its first m units; returns the new upper part (the lower part keeps
         the node object, its children and its place in the eviction heap; its holders, who hold
         their deepest node and so every ancestor, hold the upper part too: same count)."""
         src, a = node.src, node.start
-        upper = _Node(src, a, a + m, node.ub, node.parent, node.ref)
+        upper = Node(src, a, a + m, node.ub, node.parent, node.ref)
         upper.stamp = node.stamp
         node.parent.children[src[a]] = upper  # type: ignore[union-attr]
         node.start = a + m
@@ -262,13 +217,13 @@ class CachingBlockManager(BlockManager):
                 self._claim(child)
             if child is None:
                 if node.ref == 1 and node is not self.root and not node.children and node.ub == ub:
-                    _view(node, keys, i, end)  # its own leaf (held by it alone): extend it
+                    view(node, keys, i, end)  # its own leaf (held by it alone): extend it
                 else:
-                    node = _Node(keys, i, end, ub, node, 1)
+                    node = Node(keys, i, end, ub, node, 1)
                     node.parent.children[keys[i]] = node  # type: ignore[union-attr]
                 i = end
                 break
-            m = _common(child, keys, i, end)  # cached meanwhile by another request: share it
+            m = common(child, keys, i, end)  # cached meanwhile by another request: share it
             if m < child.end - child.start:
                 child = self._split(child, m)
             if not child.ref:
@@ -284,13 +239,13 @@ class CachingBlockManager(BlockManager):
         else:
             seq.cache_node = node
             if i < len(keys) and node.ref == 1 and not node.children and node.ub == ub:
-                _view(node, keys, i, i)  # its own leaf: later units are appended lazily
+                view(node, keys, i, i)  # its own leaf: later units are appended lazily
                 node.owner = seq
                 seq.next_unit_end = math.inf
                 return
         seq.next_unit_end = (i + 1) * unit if i < len(keys) else math.inf
 
-    def _sync(self, node: _Node) -> None:
+    def _sync(self, node: Node) -> None:
         """Append to its owner's leaf the units the owner has computed since (module doc)."""
         seq: Seq = node.owner  # type: ignore[assignment]
         end = min(len(seq.keys), seq.computed // seq.unit_tokens)
@@ -298,7 +253,7 @@ class CachingBlockManager(BlockManager):
             node.end += end - seq.cached_upto
             seq.cached_upto = end
 
-    def _claim(self, node: _Node) -> None:
+    def _claim(self, node: Node) -> None:
         """End `node`'s ownership (another request reads it): its owner inserts again."""
         self._sync(node)
         seq: Seq = node.owner  # type: ignore[assignment]
@@ -327,7 +282,7 @@ class CachingBlockManager(BlockManager):
             if node.end > node.start:  # the least recent still: it stays at the top of the heap
                 continue
             heapq.heappop(heap)
-            parent: _Node = node.parent  # type: ignore[assignment]
+            parent: Node = node.parent  # type: ignore[assignment]
             del parent.children[node.src[node.start]]
             node.parent = None
             if parent is not root and not parent.ref and not parent.children:  # a leaf now
@@ -377,7 +332,7 @@ class CachingBlockManager(BlockManager):
         self.settle()
         yield from self._all()
 
-    def path(self, seq: Seq) -> list[_Node]:
+    def path(self, seq: Seq) -> list[Node]:
         """The nodes `seq` holds, from the root down (settled)."""
         self.settle()
         out, node = [], seq.cache_node

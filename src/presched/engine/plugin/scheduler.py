@@ -41,9 +41,7 @@ connectors are refused (their skip paths would be mistaken for admissions).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -61,6 +59,7 @@ from presched.engine.plugin.queue import PolicyRequestQueue
 from presched.engine.plugin.records import RecordWriter, record_row
 from presched.engine.plugin.refine import EngineRefine
 from presched.engine.plugin.seq import EngineSeq, xargs_of
+from presched.engine.plugin.stats import write_stats
 from presched.engine.plugin.version import check_vllm_version
 from presched.schedule.interface import EngineInfo, Policy
 
@@ -384,10 +383,7 @@ class PreschedScheduler(Scheduler):
                  "kv_blocks_free_min": self.min_free_blocks,
                  "block_size": self.block_size,
                  "plugin_own_s": round(self.own_s, 6), "steps": self.steps}  # fmt: skip
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(stats, f)
-        os.replace(tmp, path)
+        write_stats(path, stats)
 
     def shutdown(self) -> None:
         self._save_stats()
