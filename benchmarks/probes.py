@@ -19,8 +19,13 @@ remaining length from the state at that token, against the step-0 probe's and te
 E[L - g | L > g] on the same answers; it needs the answers' token ids (`--answers`, written by
 `scripts/smollm2_lengths.py --ids-out`) and is skipped without them.
 
-Not measured here yet: `draft-probe`, `self-report` (not built) and the real-engine run; see
-docs/predictors/probe.md.
+`draft-probe` (OUTLETS) reads a draft model's pooled prompt state. The only model offline with
+SmolLM2's tokenizer is SmolLM2 itself, so the draft here is SmolLM2 drafting for itself (what
+the engine's `draft_model` speculative decoding runs in tests/engine/test_draft_hook.py, where
+the draft's pooled states equal the served model's): at `--draft-layer` (default: `--layer`,
+where its vectors are the probe's, so its row measures only that the pipeline carries them; a
+shallower layer is what a cheaper draft would offer). `self-report` has its own script
+(benchmarks/self_report.py); the real-engine run is not here; see docs/predictors/probe.md.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from presched.predict.base import predictor_class
 from presched.predict.estimate import LEVELS
 from presched.predict.evaluate import ensure_registered
 from presched.predict.metrics import score_all, ssjf_edges
-from presched.predict.probe import EGTP, Probe
+from presched.predict.probe import EGTP, DraftProbe, Probe
 from presched.workload.paths import data_dir
 from presched.workload.request import Request
 
@@ -96,16 +101,21 @@ def features(rows: list[dict], cache: Path, layer: int) -> dict[str, dict[str, n
     return have
 
 
-def requests(rows: list[dict], feats: dict, split: str, layer: int) -> list[Request]:
+def requests(rows: list[dict], feats: dict, split: str, layer: int, draft: tuple[dict, int]) -> list[Request]:
+    """Requests of `split` carrying their vectors: the served model's mean and egtp pools at
+    `layer`, and the draft model's mean pool (`draft` = (its features, its layer))."""
     keys = {p: f"hidden:{MODEL}:L{layer}:{p}:s1" for p in ("mean", "egtp")}
+    dfeats, dlayer = draft
+    dkey = f"hidden:draft:{MODEL}:L{dlayer}:mean:s1"
     out = []
     for r in rows:
         if r["split"] != split:
             continue
         f = feats[r["prompt_id"]]
+        meta = {keys[p]: f[p] for p in keys} | {dkey: dfeats[r["prompt_id"]]["mean"]}
         out.append(Request(id=r["prompt_id"], prompt_tokens=r["prompt_tokens"], output_tokens=r["lengths"][0],
                            output_samples=tuple(r["lengths"]), model=MODEL, prompt=r["prompt"],
-                           metadata={keys[p]: f[p] for p in keys}))  # fmt: skip
+                           metadata=meta))  # fmt: skip
     return out
 
 
@@ -142,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", type=Path, default=RESULTS / "smollm2_lengths.jsonl")
     ap.add_argument("--castillo", type=Path, default=None, help="CASTILLO folder (default: the data dir's)")
     ap.add_argument("--layer", type=int, default=15)
+    ap.add_argument("--draft-layer", type=int, default=None,
+                    help="layer of the (self-)draft model draft-probe reads (default: --layer)")
     ap.add_argument("--feature-cache", type=Path, default=None,
                     help="npz of computed features (default: the engine cache folder's probe_features.npz)")
     ap.add_argument("--answers", type=Path, default=None,
@@ -154,13 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     from presched.engine.models import cache_dir
 
     config, rows = load_dataset(a.lengths, a.castillo or data_dir() / "castillo")
-    feats = features(rows, a.feature_cache or cache_dir() / "probe_features.npz", a.layer)
-    train, val, test = (requests(rows, feats, s, a.layer) for s in ("train", "validate", "test"))
+    fcache = a.feature_cache or cache_dir() / "probe_features.npz"
+    feats = features(rows, fcache, a.layer)
+    dlayer = a.layer if a.draft_layer is None else a.draft_layer
+    # self-draft: the draft's pooled states are the served model's at the draft layer
+    dfeats = feats if dlayer == a.layer else features(rows, fcache.with_name(f"{fcache.stem}-L{dlayer}.npz"), dlayer)
+    train, val, test = (requests(rows, feats, s, a.layer, (dfeats, dlayer)) for s in ("train", "validate", "test"))
     capped = sum(sum(r["capped"]) for r in rows) / max(1, sum(len(r["capped"]) for r in rows))
     print(f"{len(rows)} prompts ({len(train)} train, {len(val)} validate, {len(test)} test), "
           f"capped fraction {capped:.3f} at {config['max_tokens']}")  # fmt: skip
     ensure_registered(["text-gbm"])
-    preds = {"text-gbm": predictor_class("text-gbm")(), "probe": Probe(layer=a.layer), "egtp": EGTP(layer=a.layer)}
+    preds = {"text-gbm": predictor_class("text-gbm")(), "probe": Probe(layer=a.layer), "egtp": EGTP(layer=a.layer),
+             "draft-probe": DraftProbe(model=MODEL, layer=dlayer)}  # fmt: skip
     edges = ssjf_edges([np.mean(r.output_samples) for r in train])
     results = {}
     for name, p in preds.items():
@@ -173,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     refine = probes_refine.evaluate(rows, feats, {"probe": preds["probe"], "text-gbm": preds["text-gbm"]}, test,
                                     a.answers or cache_dir() / "smollm2_answers.jsonl",
                                     a.step_cache or cache_dir() / "probe_step_features.npz", a.layer, MODEL)  # fmt: skip
-    out = {"config": config, "layer": a.layer, "n_prompts": len(rows), "n_test": len(test), "n_train": len(train),
+    out = {"config": config, "layer": a.layer, "draft": {"model": MODEL, "layer": dlayer, "self_draft": True}, "n_prompts": len(rows), "n_test": len(test), "n_train": len(train),
            "n_validate": len(val), "capped_fraction": capped, "results": results, "refine": refine}  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1))
@@ -182,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"figure: probe_step0_tau = {results['probe']['kendall_tau_b']:.4f}")
     print(f"figure: textgbm_tau_same = {results['text-gbm']['kendall_tau_b']:.4f}")
     print(f"figure: egtp_tau = {results['egtp']['kendall_tau_b']:.4f}")
+    print(f"figure: draft_probe_tau = {results['draft-probe']['kendall_tau_b']:.4f}")
     print(f"figure: probe_coverage_err_pts = {results['probe']['max_coverage_error_pts']:.2f}")
     print(f"figure: probes_test_prompts = {len(test)}")
     for step, r in (refine or {}).get("steps", {}).items():

@@ -20,10 +20,12 @@ def test_probes_run_on_the_cached_features_of_each_prompt(data_dir, tmp_path, ca
                                              "--out", str(out)]) == 0  # fmt: skip
     text = capsys.readouterr().out
     figs = {ln.split(" = ")[0][8:]: float(ln.split(" = ")[1]) for ln in text.splitlines() if ln.startswith("figure: ")}
-    assert set(figs) == {"probe_step0_tau", "textgbm_tau_same", "egtp_tau", "probe_coverage_err_pts",
-                         "probes_test_prompts"}  # fmt: skip
+    assert set(figs) == {"probe_step0_tau", "textgbm_tau_same", "egtp_tau", "draft_probe_tau",
+                         "probe_coverage_err_pts", "probes_test_prompts"}  # fmt: skip
     assert figs["probes_test_prompts"] == n["test"] == 20
     assert figs["probe_step0_tau"] > 0.8 and figs["egtp_tau"] > 0.8  # the planted column, read per prompt
+    # self-draft at the probe's layer: the draft's vectors are the probe's, so the same ranking
+    assert figs["draft_probe_tau"] == figs["probe_step0_tau"]
     saved = json.loads(out.read_text())
     assert (saved["n_train"], saved["n_validate"], saved["n_test"]) == (n["train"], n["validate"], n["test"])
     assert saved["results"]["probe"]["n"] == 20 and out.with_suffix(".png").exists()

@@ -58,17 +58,20 @@ def schedules(draw, preempt: bool = False):
 
 
 @settings(derandomize=True, deadline=None, max_examples=150)
-@given(schedules(), st.integers(0, 3))
-def test_rows_pool_each_prompt_once_under_chunked_prefill(case, pad):
+@given(schedules(), st.integers(0, 3), st.integers(0, 2))
+def test_rows_pool_each_prompt_once_under_chunked_prefill(case, pad, extra):
+    """`extra`: rows after each request's scheduled ones (the draft model's first forward has
+    one slot per request for the sampled token: extra = 1)."""
     plen, sink, steps = case
     pooled = {r: [] for r in plen}
     done = dict.fromkeys(plen, 0)
     for order, sched, computed, _ in steps:
         rows = []  # the step's tensor: each row tagged (request, position); then padding
         for r in order:
-            rows += [(r, computed[r] + j) for j in range(sched.get(r, 0))]
+            if sched.get(r, 0):
+                rows += [(r, computed[r] + j) for j in range(sched[r])] + [("slot", r)] * extra
         rows += [("pad", -1)] * pad
-        pieces = split_rows(order, sched, computed, plen, sink)
+        pieces = split_rows(order, sched, computed, plen, sink, extra=extra)
         assert [p.req_id for p in pieces] == [r for r in order if r in sched]
         for p in pieces:
             assert rows[p.first] == (p.req_id, computed[p.req_id])
@@ -114,7 +117,8 @@ def test_spec_tokens_are_not_the_last_verified_row():
 
 def _seq(rid, generated=0):
     return SimpleNamespace(id=rid, features_prompt=None, features_n=0, features_missing=0, generated=generated,
-                           feature_pools=0, features_step=None, feature_steps=0, features_step_g=0)  # fmt: skip
+                           feature_pools=0, features_step=None, feature_steps=0, features_step_g=0,
+                           features_draft=None, draft_n=0, draft_missing=0, draft_pools=0)  # fmt: skip
 
 
 def test_delivery_to_seqs_and_records(tmp_path):
@@ -183,3 +187,58 @@ def test_features_refuse_another_worker_and_prefix_caching():
         check_engine_config(_vllm_config("auto", False))
     with pytest.raises(PluginConfigError, match=r"^features: needs prefix caching off"):
         check_engine_config(_vllm_config(WORKER_CLS, True))
+
+
+def test_draft_layer_needs_a_draft_model():
+    def cfg(spec):
+        c = _vllm_config(WORKER_CLS, False)
+        c.speculative_config = spec
+        return c
+
+    check_engine_config(cfg(SimpleNamespace(method="draft_model")), draft_layer=1)
+    check_engine_config(cfg(None))  # no draft layer: speculative decoding is not needed
+    for spec, got in ((None, "'none'"), (SimpleNamespace(method="ngram"), "'ngram'")):
+        with pytest.raises(PluginConfigError, match=rf"^features.draft_layer: needs speculative .*got {got}"):
+            check_engine_config(cfg(spec), draft_layer=1)
+
+
+def test_draft_states_are_delivered_recorded_and_train_a_draft_probe(tmp_path):
+    """A request with both pooled states (served and draft model): each reaches its own seq
+    field, records table and FeatureSpec key, and `presched train -p draft-probe --from-log`
+    learns from the draft's (lengths read off its first coordinate; the served model's vector
+    is noise, so a probe trained on the wrong one could not fit)."""
+    from presched.predict import load_predictor
+    from presched.serve.log_read import load_log_requests
+    from presched.serve.train_log import train_from_log
+
+    seqs = {"a": _seq("a")}
+    deliver(StepFeatures(layer=1, sink=1, hidden=2, draft_model="tiny-llama", draft_layer=1, draft_hidden=2,
+                         draft_ids=["a", "gone"], draft=np.array([[1, 2], [3, 4]], np.float32),
+                         draft_n=[5, 1], draft_missing=[0, 0]), seqs)  # fmt: skip
+    a = seqs["a"]
+    assert a.features_draft.tolist() == [1, 2] and (a.draft_n, a.draft_pools) == (5, 1)
+    assert a.features_prompt is None
+    rng = np.random.default_rng(1)
+    served = '{"model": "tiny-llama", "layer": 1, "hidden": 4, "pooling": "mean", "sink": 1}'
+    draft = '{"model": "tiny-draft", "layer": 0, "hidden": 4, "pooling": "mean", "sink": 1, "role": "draft"}'
+    w = RecordWriter(tmp_path / "r.sqlite")
+    for i in range(60):
+        n = int(rng.integers(5, 400))
+        w.write({"id": f"q{i}", "ts": float(i), "model": "tiny", "status": 200, "prompt_tokens": 9,
+                 "max_tokens": 1000, "output_tokens": n, "finish_reason": "stop"})  # fmt: skip
+        seq = _seq(f"q{i}")
+        seq.features_prompt, seq.features_n, seq.feature_pools = rng.normal(size=4).astype(np.float32), 8, 1
+        seq.features_draft = np.r_[np.log(n), rng.normal(size=3)].astype(np.float32)
+        seq.draft_n, seq.draft_pools = 8, 1
+        w.write_features(seq, served)
+        w.write_draft_features(seq, draft)
+    w.close()
+    reqs = load_log_requests(tmp_path / "r.sqlite").requests
+    dkey, skey = "hidden:draft:tiny-draft:L0:mean:s1", "hidden:tiny-llama:L1:mean:s1"
+    assert all(set(r.metadata) >= {dkey, skey} for r in reqs)
+    assert all(r.metadata[dkey][0] == np.float32(np.log(r.output_tokens)) for r in reqs)
+    path, _ = train_from_log(tmp_path / "r.sqlite", "draft-probe", tmp_path / "d.npz",
+                             params={"model": "tiny-draft", "layer": 0})  # fmt: skip
+    est = load_predictor(path).predict(reqs)
+    got = np.array([r.output_tokens for r in reqs])
+    assert np.corrcoef(np.log(est.point), np.log(got))[0, 1] > 0.95

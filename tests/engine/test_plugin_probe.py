@@ -116,3 +116,51 @@ def test_start_engine_refuses_a_probe_of_another_layer_before_vllm_starts(tiny_m
     with pytest.raises(PluginConfigError, match=r"^probe \(.*layer: fitted on 0, got 1"):
         start_engine(tiny_model, plugin={"probe": str(path), "features": {"layer": 1}}, log_path=log)
     assert not log.exists()
+
+
+@pytest.fixture(scope="module")
+def draft_file(tmp_path_factory):
+    """A draft-probe on layer 0 of a draft model 'tiny-draft' (its own label law: 2 x y)."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(80, HIDDEN))
+    y = np.exp(5 + X[:, 1])
+    spec = FeatureSpec(model="tiny-draft", layer=0, hidden=HIDDEN, pooling="mean", sink=1, role="draft")
+    pred = PREDICTORS.create("draft-probe", model="tiny-draft", layer=0)
+    pred.fit_features(X[:60], y[:60], X[60:], y[60:], spec=spec)
+    return pred.save(tmp_path_factory.mktemp("draft") / "draft.npz")
+
+
+def _draft(path, features=FeatureConfig(draft_layer=0), model="tiny-draft"):
+    return EngineProbe(path, features, model, 2, HIDDEN, role="draft")
+
+
+def test_a_draft_probe_needs_the_draft_layer_and_a_draft_probe_file(probe_file, draft_file):
+    with pytest.raises(PluginConfigError, match=r"^draft_probe: needs `features` with draft_layer"):
+        parse_plugin_config({"draft_probe": str(draft_file), "features": {}})
+    assert parse_plugin_config({"draft_probe": str(draft_file), "features": {"draft_layer": 0}}).draft_probe == draft_file
+    with pytest.raises(PluginConfigError, match=r"^draft_probe: needs `features` with draft_layer"):
+        _draft(draft_file, features=FeatureConfig())
+    # the two files are not interchangeable: served-model states are not a draft model's
+    with pytest.raises(PluginConfigError, match=r"^draft_probe: .*'probe' predictor; expected a mean-pooled draft-probe"):
+        _draft(probe_file)
+    with pytest.raises(PluginConfigError, match=r"^probe: .*'draft-probe' predictor; expected a mean-pooled probe"):
+        _probe(draft_file)
+    with pytest.raises(PluginConfigError, match=r"^draft_probe \(.*layer: fitted on 0, got 1"):
+        _draft(draft_file, features=FeatureConfig(draft_layer=1))
+    with pytest.raises(PluginConfigError, match=r"^draft_probe \(.*model: fitted on 'tiny-draft', got 'tiny-llama'"):
+        _draft(draft_file, model="tiny-llama")
+
+
+def test_the_served_models_probe_wins_over_the_draft_probe(probe_file, draft_file):
+    """Order of consume.py: the draft probe first, then the probe; the draft probe never replaces
+    a request's own, a refined or a probe estimate."""
+    probe, draft = _probe(probe_file), _draft(draft_file)
+    own = object()
+    seqs = {"a": _seq("predictor", "text"), "b": _seq("xargs", own), "c": _seq("probe", "p"), "d": _seq()}
+    vecs = np.random.default_rng(4).normal(size=(4, HIDDEN)).astype(np.float32)
+    assert draft.apply(["a", "b", "c", "d"], vecs, seqs) == 2
+    assert [seqs[r].pred_source for r in "abcd"] == ["draft-probe", "xargs", "probe", "draft-probe"]
+    np.testing.assert_allclose(seqs["a"].estimate.quantiles, draft.predictor.predict_features(vecs[:1])[0].quantiles)
+    assert probe.apply(["a", "d"], vecs[:2], seqs) == 2  # the served model's own state replaces it
+    assert seqs["a"].pred_source == seqs["d"].pred_source == "probe"
+    assert (draft.predictions, probe.predictions) == (2, 2)

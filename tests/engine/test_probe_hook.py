@@ -144,7 +144,7 @@ def test_pooled_prompt_states_equal_the_reference_under_chunks_batching_and_pree
         _assert_probe_estimate(rows[len(ids)], probe[0], want)
         p, out, preempt, spec, n, missing, pools, steps, vec = rows[len(ids)][:9]
         assert json.loads(spec) == {"model": tiny_model.name, "layer": 1, "hidden": 256,
-                                    "pooling": "mean", "sink": 1}  # fmt: skip
+                                    "pooling": "mean", "sink": 1, "role": "served"}  # fmt: skip
         got = unpack(vec)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
         assert (n, missing) == (p - 1, 0)

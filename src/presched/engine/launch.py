@@ -19,6 +19,8 @@ CLI (stays in the foreground until Ctrl-C; put the gateway in front of it):
         --param preempt=true --param within=mean [--predictor model.npz] [--records r.sqlite]
     python -m presched.engine.launch --model tiny --scheduler presched --features [--feature-layer 1] [--probe probe.npz] \
         [--refine refine.npz --refine-at 16 64 256]
+    python -m presched.engine.launch --model smollm2 --draft-model smollm2 --scheduler presched \
+        --features --draft-layer 15 --draft-probe draft.npz       # OUTLETS on the draft model
 
 `--scheduler presched` runs presched's policies inside vLLM (`presched.engine.plugin`, see
 docs/engine-plugin.md): the config is checked here first (a bad policy or parameter fails before
@@ -196,6 +198,8 @@ def start_engine(
     log_path: str | Path | None = None,
     ready_timeout: float = 300,
     plugin: dict | None = None,
+    draft_model: str | Path | None = None,
+    num_speculative_tokens: int = 2,
 ) -> EngineProcess:
     """Start `vllm.entrypoints.openai.api_server` on 127.0.0.1 and wait until it is ready.
 
@@ -211,7 +215,9 @@ def start_engine(
     arguments; log_path: the server's stdout+stderr (default
     <cache_dir>/logs/engine-NAME-PORT.log); plugin: a `PluginConfig` mapping (policy, params,
     predictor, records, ...) to run presched's in-engine scheduler (validated here first:
-    `PluginConfigError` names the field). Returns the ready
+    `PluginConfigError` names the field); draft_model: an HF model folder that drafts for
+    `model_dir` (speculative decoding, vLLM's `draft_model` method, `num_speculative_tokens`
+    tokens per step; it must share the tokenizer). Returns the ready
     `EngineProcess`; raises EngineError (with the log's tail) when it dies or times out.
     """
     ok, why = engine_available()
@@ -224,9 +230,15 @@ def start_engine(
         raise ValueError(
             f"scheduling_policy must be 'priority' or 'fcfs', got {scheduling_policy!r}"
         )
+    if draft_model is not None:
+        draft_model = Path(draft_model).resolve()
+        if not (draft_model / "config.json").is_file():
+            raise EngineError(f"draft_model: {draft_model} has no config.json (not an HF model folder)")
+        if not 1 <= int(num_speculative_tokens) <= 16:
+            raise ValueError(f"num_speculative_tokens must be in 1..16, got {num_speculative_tokens}")
     plugin_env, features = {}, False
     if plugin is not None:
-        from presched.engine.plugin.config import build_policy, parse_plugin_config
+        from presched.engine.plugin.config import PluginConfigError, build_policy, parse_plugin_config
 
         cfg = parse_plugin_config(dict(plugin))
         build_policy(cfg)  # the engine builds it again; this fails fast, naming the field
@@ -242,6 +254,16 @@ def start_engine(
             hf = json.loads((model_dir / "config.json").read_text())
             EngineRefine(cfg.refine, cfg.features, cfg.refine_at, model_dir.name,
                          int(hf["num_hidden_layers"]), int(hf["hidden_size"]))  # fmt: skip
+        if (cfg.features is not None and cfg.features.draft_layer is not None and draft_model is None
+                and "--speculative-config" not in extra_args):  # fmt: skip
+            raise PluginConfigError("features.draft_layer: needs a draft model (draft_model / "
+                                    "--draft-model): the engine would refuse to start")  # fmt: skip
+        if cfg.draft_probe is not None:  # likewise for the draft model's probe
+            from presched.engine.plugin.probe import EngineProbe
+
+            hf = json.loads((draft_model / "config.json").read_text())
+            EngineProbe(cfg.draft_probe, cfg.features, draft_model.name, int(hf["num_hidden_layers"]),
+                        int(hf["hidden_size"]), role="draft")  # fmt: skip
         plugin_env["PRESCHED_PLUGIN_CONFIG"] = cfg.model_dump_json()
         features = cfg.features is not None
     port = port or free_port()
@@ -265,6 +287,9 @@ def start_engine(
         cmd += ["--distributed-executor-backend", "uni"]
     if plugin is not None:
         cmd += ["--scheduler-cls", PLUGIN_SCHEDULER_CLS]
+    if draft_model is not None:
+        cmd += ["--speculative-config", json.dumps({"method": "draft_model", "model": str(draft_model),
+                                                    "num_speculative_tokens": int(num_speculative_tokens)})]
     if features:
         from presched.engine.plugin.features import WORKER_CLS
 
@@ -321,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inproc-worker", action="store_true", help="run the model in the engine-core process, no worker process (on 2 cores vLLM's engine core and worker busy-poll each other and starve the rest)")
     ap.add_argument("--log", type=Path, default=None, help="server log file")
     ap.add_argument("--ready-timeout", type=float, default=300)
+    ap.add_argument("--draft-model", default=None, help="tiny | smollm2 | a model folder that drafts for --model (speculative decoding, vLLM's draft_model method; same tokenizer)")
+    ap.add_argument("--num-speculative-tokens", type=int, default=2, help="with --draft-model: draft tokens per step")
     add_plugin_flags(ap)
     a = ap.parse_args(argv)
     from rich.console import Console
@@ -341,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with con.status(f"preparing model {a.model} ..."):
             model = resolve_model(a.model)
+            draft = resolve_model(a.draft_model) if a.draft_model else None
         name = a.served_name or (a.model if a.model in ("tiny", "smollm2") else model.name)
         with con.status(f"starting vLLM on {model} (about a minute) ..."):
             eng = start_engine(
@@ -349,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                 num_gpu_blocks_override=a.num_gpu_blocks_override,
                 scheduling_policy=a.scheduling_policy, threads=a.threads, inproc_worker=a.inproc_worker, extra_args=extra,
                 log_path=a.log, ready_timeout=a.ready_timeout, plugin=plugin,
+                draft_model=draft, num_speculative_tokens=a.num_speculative_tokens,
             )  # fmt: skip
     except EngineError as e:
         con.print(f"[red]error:[/red] {e}", markup=True, highlight=False)

@@ -174,21 +174,23 @@ def load_log_requests(
 
 
 def prompt_features(conn) -> dict[str, dict]:
-    """{request id: {FeatureSpec key: vector}} from the engine plugin's `prompt_features` table
-    (records.py; the hidden-state hook's pooled prompt states), {} when the log has none."""
+    """{request id: {FeatureSpec key: vector}} from the engine plugin's `prompt_features` and
+    `draft_features` tables (records.py; the hidden-state hooks' pooled prompt states, the
+    served model's and the draft model's), {} when the log has neither."""
     from presched.engine.plugin.features import unpack
-    from presched.engine.plugin.records import FEATURE_TABLE
+    from presched.engine.plugin.records import DRAFT_FEATURE_TABLE, FEATURE_TABLE
     from presched.predict.probe.spec import FeatureSpec
 
-    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                        (FEATURE_TABLE,)).fetchone():  # fmt: skip
-        return {}
     out: dict[str, dict] = {}
     keys: dict[str, str] = {}
-    for rid, spec, vec in conn.execute(f"SELECT id, spec, vec FROM {FEATURE_TABLE}"):
-        if spec not in keys:
-            keys[spec] = FeatureSpec.parse(json.loads(spec), f"{FEATURE_TABLE}.spec").key()
-        out[str(rid)] = {keys[spec]: unpack(vec)}
+    for table in (FEATURE_TABLE, DRAFT_FEATURE_TABLE):
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                            (table,)).fetchone():  # fmt: skip
+            continue
+        for rid, spec, vec in conn.execute(f"SELECT id, spec, vec FROM {table}"):
+            if spec not in keys:
+                keys[spec] = FeatureSpec.parse(json.loads(spec), f"{table}.spec").key()
+            out.setdefault(str(rid), {})[keys[spec]] = unpack(vec)
     return out
 
 

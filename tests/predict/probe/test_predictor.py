@@ -103,6 +103,28 @@ def test_egtp_is_registered_and_reads_its_own_key():
     assert pred.spec.key() == "hidden:smollm2-135m:L12:egtp:s1"
 
 
+def test_draft_probe_reads_the_draft_models_key_and_refuses_served_model_states(tmp_path):
+    from presched.predict.probe.spec import FeatureSpec
+
+    X, y = _data(200, 11)
+    pred = PREDICTORS.create("draft-probe", model="smollm2-135m", layer=15).fit_features(X, y, *_data(100, 12))
+    assert pred.spec.key() == "hidden:draft:smollm2-135m:L15:mean:s1" != PREDICTORS.create("probe").wanted_spec(D).key()
+    back = load_predictor(pred.save(tmp_path / "d.npz"))
+    assert back.name == "draft-probe" and back.spec == pred.spec
+    np.testing.assert_allclose(back.predict_features(X[:5]).quantiles, pred.predict_features(X[:5]).quantiles)
+    served = FeatureSpec(model="smollm2-135m", layer=15, hidden=D, pooling="mean", sink=1)
+    with pytest.raises(ValueError, match="reads 'mean'-pooled states of the draft model, got 'mean'-pooled of the served"):
+        PREDICTORS.create("draft-probe").fit_features(X, y, *_data(100, 12), spec=served)
+    with pytest.raises(ValueError, match="this probe reads other hidden states .*role: fitted on 'draft', got 'served'"):
+        pred.predict_features(X[:2], served)
+    # requests carrying only the served model's vectors are refused, naming the key it needs
+    from presched.workload.request import Request
+
+    r = Request(id="q", prompt_tokens=3, output_tokens=9, metadata={served.key(): X[0]})
+    with pytest.raises(ValueError, match=r"no hidden-state features 'hidden:draft:smollm2-135m:L15:mean:s1'"):
+        pred.predict([r])
+
+
 def test_bad_params_and_unfitted_use_are_clear_errors():
     with pytest.raises(ValueError, match="parameter 'layer' must be an integer"):
         PREDICTORS.create("probe", layer="mid")
@@ -115,9 +137,9 @@ def test_bad_params_and_unfitted_use_are_clear_errors():
 def test_hidden_state_predictors_are_registered_but_not_in_the_default_eval_list():
     from presched.predict.evaluate import available_predictors
 
-    assert {"probe", "egtp"} <= set(PREDICTORS.names())
+    assert {"probe", "egtp", "draft-probe"} <= set(PREDICTORS.names())
     names = available_predictors()
-    assert "text-gbm" in names and "probe" not in names and "egtp" not in names
+    assert "text-gbm" in names and not {"probe", "egtp", "draft-probe"} & set(names)
 
 
 def test_alpha_none_is_chosen_on_held_out_fit_rows():

@@ -31,6 +31,8 @@ from pydantic import Field, ValidationError
 from presched.config import Config, format_validation_error
 
 CONFIG_ENV = "PRESCHED_PLUGIN_CONFIG"
+DRAFT_NEEDS_FEATURES = ("draft_probe: needs `features` with draft_layer set (the draft model's "
+                        "pooled prompt states it reads)")  # fmt: skip
 PROBE_NEEDS_FEATURES = ("probe: needs `features` (the worker hook that pools the prompt states "
                         "the probe reads); set features: {} or drop probe")  # fmt: skip
 
@@ -46,6 +48,7 @@ class FeatureConfig(Config):
     layer: int | None = Field(None, ge=0, description="Decoder layer whose output (hidden + residual, the residual stream) is read; None: n_layers // 2. Checked against the model when the worker loads it.")
     sink_tokens: int = Field(1, ge=0, description="Leading prompt positions left out of the pooled prompt state (SmolLM2's first token carries a massive activation that would dominate a plain mean).")
     steps: bool = Field(True, description="Also ship the state of the last position of every request that sampled a token in a step (the per-step state); False: only the pooled prompt state.")
+    draft_layer: int | None = Field(None, ge=0, description="Also pool the prompt state at this decoder layer of the speculative-decoding draft model (OUTLETS; needs --speculative-config with method draft_model), the same way (mean without the sink tokens), for `draft_probe`. None: off. Checked against the draft model when the worker loads it.")
 
 
 class PluginConfig(Config):
@@ -59,6 +62,7 @@ class PluginConfig(Config):
     features: FeatureConfig | None = Field(None, description="Hidden-state features from the worker hook (needs `--worker-cls presched.engine.plugin.worker.PreschedCPUWorker` and prefix caching off; the launcher's --features sets both). None: off.")
     probe: Path | None = Field(None, description="A probe model file (`presched train -p probe`), loaded in the engine core and run on each request's pooled prompt state after prefill: its prediction replaces the request's estimate unless the request sent its own in vllm_xargs. Needs `features`; its FeatureSpec (model, layer, hidden, sink, mean pooling) must be what the hook pools from the served model. None: off.")
     refine: Path | None = Field(None, description="A probe-refine model file (predict/probe/refine.py), loaded in the engine core: when a request's per-step state is at a `refine_at` generated token, its estimate is replaced by probe-refine's (total length given L > g, from that state and the pooled prompt state) unless the request sent its own in vllm_xargs. Needs `features` with steps on; the file's model, layer, sink and width must be what the hook reads. None: off.")
+    draft_probe: Path | None = Field(None, description="A draft-probe model file (`presched train -p draft-probe`), loaded in the engine core and run on each request's pooled prompt state from the draft model (`features.draft_layer`): its prediction replaces the request's estimate unless the request sent its own in vllm_xargs or a `probe` or `refine` estimate (the served model's own states) replaced it. Its FeatureSpec (draft model, layer, hidden, sink) must be what the draft hook pools. None: off.")
     refine_at: tuple[int, ...] = Field((16, 64, 256), min_length=1, max_length=64, description="Generated-token counts at which `refine` replaces a running request's estimate.")
     imports: tuple[str, ...] = Field((), description="Modules (dotted names or .py paths) imported before the policy is built, e.g. to register your own policies.")
 
@@ -138,6 +142,11 @@ def parse_plugin_config(data: dict) -> PluginConfig:
             raise PluginConfigError("refine: needs `features` with steps on (the per-step states it reads)")
         if not cfg.refine.is_file():
             raise PluginConfigError(f"refine: model file not found: {cfg.refine}")
+    if cfg.draft_probe is not None:
+        if cfg.features is None or cfg.features.draft_layer is None:
+            raise PluginConfigError(DRAFT_NEEDS_FEATURES)
+        if not cfg.draft_probe.is_file():
+            raise PluginConfigError(f"draft_probe: model file not found: {cfg.draft_probe}")
     if any(not 1 <= g <= 2**20 for g in cfg.refine_at):
         raise PluginConfigError(f"refine_at: token counts must be in 1..{2**20}, got {list(cfg.refine_at)}")
     return cfg

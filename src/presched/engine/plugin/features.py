@@ -42,11 +42,14 @@ class Piece:
 
 def split_rows(req_ids: Sequence[str], num_scheduled: Mapping[str, int],
                computed: Mapping[str, int], prompt_len: Mapping[str, int], sink: int,
-               num_spec: Mapping[str, int] | None = None) -> list[Piece]:  # fmt: skip
+               num_spec: Mapping[str, int] | None = None, extra: int = 0) -> list[Piece]:  # fmt: skip
     """The pieces of one step: `req_ids` in batch order, `num_scheduled[r]` rows each (0 or
     missing: not in this step), `computed[r]` = positions computed before the step,
     `prompt_len[r]` = prompt tokens, `sink` = leading prompt positions never pooled,
-    `num_spec[r]` = speculative tokens among the scheduled ones (their rows are not verified)."""
+    `num_spec[r]` = speculative tokens among the scheduled ones (their rows are not verified),
+    `extra` = rows each request has after its scheduled ones (the draft model's first forward
+    of a step reads each request's scheduled positions plus one slot for the token just
+    sampled: extra = 1)."""
     out, off = [], 0
     for rid in req_ids:
         ns = int(num_scheduled.get(rid, 0))
@@ -57,7 +60,7 @@ def split_rows(req_ids: Sequence[str], num_scheduled: Mapping[str, int],
         pool = (off + lo - b, off + hi - b) if hi > lo else None
         spec = int((num_spec or {}).get(rid, 0))
         out.append(Piece(rid, b, off, ns, pool, b < p <= b + ns, off + ns - spec - 1))
-        off += ns
+        off += ns + extra
     return out
 
 
@@ -122,6 +125,15 @@ class StepFeatures:
     step: np.ndarray | None = None  # (len(step_ids), hidden) float32
     worker_s: float = 0.0  # the hook's time in the worker so far (hook, split, copies), seconds
     worker_steps: int = 0  # forwards it has split so far
+    # the draft model's pooled prompt states (`features.draft_layer`, speculative decoding with
+    # a draft model): the same pooling over the drafter's own forward of the same positions
+    draft_model: str | None = None  # the draft model's folder name; None: no draft hook
+    draft_layer: int = 0
+    draft_hidden: int = 0
+    draft_ids: list[str] = field(default_factory=list)
+    draft: np.ndarray | None = None  # (len(draft_ids), draft_hidden) float32
+    draft_n: list[int] = field(default_factory=list)
+    draft_missing: list[int] = field(default_factory=list)
 
     def prompts(self):
         """(req_id, vector, n pooled, n missing) per completed prompt."""
@@ -133,14 +145,27 @@ class StepFeatures:
         for i, rid in enumerate(self.step_ids):
             yield rid, self.step[i]
 
+    def drafts(self):
+        """(req_id, vector, n pooled, n missing) per prompt the draft model completed."""
+        for i, rid in enumerate(self.draft_ids):
+            yield rid, self.draft[i], self.draft_n[i], self.draft_missing[i]
 
-def check_engine_config(vllm_config) -> None:
-    """`features` needs presched's worker and every prompt position computed (no prefix cache);
-    PluginConfigError naming `features` otherwise (vLLM's `VllmConfig`, read by attribute)."""
+
+def check_engine_config(vllm_config, draft_layer: int | None = None) -> None:
+    """`features` needs presched's worker and every prompt position computed (no prefix cache),
+    and `features.draft_layer` a draft model; PluginConfigError naming the field otherwise
+    (vLLM's `VllmConfig`, read by attribute)."""
     worker_cls = vllm_config.parallel_config.worker_cls
     if worker_cls != WORKER_CLS:
         raise PluginConfigError(f"features: needs --worker-cls {WORKER_CLS} (the hook lives in "
                                 f"the worker), got {worker_cls!r}")  # fmt: skip
+    if draft_layer is not None:
+        spec = vllm_config.speculative_config
+        if spec is None or getattr(spec, "method", None) != "draft_model":
+            raise PluginConfigError("features.draft_layer: needs speculative decoding with a draft "
+                                    "model (--speculative-config '{\"method\": \"draft_model\", "
+                                    "\"model\": DIR, \"num_speculative_tokens\": K}'), got "
+                                    f"{'none' if spec is None else getattr(spec, 'method', spec)!r}")  # fmt: skip
     if vllm_config.cache_config.enable_prefix_caching:
         raise PluginConfigError("features: needs prefix caching off (--no-enable-prefix-caching): "
                                 "positions served from the prefix cache are not computed, so the "
@@ -161,7 +186,8 @@ def deliver(sf: StepFeatures, seqs: Mapping[str, object]) -> None:
     prompt state replaces `features_prompt` (a preempted request ships it again after its
     recompute), the per-step state replaces `features_step` and counts in `feature_steps`; its
     token number g (the state of the position reading generated token g, or of the prompt's
-    last position when g = 0) goes in `features_step_g`."""
+    last position when g = 0) goes in `features_step_g`; the draft model's pooled prompt state
+    replaces `features_draft` (counted in `draft_pools`)."""
     for rid, vec, n, missing in sf.prompts():
         seq = seqs.get(rid)
         if seq is not None:
@@ -172,3 +198,8 @@ def deliver(sf: StepFeatures, seqs: Mapping[str, object]) -> None:
         if seq is not None:  # called before the step's tokens are counted: `generated` is g
             seq.features_step, seq.features_step_g = vec, seq.generated
             seq.feature_steps += 1
+    for rid, vec, n, missing in sf.drafts():
+        seq = seqs.get(rid)
+        if seq is not None:
+            seq.features_draft, seq.draft_n, seq.draft_missing = vec, n, missing
+            seq.draft_pools += 1

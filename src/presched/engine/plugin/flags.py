@@ -19,6 +19,8 @@ def add_plugin_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--probe", type=Path, default=None, help="with --features: a probe file (`presched train -p probe`) run in the engine on each pooled prompt state; its prediction replaces the estimate of requests without their own in vllm_xargs")
     ap.add_argument("--refine", type=Path, default=None, help="with --features: a probe-refine file run in the engine on the per-step states; at each --refine-at token it replaces a running request's estimate (unless the request sent its own)")
     ap.add_argument("--refine-at", type=int, nargs="+", default=None, metavar="G", help="with --refine: the generated-token counts at which estimates are refined (default 16 64 256)")
+    ap.add_argument("--draft-layer", type=int, default=None, help="with --features and --draft-model: also pool the draft model's prompt state at this decoder layer (OUTLETS)")
+    ap.add_argument("--draft-probe", type=Path, default=None, help="with --draft-layer: a draft-probe file (`presched train -p draft-probe`) run in the engine on the draft model's pooled prompt states; its prediction replaces text-predictor estimates")
     ap.add_argument("--plugin-config", type=Path, default=None, help="with --scheduler presched: a JSON/YAML file with the whole plugin config; the flags above override it")
 
 
@@ -27,10 +29,12 @@ def plugin_from_args(a: argparse.Namespace) -> dict | None:
     naming the flag or field."""
     import yaml
 
-    given = [f for f in ("policy", "predictor", "probe", "refine", "refine_at", "records", "plugin_stats", "plugin_config")
+    given = [f for f in ("policy", "predictor", "probe", "refine", "refine_at", "draft_probe", "records",
+                         "plugin_stats", "plugin_config")
              if getattr(a, f) is not None] + (["param"] if a.param else [])  # fmt: skip
     given += ["features"] if a.features else []
     given += ["feature_layer"] if a.feature_layer is not None else []
+    given += ["draft_layer"] if a.draft_layer is not None else []
     if a.scheduler != "presched":
         if given:
             raise ValueError(f"--{given[0].replace('_', '-')} needs --scheduler presched")
@@ -52,19 +56,23 @@ def plugin_from_args(a: argparse.Namespace) -> dict | None:
         data["params"] = params
     if a.feature_layer is not None and not a.features:
         raise ValueError("--feature-layer needs --features")
+    if a.draft_layer is not None and not a.features:
+        raise ValueError("--draft-layer needs --features")
     if a.features:
         feats = dict(data.get("features") or {})
         if a.feature_layer is not None:
             feats["layer"] = a.feature_layer
+        if a.draft_layer is not None:
+            feats["draft_layer"] = a.draft_layer
         data["features"] = feats
-    for flag in ("probe", "refine"):
+    for flag in ("probe", "refine", "draft_probe"):
         if getattr(a, flag) is not None and not a.features and "features" not in data:
-            raise ValueError(f"--{flag} needs --features")
+            raise ValueError(f"--{flag.replace('_', '-')} needs --features")
     if a.refine_at is not None:
         if a.refine is None and "refine" not in data:
             raise ValueError("--refine-at needs --refine")
         data["refine_at"] = list(a.refine_at)
-    for flag, field in (("predictor", "predictor"), ("probe", "probe"), ("refine", "refine"),
+    for flag, field in (("predictor", "predictor"), ("probe", "probe"), ("refine", "refine"), ("draft_probe", "draft_probe"),
                         ("records", "records"), ("plugin_stats", "stats")):  # fmt: skip
         if getattr(a, flag) is not None:
             data[field] = str(getattr(a, flag))

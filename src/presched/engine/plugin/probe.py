@@ -9,7 +9,9 @@ prompts pooled in that step (batched) and replaces each seq's estimate with its 
 Precedence (module doc of estimates.py for the other two): a request's own `vllm_xargs`
 prediction wins and is never replaced, nor is a `refine` estimate (refine.py: later evidence);
 otherwise the probe's prediction replaces the in-engine text predictor's (or no estimate) as soon
-as the prompt is pooled, i.e. after prefill. The
+as the prompt is pooled, i.e. after prefill. The same class runs a `draft-probe` (plugin config
+`draft_probe`, role 'draft') on the draft model's pooled prompt states; it replaces only text
+predictor estimates (or none), never the served model's own probe. The
 waiting-queue order before that still comes from xargs or the text predictor.
 
 Policies have no hook for an updated estimate: they read `seq.estimate` at each decision
@@ -28,41 +30,55 @@ from pathlib import Path
 
 import numpy as np
 
-from presched.engine.plugin.config import PROBE_NEEDS_FEATURES, FeatureConfig, PluginConfigError
+from presched.engine.plugin.config import (DRAFT_NEEDS_FEATURES, PROBE_NEEDS_FEATURES, FeatureConfig,
+                                           PluginConfigError)
 
 log = logging.getLogger("presched.engine.plugin")
 SOURCE = "probe"
+DRAFT_SOURCE = "draft-probe"
 _LOGGED = 5
 
 
 class EngineProbe:
     def __init__(self, path: Path, features: FeatureConfig | None, model: str, n_layers: int,
-                 hidden: int) -> None:  # fmt: skip
+                 hidden: int, role: str = "served") -> None:  # fmt: skip
         """`model`: the served model's folder name; `n_layers`, `hidden`: its decoder layers and
-        hidden size (the hook pools layer `features.layer`, default n_layers // 2)."""
+        hidden size (the hook pools layer `features.layer`, default n_layers // 2). `role`
+        'draft': a `draft-probe` (plugin config `draft_probe`) on the draft model's states;
+        `model`, `n_layers` and `hidden` are then the draft model's, the layer
+        `features.draft_layer`."""
         from presched.predict.base import ModelFileError, load_predictor
-        from presched.predict.probe.predictor import HiddenStateProbe
+        from presched.predict.probe.predictor import DraftProbe, HiddenStateProbe
         from presched.predict.probe.spec import FeatureSpec
 
-        if features is None:
-            raise PluginConfigError(PROBE_NEEDS_FEATURES)
+        draft = role == "draft"
+        self.what, self.source = ("draft_probe", DRAFT_SOURCE) if draft else ("probe", SOURCE)
+        if features is None or (draft and features.draft_layer is None):
+            raise PluginConfigError(DRAFT_NEEDS_FEATURES if draft else PROBE_NEEDS_FEATURES)
         try:
             pred = load_predictor(path)
         except ModelFileError as e:
-            raise PluginConfigError(f"probe: {e}") from None
-        if not isinstance(pred, HiddenStateProbe) or pred.pooling != "mean":
-            raise PluginConfigError(f"probe: {path} holds a {pred.name!r} predictor; expected "
-                                    "a mean-pooled probe (`presched train -p probe`)")  # fmt: skip
-        layer = features.layer if features.layer is not None else n_layers // 2
+            raise PluginConfigError(f"{self.what}: {e}") from None
+        ok = isinstance(pred, DraftProbe) if draft else (isinstance(pred, HiddenStateProbe)
+                                                         and not isinstance(pred, DraftProbe))  # fmt: skip
+        if not ok or pred.pooling != "mean":
+            raise PluginConfigError(f"{self.what}: {path} holds a {pred.name!r} predictor; expected a "
+                                    f"mean-pooled {'draft-probe' if draft else 'probe'} "
+                                    f"(`presched train -p {'draft-probe' if draft else 'probe'}`)")  # fmt: skip
+        layer = features.draft_layer if draft else features.layer
+        layer = layer if layer is not None else n_layers // 2
         self.spec = FeatureSpec(model=model, layer=layer, hidden=hidden, pooling="mean",
-                                sink=features.sink_tokens)  # fmt: skip
+                                sink=features.sink_tokens, role=role)  # fmt: skip
         try:
-            pred.spec.check(self.spec, f"probe ({path})")
+            pred.spec.check(self.spec, f"{self.what} ({path})")
         except ValueError as e:
             raise PluginConfigError(str(e)) from None
         self.predictor = pred
         self.predictions = self.errors = 0
-        log.info("presched: probe loaded from %s (%s)", path, self.spec.key())
+        # the estimates it never replaces: the request's own, later evidence (refine) and, for
+        # the draft probe, the served model's own probe
+        self.keep = ("xargs", "refine", SOURCE) if draft else ("xargs", "refine")
+        log.info("presched: %s loaded from %s (%s)", self.what, path, self.spec.key())
 
     def apply(self, prompt_ids, vectors, seqs: Mapping[str, object]) -> int:
         """Replace the estimate of each seq (by request id) whose pooled prompt state is a row of
@@ -73,10 +89,10 @@ class EngineProbe:
             seq = seqs.get(rid)
             # the request's own prediction wins; a refined one (later evidence) too, when a
             # preempted request is re-pooled
-            if seq is not None and seq.pred_source not in ("xargs", "refine"):
+            if seq is not None and seq.pred_source not in self.keep:
                 rows.append(i)
                 targets.append(seq)
-        return replace_estimates(self, "probe", SOURCE, targets,
+        return replace_estimates(self, self.what, self.source, targets,
                                  lambda: self.predictor.predict_features(np.asarray(vectors)[rows]))
 
 

@@ -17,7 +17,9 @@ With hidden-state features on (plugin config `features`), a side table `prompt_f
 one row per freed request that has a pooled prompt state: `id` (the requests row's), `spec` (the
 `FeatureSpec` JSON: model folder name, layer, hidden, pooling 'mean', sink), `n` (positions
 pooled), `missing`, `pools` (pooled states received, > 1 after a recompute), `steps` (per-step
-states received), `vec` (little-endian float32 bytes, `features.unpack`).
+states received), `vec` (little-endian float32 bytes, `features.unpack`). With
+`features.draft_layer`, `draft_features` has the same columns for the draft model's pooled
+prompt state (its spec's role 'draft', `steps` 0).
 
 Each row is committed when its request is freed (WAL, synchronous=NORMAL: no fsync, tens of
 microseconds), so a killed engine loses none.
@@ -39,6 +41,7 @@ ALL_COLUMNS = {**COLUMNS, **EXTRA_COLUMNS}
 
 
 FEATURE_TABLE = "prompt_features"
+DRAFT_FEATURE_TABLE = "draft_features"  # the same columns, the draft model's pooled states (steps 0)
 FEATURE_COLUMNS: dict[str, str] = {"id": "TEXT PRIMARY KEY", "spec": "TEXT", "n": "INTEGER",
                                    "missing": "INTEGER", "pools": "INTEGER", "steps": "INTEGER",
                                    "vec": "BLOB"}  # fmt: skip
@@ -61,9 +64,7 @@ class RecordWriter:
                         f"VALUES ({', '.join('?' * len(names))})")  # fmt: skip
         self._names = names
         self.rows = 0
-        self._features_ready = False
-        self._features = (f"INSERT OR REPLACE INTO {FEATURE_TABLE} ({', '.join(FEATURE_COLUMNS)}) "
-                          f"VALUES ({', '.join('?' * len(FEATURE_COLUMNS))})")  # fmt: skip
+        self._tables_made: set[str] = set()
 
     def _prepare(self) -> None:
         c = self.conn
@@ -91,15 +92,24 @@ class RecordWriter:
 
     def write_features(self, seq, spec_json: str) -> None:
         """The `prompt_features` row of a freed request (an EngineSeq with a pooled state)."""
+        self._feature_row(FEATURE_TABLE, [seq.id, spec_json, seq.features_n, seq.features_missing,
+                                          seq.feature_pools, seq.feature_steps, seq.features_prompt])  # fmt: skip
+
+    def write_draft_features(self, seq, spec_json: str) -> None:
+        """The `draft_features` row of a freed request with the draft model's pooled state."""
+        self._feature_row(DRAFT_FEATURE_TABLE, [seq.id, spec_json, seq.draft_n, seq.draft_missing,
+                                                seq.draft_pools, 0, seq.features_draft])  # fmt: skip
+
+    def _feature_row(self, table: str, values: list) -> None:
         from presched.engine.plugin.features import pack
 
-        if not self._features_ready:
+        if table not in self._tables_made:
             cols = ", ".join(f"{n} {t}" for n, t in FEATURE_COLUMNS.items())
-            self.conn.execute(f"CREATE TABLE IF NOT EXISTS {FEATURE_TABLE} ({cols})")
-            self._features_ready = True
-        self.conn.execute(self._features, [seq.id, spec_json, seq.features_n, seq.features_missing,
-                                           seq.feature_pools, seq.feature_steps,
-                                           pack(seq.features_prompt)])  # fmt: skip
+            self.conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
+            self._tables_made.add(table)
+        marks = ", ".join("?" * len(FEATURE_COLUMNS))
+        self.conn.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(FEATURE_COLUMNS)}) VALUES ({marks})",
+                          [*values[:-1], pack(values[-1])])  # fmt: skip
 
     def close(self) -> None:
         self.conn.close()

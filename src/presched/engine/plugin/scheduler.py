@@ -29,10 +29,10 @@ max_num_batched_tokens. A seq also carries `computed` (vLLM's num_computed_token
 
 With `features` in the plugin config, the worker hook's `StepFeatures` (worker.py) are read off
 each step's ModelRunnerOutput and kept on the seqs (`features_prompt`, `features_step`); the
-records get the pooled prompt state (records.py, table `prompt_features`). With `probe` too,
-the pooled prompt states of each step go through the probe (probe.py), whose estimates replace
-those of requests without their own vllm_xargs prediction; with `refine`, the per-step states at
-the `refine_at` tokens go through probe-refine (refine.py), whose estimates replace those too.
+records get the pooled prompt state (records.py, table `prompt_features`). With `probe`,
+`refine` or `draft_probe` too, those states go through the probe (probe.py), probe-refine
+(refine.py) or the draft model's probe, whose estimates replace those of requests without their
+own vllm_xargs prediction (consume.py: the order and the precedence).
 
 A policy hook that raises is counted and logged (`Guard`), the FCFS decision is taken for that
 call, and the engine keeps serving. The vLLM version is pinned (version.py); LoRA and KV
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 import vllm
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
@@ -52,12 +51,11 @@ from vllm.v1.request import RequestStatus
 
 from presched.engine.plugin.config import PluginConfigError, build_policy, load_plugin_config
 from presched.engine.plugin.estimates import BadPrediction, EnginePredictor, from_xargs
-from presched.engine.plugin.features import FEATURES_ATTR, check_engine_config, deliver
+from presched.engine.plugin.consume import FeatureConsumer
+from presched.engine.plugin.features import FEATURES_ATTR, check_engine_config
 from presched.engine.plugin.guard import Guard
-from presched.engine.plugin.probe import EngineProbe
 from presched.engine.plugin.queue import PolicyRequestQueue
 from presched.engine.plugin.records import RecordWriter, record_row
-from presched.engine.plugin.refine import EngineRefine
 from presched.engine.plugin.seq import EngineSeq, xargs_of
 from presched.engine.plugin.stats import write_stats
 from presched.engine.plugin.version import check_vllm_version
@@ -107,15 +105,12 @@ class PreschedScheduler(Scheduler):
                 "(--enable-lora / --kv-transfer-config); start vLLM without them"
             )
         self.ps_cfg, self.ps = cfg, policy
-        self._feature_spec = None  # FeatureSpec JSON, from the first StepFeatures
         if cfg.features is not None:
-            check_engine_config(self.vllm_config)
+            check_engine_config(self.vllm_config, cfg.features.draft_layer)
         self.guard = Guard()
         self.guard.on_error = self._save_stats
         self.counts = {"arrivals": 0, "pred_xargs": 0, "pred_predictor": 0, "pred_none": 0,
-                       "bad_xargs": 0, "preempt_for": 0, "finished": 0, "aborted": 0,
-                       "features_worker_s": 0.0, "features_worker_steps": 0,
-                       "pred_probe": 0, "probe_errors": 0, "pred_refine": 0, "refine_errors": 0}  # fmt: skip
+                       "bad_xargs": 0, "preempt_for": 0, "finished": 0, "aborted": 0}  # fmt: skip
         self._seqs: dict[str, EngineSeq] = {}
         self._now = time.time()
         num_blocks = int(self.kv_cache_config.num_blocks)
@@ -155,14 +150,9 @@ class PreschedScheduler(Scheduler):
         log.info("presched in-engine scheduler: policy %s, %s KV tokens (%d usable blocks of "
                  "%d), max_num_seqs %d", policy.describe(), self.engine_info.kv_tokens, num_blocks - 1,
                  self.block_size, self.max_num_running_reqs)  # fmt: skip
-        self.probe = self.refine = None
-        hf = mc.hf_config
-        if cfg.probe is not None:
-            self.probe = EngineProbe(cfg.probe, cfg.features, Path(mc.model).name,
-                                     int(hf.num_hidden_layers), int(hf.hidden_size))  # fmt: skip
-        if cfg.refine is not None:
-            self.refine = EngineRefine(cfg.refine, cfg.features, cfg.refine_at, Path(mc.model).name,
-                                       int(hf.num_hidden_layers), int(hf.hidden_size))  # fmt: skip
+        self.features = None  # the hidden-state features' consumer (consume.py)
+        if cfg.features is not None:
+            self.features = FeatureConsumer(cfg, self.vllm_config, self.counts, self._save_stats)
         self._save_stats()
 
     # --- seqs ---------------------------------------------------------------------------------
@@ -299,24 +289,8 @@ class PreschedScheduler(Scheduler):
         t0 = time.perf_counter()
         self._now = time.time()
         sf = getattr(model_runner_output, FEATURES_ATTR, None)
-        if sf is not None:  # before super(): it frees the requests that finish in this step
-            deliver(sf, self._seqs)
-            if self.probe is not None and sf.prompt_ids:  # xargs > refine > probe > text predictor
-                self.probe.apply(sf.prompt_ids, sf.prompt, self._seqs)
-                self.counts["pred_probe"] = self.probe.predictions
-                if self.probe.errors != self.counts["probe_errors"]:
-                    self.counts["probe_errors"] = self.probe.errors
-                    self._save_stats()
-            if self.refine is not None and sf.step_ids:
-                self.refine.apply(sf.step_ids, self._seqs)
-                self.counts["pred_refine"] = self.refine.predictions
-                if self.refine.errors != self.counts["refine_errors"]:
-                    self.counts["refine_errors"] = self.refine.errors
-                    self._save_stats()
-            self.counts["features_worker_s"] = round(sf.worker_s, 6)
-            self.counts["features_worker_steps"] = sf.worker_steps
-            if self._feature_spec is None:
-                self._feature_spec = self._spec_json(sf)
+        if sf is not None and self.features is not None:  # before super(): it frees the requests that finish in this step
+            self.features.step(sf, self._seqs)
         t1 = time.perf_counter()
         out = super().update_from_output(scheduler_output, model_runner_output)
         t2 = time.perf_counter()
@@ -353,19 +327,12 @@ class PreschedScheduler(Scheduler):
                 prompt = self._tokenizer.decode(list(request.prompt_token_ids or ()),
                                                 skip_special_tokens=True)  # fmt: skip
             self.records.write(record_row(seq, status.name, self.model_name, prompt))
-            if seq.features_prompt is not None and self._feature_spec is not None:
-                self.records.write_features(seq, self._feature_spec)
+            if self.features is not None:
+                self.features.write(self.records, seq)
         # the request is still in self.requests: <= 1 means the engine goes idle now
         if len(self.requests) <= 1 or self._now - self._stats_saved >= STATS_INTERVAL_S:
             self._save_stats()
         self.own_s += time.perf_counter() - t0
-
-    def _spec_json(self, sf) -> str:
-        from presched.predict.probe.spec import FeatureSpec
-
-        name = Path(self.vllm_config.model_config.model).name
-        return FeatureSpec(model=name, layer=sf.layer, hidden=sf.hidden, pooling="mean",
-                           sink=sf.sink).model_dump_json()  # fmt: skip
 
     def _save_stats(self) -> None:
         """Rewrite the stats file (config `stats`): at start, when a request finishes (at most

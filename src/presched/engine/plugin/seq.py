@@ -26,6 +26,8 @@ Hidden-state features (plugin config `features`, worker.py), None / 0 without th
     feature_pools    how often a pooled prompt state arrived (1 + recomputes after preemption)
     features_step    state at the last generated token; feature_steps: how many arrived;
                      features_step_g: that token's number g (the step reads token g)
+    features_draft   the draft model's pooled prompt state (`features.draft_layer`); draft_n,
+                     draft_missing, draft_pools as features_n, features_missing, feature_pools
 
 Also kept for the request record: `recomputed_tokens` (tokens prefilled again after
 preemptions), `finish`, `vreq` (the vLLM request).
@@ -47,7 +49,7 @@ class EngineSeq:
                  "first_scheduled", "first_token", "preemptions", "target", "recomputed_tokens",
                  "finish", "pred_source", "computed", "features_prompt", "features_n",
                  "features_missing", "feature_pools", "features_step", "feature_steps",
-                 "features_step_g")  # fmt: skip
+                 "features_step_g", "features_draft", "draft_n", "draft_missing", "draft_pools")  # fmt: skip
 
     def __init__(self, vreq: Any, estimate: Any = None, pred_source: str | None = None) -> None:
         self.vreq = vreq
@@ -77,6 +79,8 @@ class EngineSeq:
         self.features_prompt = self.features_step = None
         self.features_n = self.features_missing = self.feature_pools = self.feature_steps = 0
         self.features_step_g = 0
+        self.features_draft = None
+        self.draft_n = self.draft_missing = self.draft_pools = 0
 
     @property
     def id(self) -> str:

@@ -16,6 +16,9 @@ ships the state of its last verified position. They travel as `StepFeatures` on 
 `ModelRunnerOutput` (V1 returns it from `sample_tokens()`), pickled by vLLM's own worker ->
 engine-core queue, to `PreschedScheduler.update_from_output`.
 
+With `features.draft_layer` (speculative decoding by a draft model) a `DraftHook` (draft.py)
+pools the draft model's prompt states the same way; they ship in the same `StepFeatures`.
+
 Sums are dropped when vLLM reports the request finished, aborted or preempted, and restarted
 when its computed tokens go back (recompute after preemption). Features off (no `features` in
 the plugin config): the worker is vLLM's CPUWorker unchanged. Only the engine process imports
@@ -34,6 +37,7 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from presched.engine.plugin.config import FeatureConfig, PluginConfigError, load_plugin_config
+from presched.engine.plugin.draft import DraftHook
 from presched.engine.plugin.features import FEATURES_ATTR, PromptPools, StepFeatures, split_rows
 
 log = logging.getLogger("presched.engine.plugin")
@@ -69,6 +73,10 @@ class FeatureHook:
         layers[self.layer].register_forward_hook(self._hook)
         log.info("presched features: hook on decoder layer %d of %d (hidden %d, sink %d, steps %s)",
                  self.layer, n, self.hidden, self.sink, self.steps)  # fmt: skip
+        self.draft = None
+        if cfg.draft_layer is not None:
+            self.draft = DraftHook(runner, cfg.draft_layer, self.sink, decoder_layers)
+        self._split_of: tuple | None = None  # (scheduler output, batch order, computed, prompt lengths)
 
     def _zeros(self) -> torch.Tensor:
         return torch.zeros(self.hidden, dtype=torch.float32, device=self.device)
@@ -91,12 +99,17 @@ class FeatureHook:
                 self.rows = out
 
     def begin(self) -> None:
-        self.rows, self.pending = None, None  # a warm-up or profile forward left its rows here
+        self.rows, self.pending, self._split_of = None, None, None  # a warm-up or profile forward left its rows here
+        if self.draft is not None:
+            self.draft.begin()
 
     @torch.inference_mode()
     def collect(self, so) -> None:
         """Split the step's rows (scheduler output `so`) into prompt sums and last rows."""
-        self.pools.drop((*so.finished_req_ids, *(so.preempted_req_ids or ())))
+        gone = (*so.finished_req_ids, *(so.preempted_req_ids or ()))
+        self.pools.drop(gone)
+        if self.draft is not None:
+            self.draft.pools.drop(gone)
         hs, self.rows = self.rows, None
         if hs is None or so.total_num_scheduled_tokens == 0:
             return
@@ -121,7 +134,16 @@ class FeatureHook:
         if self.steps and pieces:
             idx = torch.tensor([pc.last for pc in pieces], device=hs.device)
             last = hs.index_select(0, idx).float()
-        self.pending = (done, [pc.req_id for pc in pieces], last)
+        self.pending = (done, [pc.req_id for pc in pieces], last, [])
+        self._split_of = (so, order, computed, plen)
+
+    def collect_draft(self) -> None:
+        """After `sample_tokens` (where vLLM runs the drafter): pool the draft model's rows of
+        the step split by `collect`, for the pending features."""
+        split, self._split_of = self._split_of, None
+        if self.draft is None or split is None or self.pending is None:
+            return
+        self.pending[3].extend(self.draft.collect(*split))
 
     def attach(self, output) -> None:
         """Put the pending `StepFeatures` on `output` (requests that sampled a token only)."""
@@ -136,9 +158,19 @@ class FeatureHook:
             raise RuntimeError("presched features: the worker returned "
                                f"{type(output).__name__}, not a ModelRunnerOutput (async "
                                "scheduling is not supported with features)")  # fmt: skip
-        done, ids, last = pending
+        done, ids, last, drafted = pending
         sf = StepFeatures(layer=self.layer, sink=self.sink, hidden=self.hidden,
                           worker_s=self.busy_s, worker_steps=self.steps_seen)  # fmt: skip
+        if self.draft is not None:
+            d = self.draft
+            sf.worker_s += d.busy_s
+            sf.draft_model, sf.draft_layer, sf.draft_hidden = d.model, d.layer, d.hidden
+            drafted = [(r, p) for r, p in drafted if p.n > 0]
+            if drafted:
+                sf.draft_ids = [r for r, _ in drafted]
+                sf.draft = torch.stack([p.sum / p.n for _, p in drafted]).cpu().numpy()
+                sf.draft_n = [p.n for _, p in drafted]
+                sf.draft_missing = [p.missing for _, p in drafted]
         done = [(r, p) for r, p in done if p.n > 0]
         if done:
             sf.prompt_ids = [r for r, _ in done]
@@ -151,7 +183,7 @@ class FeatureHook:
             if keep:
                 sf.step_ids = [ids[i] for i in keep]
                 sf.step = last[keep].cpu().numpy().astype(np.float32, copy=False)
-        if sf.prompt_ids or sf.step_ids:
+        if sf.prompt_ids or sf.step_ids or sf.draft_ids:
             setattr(output, FEATURES_ATTR, sf)
 
 
@@ -181,5 +213,6 @@ class PreschedCPUWorker(CPUWorker):
     def sample_tokens(self, grammar_output):
         output = super().sample_tokens(grammar_output)
         if self.feature_hook is not None:
+            self.feature_hook.collect_draft()
             self.feature_hook.attach(output)
         return output

@@ -7,7 +7,9 @@
     est = pred.predict_features(X, spec)                  # refused when spec differs from the fit
 
 `probe` reads the mean-pooled residual stream at `layer` (sink tokens left out: TRAIL's
-step-0 embedding); `egtp` reads the entropy-weighted pool (EGTP). Both come from
+step-0 embedding); `egtp` reads the entropy-weighted pool (EGTP); `draft-probe` reads the same
+mean pool from a speculative-decoding draft model (OUTLETS; `model` is the draft model, the
+spec's role 'draft', so a draft's vectors are never mistaken for the served model's). Both come from
 `features.PromptFeaturizer` (transformers) or, in the engine, from the worker hook, which attach
 the vector to `Request.metadata[FeatureSpec.key()]`. With `model_dir` set, missing vectors are
 computed by a `PromptFeaturizer` on that folder (needs torch).
@@ -139,6 +141,7 @@ class HiddenStateProbe(Predictor):
     """Shared by `probe` and `egtp`; they differ only in the pooling they read."""
 
     pooling: str = "mean"
+    role: str = "served"  # whose states: the served model's, or a draft model's (DraftProbe)
     needs_serving_model = True  # left out of `available_predictors` (text-only evaluations)
 
     def __init__(self, **params: Any) -> None:
@@ -149,7 +152,8 @@ class HiddenStateProbe(Predictor):
 
     def wanted_spec(self, hidden: int) -> FeatureSpec:
         p = self.params
-        return FeatureSpec(model=p["model"], layer=p["layer"], hidden=hidden, pooling=self.pooling, sink=p["sink"])
+        return FeatureSpec(model=p["model"], layer=p["layer"], hidden=hidden, pooling=self.pooling,
+                           sink=p["sink"], role=self.role)  # fmt: skip
 
     # --- features ---------------------------------------------------------------------------
     def features(self, requests: Sequence[Request]) -> np.ndarray:
@@ -198,6 +202,9 @@ class HiddenStateProbe(Predictor):
         spec = spec or self.wanted_spec(X.shape[1])
         if spec.hidden != X.shape[1]:
             raise ValueError(f"features: {X.shape[1]} columns but spec.hidden is {spec.hidden}")
+        if (spec.pooling, spec.role) != (self.pooling, self.role):
+            raise ValueError(f"spec: {self.name} reads {self.pooling!r}-pooled states of the {self.role} "
+                             f"model, got {spec.pooling!r}-pooled of the {spec.role} model")  # fmt: skip
         self.spec = spec
         self.head = RidgeHead(self.params["alpha"], self.params["sigma_floor"]).fit(X, y, X_cal, y_cal)
         self.fitted = True
@@ -234,6 +241,8 @@ class HiddenStateProbe(Predictor):
         pred.spec = FeatureSpec.parse(values.get("spec"), f"{cls.name} file")
         if pred.spec.pooling != cls.pooling:
             raise ValueError(f"{cls.name} file: its features are {pred.spec.pooling!r}-pooled, not {cls.pooling!r}")
+        if pred.spec.role != cls.role:
+            raise ValueError(f"{cls.name} file: its features are the {pred.spec.role} model's, not the {cls.role} model's")
         pred.head = RidgeHead.from_state(pred.params["alpha"], pred.params["sigma_floor"], arrays, values)
         pred.fitted = True
         return pred
@@ -253,3 +262,14 @@ class EGTP(HiddenStateProbe):
 
     name = "egtp"
     pooling = "egtp"
+
+
+@PREDICTORS.register("draft-probe")
+class DraftProbe(HiddenStateProbe):
+    """OUTLETS: the mean-pooled prompt state of a speculative-decoding draft model (`model` names
+    the draft model; `layer` its layer) predicting the served model's length. The draft runs
+    anyway, so in the engine the features cost no extra forward (engine/plugin/draft.py)."""
+
+    name = "draft-probe"
+    pooling = "mean"
+    role = "draft"

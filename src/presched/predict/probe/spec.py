@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Pooling = Literal["mean", "egtp", "step"]
+Role = Literal["served", "draft"]
 
 
 class FeatureSpec(BaseModel):
@@ -24,10 +25,12 @@ class FeatureSpec(BaseModel):
     hidden: int = Field(ge=1, description="hidden size = vector length")
     pooling: Pooling = Field(description="mean: mean without the sink tokens; egtp: entropy-weighted; step: no pooling, the state at the last token read (probe-refine)")
     sink: int = Field(default=1, ge=0, description="leading prompt positions left out of the pool")
+    role: Role = Field(default="served", description="served: the served model's own states; draft: a speculative-decoding draft model's (OUTLETS; `model` is then the draft model)")
 
     def key(self) -> str:
         """The `Request.metadata` key under which a feature source attaches such a vector."""
-        return f"hidden:{self.model}:L{self.layer}:{self.pooling}:s{self.sink}"
+        role = "draft:" if self.role == "draft" else ""
+        return f"hidden:{role}{self.model}:L{self.layer}:{self.pooling}:s{self.sink}"
 
     def check(self, other: "FeatureSpec", where: str = "features") -> None:
         """ValueError naming every field in which `other` differs from this spec."""
