@@ -6,10 +6,14 @@
 - `estimates`  predictions from `vllm_xargs` or an in-engine predictor
 - `queue`      `PolicyRequestQueue`: vLLM's waiting queue in the policy's order
 - `guard`      policy exceptions counted, FCFS decision instead
-- `records`    per-request rows in the gateway's request-log schema (+ `prompt_features`)
+- `records`    per-request rows in the gateway's request-log schema (+ `prompt_features`,
+               `draft_features`)
 - `features`   the hidden-state hook's row split and `StepFeatures` (numpy only)
+- `probe`, `refine`  the probe / draft probe and probe-refine run in the engine core
+- `consume`    `FeatureConsumer`: each step's features onto the seqs, through those, counted
 - `scheduler`  `PreschedScheduler` (imports vllm: only the engine process loads it)
 - `worker`     `PreschedCPUWorker`, the hidden-state hook (imports vllm and torch)
+- `draft`      `DraftHook`: the draft model's hook, in the worker (imports torch)
 
-Everything but `scheduler` and `worker` imports without vllm. See docs/engine-plugin.md.
+Everything but `scheduler`, `worker` and `draft` imports without vllm or torch. See docs/engine-plugin.md.
 """
