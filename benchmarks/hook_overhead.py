@@ -2,10 +2,12 @@
 
     python benchmarks/hook_overhead.py                     # tiny random Llama, ~3 min
     python benchmarks/hook_overhead.py --model smollm2 --rounds 3 --requests 8 --tokens 32
+    python benchmarks/hook_overhead.py --model smollm2 --egtp ...   # + EGTP's entropies (features.egtp)
 
 Two engines of the same model and flags (presched's scheduler with `fcfs`, prefix caching off,
 the model in the engine-core process, one thread each), one with `features` on (the default
-middle layer, per-step states on) and one without. Rounds alternate between them (A B B A A B ...),
+middle layer, per-step states on; `--egtp`: the EGTP pool too, whose entropies need the LM head
+at every prompt position) and one without. Rounds alternate between them (A B B A A B ...),
 each `--requests` completions of `--tokens` tokens (ignore_eos) at once, so that load from other
 processes falls on both alike; each engine idles while the other runs.
 
@@ -61,12 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=100)
+    ap.add_argument("--egtp", action="store_true", help="the hooked engine also pools EGTP (features.egtp)")
     ap.add_argument("--out", type=Path, default=OUT / "hook_overhead.json")
     a = ap.parse_args(argv)
     model = resolve_model(a.model)
     tmp = Path(tempfile.mkdtemp(prefix="hook-overhead-"))
     engines = {}
-    for tag, feats in (("off", None), ("on", {})):
+    for tag, feats in (("off", None), ("on", {"egtp": True} if a.egtp else {})):
         plugin = {"policy": "fcfs", "stats": str(tmp / f"{tag}.json"),
                   **({"features": feats} if feats is not None else {})}  # fmt: skip
         extra = [] if feats is not None else ["--no-enable-prefix-caching"]  # on: the launcher adds it

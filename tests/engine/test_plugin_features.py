@@ -109,6 +109,29 @@ def test_pools_restart_when_vllm_recomputes_a_preempted_request(case, told):
         assert done[r] and all(d == (want, max(p - sink, 0), 0) for d in done[r]), (r, done[r])
 
 
+@settings(derandomize=True, deadline=None, max_examples=100)
+@given(schedules(preempt=True), st.integers(0, 2**32 - 1))
+def test_entropy_weighted_pools_are_egtps_under_chunks_and_recomputes(case, seed):
+    """Weighted sums across chunks give EGTP's pool sum_i H_i row_i / sum_i H_i over the non-sink
+    positions (row = its position; H = a fixed function of the position, some zero), and the
+    plain mean where every weight of a prompt is 0 (as `pool_entropy`)."""
+    plen, sink, steps = case
+    h = np.random.default_rng(seed).choice([0.0, 0.5, 2.0], size=4096)  # past every prompt + answer
+    pools = PromptPools(sink, lambda: np.zeros(2), np.float64)
+    for order, sched, computed, gone in steps:
+        pools.drop(gone)
+        pos = [computed[r] + j for r in order for j in range(sched.get(r, 0))]
+        rows = np.array([[p, 1.0] for p in pos]).reshape(-1, 2)
+        for rid, pool in pools.add(split_rows(order, sched, computed, plen, sink), plen, rows, h[pos]):
+            ps = np.arange(sink, plen[rid])
+            if not ps.size:  # nothing after the sink: never shipped (the worker keeps n > 0)
+                continue
+            w = h[ps]
+            want = (w @ np.c_[ps, np.ones_like(ps)]) / w.sum() if w.sum() > 0 else np.array([ps.mean(), 1.0])
+            np.testing.assert_allclose(pool.weighted(), want, rtol=1e-12)
+            np.testing.assert_allclose(pool.mean(), [ps.mean(), 1.0], rtol=1e-12)
+
+
 def test_spec_tokens_are_not_the_last_verified_row():
     (a, b) = split_rows(["a", "b"], {"a": 3, "b": 1}, {"a": 10, "b": 4}, {"a": 5, "b": 4}, 1,
                         {"a": 2})  # fmt: skip
@@ -118,7 +141,8 @@ def test_spec_tokens_are_not_the_last_verified_row():
 def _seq(rid, generated=0):
     return SimpleNamespace(id=rid, features_prompt=None, features_n=0, features_missing=0, generated=generated,
                            feature_pools=0, features_step=None, feature_steps=0, features_step_g=0,
-                           features_draft=None, draft_n=0, draft_missing=0, draft_pools=0)  # fmt: skip
+                           features_draft=None, draft_n=0, draft_missing=0, draft_pools=0,
+                           features_egtp=None)  # fmt: skip
 
 
 def test_delivery_to_seqs_and_records(tmp_path):

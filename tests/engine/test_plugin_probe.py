@@ -13,6 +13,7 @@ from presched.engine.plugin.config import FeatureConfig, PluginConfigError, pars
 from presched.engine.plugin.probe import EngineProbe
 from presched.predict import PREDICTORS
 from presched.predict.probe.spec import FeatureSpec
+from presched.workload.request import Request
 
 HIDDEN = 6
 
@@ -54,14 +55,19 @@ def test_a_probe_of_other_features_is_refused_naming_the_field(probe_file, kwarg
         _probe(probe_file, **kwargs)
 
 
-def test_a_file_that_is_not_a_mean_probe_is_refused(tmp_path):
+def test_an_egtp_file_needs_the_egtp_pool_and_other_files_are_refused(tmp_path):
     rng = np.random.default_rng(1)
     X = rng.normal(size=(20, HIDDEN))
     egtp = PREDICTORS.create("egtp", model="tiny-llama", layer=1)
     egtp.fit_features(X[:15], np.full(15, 9.0), X[15:], np.full(5, 9.0))
     path = egtp.save(tmp_path / "e.npz")
-    with pytest.raises(PluginConfigError, match=r"^probe: .*'egtp' predictor"):
+    with pytest.raises(PluginConfigError, match=r"^probe: .*is an egtp probe; it needs features.egtp: true"):
         _probe(path)
+    assert _probe(path, features=FeatureConfig(egtp=True)).pooling == "egtp"
+    text = PREDICTORS.create("global-median").fit(
+        [Request(id=f"q{i}", prompt_tokens=3, output_tokens=9) for i in range(4)])
+    with pytest.raises(PluginConfigError, match=r"^probe: .*'global-median' predictor; expected a probe or egtp"):
+        _probe(text.save(tmp_path / "m.npz"))
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(PluginConfigError, match=r"^probe: .*not a presched model file"):
         _probe(tmp_path / "junk.npz")
@@ -141,9 +147,9 @@ def test_a_draft_probe_needs_the_draft_layer_and_a_draft_probe_file(probe_file, 
     with pytest.raises(PluginConfigError, match=r"^draft_probe: needs `features` with draft_layer"):
         _draft(draft_file, features=FeatureConfig())
     # the two files are not interchangeable: served-model states are not a draft model's
-    with pytest.raises(PluginConfigError, match=r"^draft_probe: .*'probe' predictor; expected a mean-pooled draft-probe"):
+    with pytest.raises(PluginConfigError, match=r"^draft_probe: .*'probe' predictor; expected a draft-probe"):
         _draft(probe_file)
-    with pytest.raises(PluginConfigError, match=r"^probe: .*'draft-probe' predictor; expected a mean-pooled probe"):
+    with pytest.raises(PluginConfigError, match=r"^probe: .*'draft-probe' predictor; expected a probe or egtp"):
         _probe(draft_file)
     with pytest.raises(PluginConfigError, match=r"^draft_probe \(.*layer: fitted on 0, got 1"):
         _draft(draft_file, features=FeatureConfig(draft_layer=1))
@@ -164,3 +170,37 @@ def test_the_served_models_probe_wins_over_the_draft_probe(probe_file, draft_fil
     assert probe.apply(["a", "d"], vecs[:2], seqs) == 2  # the served model's own state replaces it
     assert seqs["a"].pred_source == seqs["d"].pred_source == "probe"
     assert (draft.predictions, probe.predictions) == (2, 2)
+
+
+def test_the_consumer_gives_an_egtp_probe_the_egtp_pools(tmp_path):
+    """consume.py hands an egtp probe the step's EGTP vectors, not the means (the real engine's
+    EGTP pools are test_probe_hook's), and records both tables."""
+    from presched.engine.plugin.consume import FeatureConsumer
+    from presched.engine.plugin.features import StepFeatures
+    from presched.engine.plugin.records import EGTP_FEATURE_TABLE, RecordWriter
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(40, HIDDEN))
+    egtp = PREDICTORS.create("egtp", model="tiny-llama", layer=1)
+    egtp.fit_features(X[:30], np.exp(4 + X[:30, 0]), X[30:], np.exp(4 + X[30:, 0]))
+    path = egtp.save(tmp_path / "e.npz")
+    cfg = parse_plugin_config({"features": {"egtp": True}, "probe": str(path)})
+    hf = SimpleNamespace(num_hidden_layers=2, hidden_size=HIDDEN)
+    vcfg = SimpleNamespace(model_config=SimpleNamespace(model="/m/tiny-llama", hf_config=hf), speculative_config=None)
+    counts, saved = {}, []
+    con = FeatureConsumer(cfg, vcfg, counts, lambda: saved.append(1))
+    seq = SimpleNamespace(id="a", pred_source="predictor", estimate="text", features_prompt=None, features_n=0,
+                          features_missing=0, feature_pools=0, features_egtp=None, feature_steps=0,
+                          features_draft=None)  # fmt: skip
+    mean, pooled = rng.normal(size=(1, HIDDEN)).astype(np.float32), rng.normal(size=(1, HIDDEN)).astype(np.float32)
+    con.step(StepFeatures(layer=1, sink=1, hidden=HIDDEN, prompt_ids=["a"], prompt=mean, prompt_n=[5],
+                          prompt_missing=[0], prompt_egtp=pooled), {"a": seq})  # fmt: skip
+    assert seq.pred_source == "probe" and counts["pred_probe"] == 1 and not saved
+    np.testing.assert_allclose(seq.estimate.quantiles, egtp.predict_features(pooled)[0].quantiles)
+    w = RecordWriter(tmp_path / "r.sqlite")
+    con.write(w, seq)
+    w.close()
+    import sqlite3
+
+    (spec,) = sqlite3.connect(tmp_path / "r.sqlite").execute(f"SELECT spec FROM {EGTP_FEATURE_TABLE}").fetchone()
+    assert '"pooling":"egtp"' in spec

@@ -97,7 +97,7 @@ def test_bad_xargs_name_the_field(xargs, field):
 def _ns(**kw):
     base = dict(scheduler="vllm", policy=None, param=[], predictor=None, records=None,
                 plugin_stats=None, plugin_config=None, features=False, feature_layer=None,
-                probe=None, refine=None, refine_at=None, draft_layer=None, draft_probe=None)  # fmt: skip
+                probe=None, refine=None, refine_at=None, draft_layer=None, draft_probe=None, egtp=False)  # fmt: skip
     return argparse.Namespace(**(base | kw))
 
 
@@ -135,3 +135,6 @@ def test_launch_flags():
         plugin_from_args(_ns(scheduler="presched", draft_probe=Path("d.npz")))
     assert plugin_from_args(_ns(scheduler="presched", features=True, draft_layer=3, draft_probe=Path("d.npz"))) == {
         "features": {"draft_layer": 3}, "draft_probe": "d.npz"}
+    with pytest.raises(ValueError, match="--egtp needs --features"):
+        plugin_from_args(_ns(scheduler="presched", egtp=True))
+    assert plugin_from_args(_ns(scheduler="presched", features=True, egtp=True)) == {"features": {"egtp": True}}

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from presched.engine.plugin.features import unpack
-from presched.engine.plugin.records import FEATURE_TABLE
+from presched.engine.plugin.records import EGTP_FEATURE_TABLE, FEATURE_TABLE
 
 PROMPT_LENS = (41, 57, 73, 90)
 OUTPUT = 150
@@ -44,10 +44,10 @@ def _prompts(lens, seed):
     return [[1] + rng.integers(3, 4096, n - 1).tolist() for n in lens]
 
 
-def _reference(tiny_model, prompts):
+def _reference(tiny_model, prompts, pooling="mean"):
     from presched.predict.probe.features import PromptFeaturizer
 
-    return PromptFeaturizer(tiny_model, layer=None, sink=1).encode_ids(prompts)["mean"]
+    return PromptFeaturizer(tiny_model, layer=None, sink=1).encode_ids(prompts)[pooling]
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def refine(tiny_model, tmp_path_factory):
 def hooked(engine_factory, tmp_path_factory, probe, refine):
     d = tmp_path_factory.mktemp("hook")
     rec = d / "rec.sqlite"
-    plugin = {"policy": "fcfs", "records": str(rec), "features": {"sink_tokens": 1},
+    plugin = {"policy": "fcfs", "records": str(rec), "features": {"sink_tokens": 1, "egtp": True},
               "probe": str(probe[1]), "refine": str(refine[1]), "refine_at": [REFINE_AT],
               "stats": str(d / "stats.json")}  # fmt: skip
     eng = engine_factory(plugin=plugin, max_num_seqs=4, num_gpu_blocks_override=5, max_model_len=512,
@@ -110,15 +110,15 @@ async def _run(url: str, prompts: list[list[int]], xargs=None, output: int = OUT
         return await asyncio.gather(*(one(p, x) for p, x in zip(prompts, xargs or [None] * len(prompts))))
 
 
-def _rows(rec, n: int) -> list[tuple]:
+def _rows(rec, n: int, table: str = FEATURE_TABLE) -> list[tuple]:
     q = (f"SELECT r.prompt_tokens, r.output_tokens, r.preemptions, f.spec, f.n, f.missing, "
          f"f.pools, f.steps, f.vec, r.pred_source, r.pred_mean, r.pred_quantiles "
-         f"FROM requests r JOIN {FEATURE_TABLE} f ON f.id = r.id")  # fmt: skip
+         f"FROM requests r JOIN {table} f ON f.id = r.id")  # fmt: skip
     t0 = time.monotonic()
     while True:  # a row is written when vLLM frees the request, just after the response
         with sqlite3.connect(rec) as c:
             rows = c.execute(q).fetchall() if c.execute(
-                f"SELECT name FROM sqlite_master WHERE name = '{FEATURE_TABLE}'").fetchone() else []
+                f"SELECT name FROM sqlite_master WHERE name = '{table}'").fetchone() else []
         if len(rows) >= n or time.monotonic() - t0 > 10:
             return rows
         time.sleep(0.1)
@@ -153,6 +153,18 @@ def test_pooled_prompt_states_equal_the_reference_under_chunks_batching_and_pree
     preempted = [r for r in rows.values() if r[2] > 0]
     assert preempted, "the forced-short KV cache preempted nothing: the reset path is untested"
     assert any(r[6] > 1 for r in preempted), "no request was recomputed after its prompt pooled"
+    # EGTP (features.egtp): the entropy-weighted pools of the same positions, with entropies of
+    # vLLM's own logits at every prompt position, equal transformers' (its logits, its entropies).
+    # The random model's entropies are all ~8.27 nats (near uniform over 4,096 tokens), so EGTP
+    # moves the mean by only ~2e-5 of its norm: what is compared is that move, which an entropy
+    # taken one position off changes by ~50 % (measured; the fp32 difference here is under 1 %)
+    egtp = {r[0]: r for r in _rows(rec, len(prompts), EGTP_FEATURE_TABLE)}
+    for ids, want, mean in zip(prompts, _reference(tiny_model, prompts, "egtp"), ref):
+        row = egtp[len(ids)]
+        assert json.loads(row[3])["pooling"] == "egtp" and (row[4], row[5]) == (len(ids) - 1, 0)
+        move, got = want - mean, unpack(row[8]) - unpack(rows[len(ids)][8])
+        err = np.linalg.norm(got - move) / np.linalg.norm(move)
+        assert err < 0.15, (len(ids), err)
 
 
 def test_a_requests_own_prediction_wins_over_the_probe(hooked, tiny_model, probe):

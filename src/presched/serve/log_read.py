@@ -174,16 +174,17 @@ def load_log_requests(
 
 
 def prompt_features(conn) -> dict[str, dict]:
-    """{request id: {FeatureSpec key: vector}} from the engine plugin's `prompt_features` and
-    `draft_features` tables (records.py; the hidden-state hooks' pooled prompt states, the
-    served model's and the draft model's), {} when the log has neither."""
+    """{request id: {FeatureSpec key: vector}} from the engine plugin's `prompt_features`,
+    `egtp_features` and `draft_features` tables (records.py; the hidden-state hooks' pooled
+    prompt states: mean and EGTP of the served model, mean of the draft model), {} when the log
+    has none."""
     from presched.engine.plugin.features import unpack
-    from presched.engine.plugin.records import DRAFT_FEATURE_TABLE, FEATURE_TABLE
+    from presched.engine.plugin.records import DRAFT_FEATURE_TABLE, EGTP_FEATURE_TABLE, FEATURE_TABLE
     from presched.predict.probe.spec import FeatureSpec
 
     out: dict[str, dict] = {}
     keys: dict[str, str] = {}
-    for table in (FEATURE_TABLE, DRAFT_FEATURE_TABLE):
+    for table in (FEATURE_TABLE, EGTP_FEATURE_TABLE, DRAFT_FEATURE_TABLE):
         if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                             (table,)).fetchone():  # fmt: skip
             continue

@@ -48,6 +48,7 @@ class FeatureConfig(Config):
     layer: int | None = Field(None, ge=0, description="Decoder layer whose output (hidden + residual, the residual stream) is read; None: n_layers // 2. Checked against the model when the worker loads it.")
     sink_tokens: int = Field(1, ge=0, description="Leading prompt positions left out of the pooled prompt state (SmolLM2's first token carries a massive activation that would dominate a plain mean).")
     steps: bool = Field(True, description="Also ship the state of the last position of every request that sampled a token in a step (the per-step state); False: only the pooled prompt state.")
+    egtp: bool = Field(False, description="Also pool the prompt state weighted by the entropy of the model's own next-token distribution at each position (EGTP), for an `egtp` probe file. vLLM computes logits only where it samples, so the worker applies the LM head to the final hidden state of every pooled prompt row: about vocab x hidden multiply-adds per prompt token (SmolLM2's LM head is 28 M of its 135 M parameters: about a quarter more multiply-adds per prompt token; the hook's time is in the stats, features_worker_s).")
     draft_layer: int | None = Field(None, ge=0, description="Also pool the prompt state at this decoder layer of the speculative-decoding draft model (OUTLETS; needs --speculative-config with method draft_model), the same way (mean without the sink tokens), for `draft_probe`. None: off. Checked against the draft model when the worker loads it.")
 
 

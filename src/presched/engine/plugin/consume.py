@@ -10,8 +10,9 @@ Made by `PreschedScheduler` when the plugin config has `features`. For each step
 3. their counts go into the scheduler's stats counters (`pred_probe`, `probe_errors`, ...);
    an error count that moved asks for the stats file to be rewritten.
 
-At a request's end `write` puts its pooled states in the records (`prompt_features`, and
-`draft_features` for the draft model's), with the `FeatureSpec` of what the hooks pool.
+At a request's end `write` puts its pooled states in the records (`prompt_features`,
+`egtp_features` for the EGTP pool, `draft_features` for the draft model's), with the
+`FeatureSpec` of what the hooks pool.
 """
 
 from __future__ import annotations
@@ -55,13 +56,15 @@ class FeatureConsumer:
             self.draft_probe = EngineProbe(cfg.draft_probe, cfg.features, Path(dmc.model).name,
                                            *_layers_hidden(dmc.hf_config), role="draft")  # fmt: skip
         self.spec_json: str | None = None  # FeatureSpec JSON of the pooled states, from the first features
+        self.egtp_spec_json: str | None = None
         self.draft_spec_json: str | None = None
 
     def step(self, sf: StepFeatures, seqs: dict) -> None:
         deliver(sf, seqs)
         for runner, name, ids, arg in (
             (self.draft_probe, "draft_probe", sf.draft_ids, sf.draft),
-            (self.probe, "probe", sf.prompt_ids, sf.prompt),
+            (self.probe, "probe", sf.prompt_ids,
+             sf.prompt_egtp if self.probe is not None and self.probe.pooling == "egtp" else sf.prompt),
             (self.refine, "refine", sf.step_ids, None),
         ):  # fmt: skip
             if runner is None or not ids:
@@ -78,6 +81,7 @@ class FeatureConsumer:
         self.counts["features_worker_steps"] = sf.worker_steps
         if self.spec_json is None:
             self.spec_json = _spec_json(self.model, sf.layer, sf.hidden, sf.sink, "served")
+            self.egtp_spec_json = _spec_json(self.model, sf.layer, sf.hidden, sf.sink, "served", "egtp")
         if self.draft_spec_json is None and sf.draft_model is not None:
             self.draft_spec_json = _spec_json(sf.draft_model, sf.draft_layer, sf.draft_hidden, sf.sink, "draft")
 
@@ -85,12 +89,14 @@ class FeatureConsumer:
         """The seq's pooled prompt states into the records (a freed request)."""
         if seq.features_prompt is not None and self.spec_json is not None:
             records.write_features(seq, self.spec_json)
+        if seq.features_egtp is not None and self.egtp_spec_json is not None:
+            records.write_features(seq, self.egtp_spec_json, egtp=True)
         if seq.features_draft is not None and self.draft_spec_json is not None:
             records.write_draft_features(seq, self.draft_spec_json)
 
 
-def _spec_json(model: str, layer: int, hidden: int, sink: int, role: str) -> str:
+def _spec_json(model: str, layer: int, hidden: int, sink: int, role: str, pooling: str = "mean") -> str:
     from presched.predict.probe.spec import FeatureSpec
 
-    return FeatureSpec(model=model, layer=layer, hidden=hidden, pooling="mean", sink=sink,
+    return FeatureSpec(model=model, layer=layer, hidden=hidden, pooling=pooling, sink=sink,
                        role=role).model_dump_json()  # fmt: skip

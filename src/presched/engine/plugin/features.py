@@ -65,13 +65,22 @@ def split_rows(req_ids: Sequence[str], num_scheduled: Mapping[str, int],
 
 
 class Pool:
-    """One request's running prompt sum."""
+    """One request's running prompt sum (and, with entropy weights, its weighted sum)."""
 
-    __slots__ = ("sum", "n", "pos", "missing")
+    __slots__ = ("sum", "n", "pos", "missing", "wsum", "w")
 
     def __init__(self, zero, start: int, sink: int) -> None:
         self.sum, self.n, self.pos = zero, 0, start
         self.missing = max(start - sink, 0)  # non-sink positions before `start`, never seen
+        self.wsum, self.w = zero, 0.0  # sum of w_i * row_i and of w_i (EGTP: w_i = entropy)
+
+    def mean(self):
+        return self.sum / self.n
+
+    def weighted(self):
+        """EGTP's pool: sum w_i row_i / sum w_i; the plain mean where every weight is 0 (as
+        predict/probe/features.py `pool_entropy`)."""
+        return self.wsum / self.w if self.w > 0 else self.mean()
 
 
 class PromptPools:
@@ -87,10 +96,11 @@ class PromptPools:
         for rid in req_ids:
             self.pools.pop(rid, None)
 
-    def add(self, pieces: Sequence[Piece], prompt_len: Mapping[str, int], rows) -> list:
-        """Add one step's prompt rows (`rows`: the step's tensor); [(req_id, Pool)] of the
-        prompts completed in it. A request whose position is not where its sum stopped (a
-        recompute from 0 after preemption, or a gap) starts a new sum."""
+    def add(self, pieces: Sequence[Piece], prompt_len: Mapping[str, int], rows, weights=None) -> list:
+        """Add one step's prompt rows (`rows`: the step's tensor; `weights`: one non-negative
+        weight per row, or None); [(req_id, Pool)] of the prompts completed in it. A request
+        whose position is not where its sum stopped (a recompute from 0 after preemption, or a
+        gap) starts a new sum."""
         done = []
         for pc in pieces:
             if pc.start >= prompt_len[pc.req_id]:
@@ -102,6 +112,10 @@ class PromptPools:
                 lo, hi = pc.pool
                 pool.sum = pool.sum + rows[lo:hi].sum(0, dtype=self.dtype)
                 pool.n += hi - lo
+                if weights is not None:
+                    w = weights[lo:hi]
+                    pool.wsum = pool.wsum + (rows[lo:hi] * w[:, None]).sum(0, dtype=self.dtype)
+                    pool.w += float(w.sum())
             pool.pos = pc.start + pc.rows
             if pc.prompt_done:
                 done.append((pc.req_id, self.pools.pop(pc.req_id)))
@@ -121,6 +135,7 @@ class StepFeatures:
     prompt: np.ndarray | None = None  # (len(prompt_ids), hidden) float32
     prompt_n: list[int] = field(default_factory=list)  # positions pooled
     prompt_missing: list[int] = field(default_factory=list)  # non-sink positions not seen
+    prompt_egtp: np.ndarray | None = None  # (len(prompt_ids), hidden): EGTP pools (`features.egtp`)
     step_ids: list[str] = field(default_factory=list)
     step: np.ndarray | None = None  # (len(step_ids), hidden) float32
     worker_s: float = 0.0  # the hook's time in the worker so far (hook, split, copies), seconds
@@ -136,9 +151,10 @@ class StepFeatures:
     draft_missing: list[int] = field(default_factory=list)
 
     def prompts(self):
-        """(req_id, vector, n pooled, n missing) per completed prompt."""
+        """(req_id, vector, n pooled, n missing, EGTP vector or None) per completed prompt."""
         for i, rid in enumerate(self.prompt_ids):
-            yield rid, self.prompt[i], self.prompt_n[i], self.prompt_missing[i]
+            egtp = None if self.prompt_egtp is None else self.prompt_egtp[i]
+            yield rid, self.prompt[i], self.prompt_n[i], self.prompt_missing[i], egtp
 
     def steps(self):
         """(req_id, vector) per request that sampled a token."""
@@ -183,15 +199,16 @@ def unpack(blob: bytes) -> np.ndarray:
 
 def deliver(sf: StepFeatures, seqs: Mapping[str, object]) -> None:
     """Keep one step's features on the scheduler's seqs (`EngineSeq`, by request id): the pooled
-    prompt state replaces `features_prompt` (a preempted request ships it again after its
-    recompute), the per-step state replaces `features_step` and counts in `feature_steps`; its
+    prompt state replaces `features_prompt` (its EGTP pool `features_egtp`; a preempted request
+    ships them again after its recompute), the per-step state replaces `features_step` and counts in `feature_steps`; its
     token number g (the state of the position reading generated token g, or of the prompt's
     last position when g = 0) goes in `features_step_g`; the draft model's pooled prompt state
     replaces `features_draft` (counted in `draft_pools`)."""
-    for rid, vec, n, missing in sf.prompts():
+    for rid, vec, n, missing, egtp in sf.prompts():
         seq = seqs.get(rid)
         if seq is not None:
             seq.features_prompt, seq.features_n, seq.features_missing = vec, n, missing
+            seq.features_egtp = egtp
             seq.feature_pools += 1
     for rid, vec in sf.steps():
         seq = seqs.get(rid)

@@ -1,9 +1,10 @@
-"""`EngineProbe`: a hidden-state probe (`presched train -p probe`) run in the engine core on the
-pooled prompt states the worker hook ships (plugin config `probe`, needs `features`).
+"""`EngineProbe`: a hidden-state probe (`presched train -p probe`, or `-p egtp` with
+`features.egtp`) run in the engine core on the pooled prompt states the worker hook ships
+(plugin config `probe`, needs `features`).
 
 Loaded once by the scheduler; refused at start (`PluginConfigError` naming `probe`) when the file
-is not a mean-pooled probe or its `FeatureSpec` (model folder name, layer, hidden size, sink)
-differs from what this engine's hook pools. `apply` runs the probe once per engine step on the
+is not a probe / egtp file (or an egtp file without `features.egtp`) or its `FeatureSpec` (model
+folder name, layer, hidden size, sink) differs from what this engine's hook pools. `apply` runs the probe once per engine step on the
 prompts pooled in that step (batched) and replaces each seq's estimate with its prediction.
 
 Precedence (module doc of estimates.py for the other two): a request's own `vllm_xargs`
@@ -61,13 +62,17 @@ class EngineProbe:
             raise PluginConfigError(f"{self.what}: {e}") from None
         ok = isinstance(pred, DraftProbe) if draft else (isinstance(pred, HiddenStateProbe)
                                                          and not isinstance(pred, DraftProbe))  # fmt: skip
-        if not ok or pred.pooling != "mean":
-            raise PluginConfigError(f"{self.what}: {path} holds a {pred.name!r} predictor; expected a "
-                                    f"mean-pooled {'draft-probe' if draft else 'probe'} "
-                                    f"(`presched train -p {'draft-probe' if draft else 'probe'}`)")  # fmt: skip
+        if not ok:
+            raise PluginConfigError(f"{self.what}: {path} holds a {pred.name!r} predictor; expected "
+                                    + ("a draft-probe (`presched train -p draft-probe`)" if draft else
+                                       "a probe or egtp (`presched train -p probe` / `-p egtp`)"))  # fmt: skip
+        if pred.pooling == "egtp" and not features.egtp:
+            raise PluginConfigError(f"{self.what}: {path} is an egtp probe; it needs features.egtp: true "
+                                    "(the entropy-weighted pool)")  # fmt: skip
+        self.pooling = pred.pooling  # which of the step's pooled vectors `apply` gets
         layer = features.draft_layer if draft else features.layer
         layer = layer if layer is not None else n_layers // 2
-        self.spec = FeatureSpec(model=model, layer=layer, hidden=hidden, pooling="mean",
+        self.spec = FeatureSpec(model=model, layer=layer, hidden=hidden, pooling=pred.pooling,
                                 sink=features.sink_tokens, role=role)  # fmt: skip
         try:
             pred.spec.check(self.spec, f"{self.what} ({path})")

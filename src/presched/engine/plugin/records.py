@@ -19,7 +19,8 @@ one row per freed request that has a pooled prompt state: `id` (the requests row
 pooled), `missing`, `pools` (pooled states received, > 1 after a recompute), `steps` (per-step
 states received), `vec` (little-endian float32 bytes, `features.unpack`). With
 `features.draft_layer`, `draft_features` has the same columns for the draft model's pooled
-prompt state (its spec's role 'draft', `steps` 0).
+prompt state (its spec's role 'draft', `steps` 0); with `features.egtp`, `egtp_features` for
+the entropy-weighted pool (spec pooling 'egtp').
 
 Each row is committed when its request is freed (WAL, synchronous=NORMAL: no fsync, tens of
 microseconds), so a killed engine loses none.
@@ -42,6 +43,7 @@ ALL_COLUMNS = {**COLUMNS, **EXTRA_COLUMNS}
 
 FEATURE_TABLE = "prompt_features"
 DRAFT_FEATURE_TABLE = "draft_features"  # the same columns, the draft model's pooled states (steps 0)
+EGTP_FEATURE_TABLE = "egtp_features"  # the same columns, the EGTP pools (`features.egtp`)
 FEATURE_COLUMNS: dict[str, str] = {"id": "TEXT PRIMARY KEY", "spec": "TEXT", "n": "INTEGER",
                                    "missing": "INTEGER", "pools": "INTEGER", "steps": "INTEGER",
                                    "vec": "BLOB"}  # fmt: skip
@@ -90,10 +92,12 @@ class RecordWriter:
         self.conn.execute(self._insert, [row.get(n) for n in self._names])  # autocommit
         self.rows += 1
 
-    def write_features(self, seq, spec_json: str) -> None:
-        """The `prompt_features` row of a freed request (an EngineSeq with a pooled state)."""
-        self._feature_row(FEATURE_TABLE, [seq.id, spec_json, seq.features_n, seq.features_missing,
-                                          seq.feature_pools, seq.feature_steps, seq.features_prompt])  # fmt: skip
+    def write_features(self, seq, spec_json: str, egtp: bool = False) -> None:
+        """The `prompt_features` row of a freed request (an EngineSeq with a pooled state), or
+        with `egtp` its `egtp_features` row (the entropy-weighted pool of the same positions)."""
+        table, vec = (EGTP_FEATURE_TABLE, seq.features_egtp) if egtp else (FEATURE_TABLE, seq.features_prompt)
+        self._feature_row(table, [seq.id, spec_json, seq.features_n, seq.features_missing,
+                                  seq.feature_pools, seq.feature_steps, vec])  # fmt: skip
 
     def write_draft_features(self, seq, spec_json: str) -> None:
         """The `draft_features` row of a freed request with the draft model's pooled state."""

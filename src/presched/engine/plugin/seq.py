@@ -26,6 +26,7 @@ Hidden-state features (plugin config `features`, worker.py), None / 0 without th
     feature_pools    how often a pooled prompt state arrived (1 + recomputes after preemption)
     features_step    state at the last generated token; feature_steps: how many arrived;
                      features_step_g: that token's number g (the step reads token g)
+    features_egtp    the EGTP (entropy-weighted) pool of the same positions (`features.egtp`)
     features_draft   the draft model's pooled prompt state (`features.draft_layer`); draft_n,
                      draft_missing, draft_pools as features_n, features_missing, feature_pools
 
@@ -49,7 +50,8 @@ class EngineSeq:
                  "first_scheduled", "first_token", "preemptions", "target", "recomputed_tokens",
                  "finish", "pred_source", "computed", "features_prompt", "features_n",
                  "features_missing", "feature_pools", "features_step", "feature_steps",
-                 "features_step_g", "features_draft", "draft_n", "draft_missing", "draft_pools")  # fmt: skip
+                 "features_step_g", "features_draft", "draft_n", "draft_missing", "draft_pools",
+                 "features_egtp")  # fmt: skip
 
     def __init__(self, vreq: Any, estimate: Any = None, pred_source: str | None = None) -> None:
         self.vreq = vreq
@@ -79,7 +81,7 @@ class EngineSeq:
         self.features_prompt = self.features_step = None
         self.features_n = self.features_missing = self.feature_pools = self.feature_steps = 0
         self.features_step_g = 0
-        self.features_draft = None
+        self.features_draft = self.features_egtp = None
         self.draft_n = self.draft_missing = self.draft_pools = 0
 
     @property

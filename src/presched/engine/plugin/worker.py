@@ -16,6 +16,10 @@ ships the state of its last verified position. They travel as `StepFeatures` on 
 `ModelRunnerOutput` (V1 returns it from `sample_tokens()`), pickled by vLLM's own worker ->
 engine-core queue, to `PreschedScheduler.update_from_output`.
 
+With `features.egtp` the hook also keeps the final norm's rows and, for the pooled prompt rows
+only, applies vLLM's own `compute_logits` to them (in chunks) for the entropy of the next-token
+distribution at each position: the weights of EGTP's pool, summed like the mean across chunks.
+
 With `features.draft_layer` (speculative decoding by a draft model) a `DraftHook` (draft.py)
 pools the draft model's prompt states the same way; they ship in the same `StepFeatures`.
 
@@ -41,6 +45,7 @@ from presched.engine.plugin.draft import DraftHook
 from presched.engine.plugin.features import FEATURES_ATTR, PromptPools, StepFeatures, split_rows
 
 log = logging.getLogger("presched.engine.plugin")
+ENTROPY_CHUNK = 256  # prompt rows per LM-head call for EGTP's entropies (bounds the logits' memory)
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -73,6 +78,14 @@ class FeatureHook:
         layers[self.layer].register_forward_hook(self._hook)
         log.info("presched features: hook on decoder layer %d of %d (hidden %d, sink %d, steps %s)",
                  self.layer, n, self.hidden, self.sink, self.steps)  # fmt: skip
+        self.final: torch.Tensor | None = None  # the final norm's rows (EGTP's entropies)
+        self.egtp = cfg.egtp
+        if self.egtp:
+            norm = getattr(runner.model.model, "norm", None)
+            if not isinstance(norm, torch.nn.Module) or not hasattr(runner.model, "compute_logits"):
+                raise PluginConfigError(f"features.egtp: {type(runner.model).__name__} has no final norm "
+                                        "(model.model.norm) and compute_logits (the Llama family layout)")  # fmt: skip
+            norm.register_forward_hook(self._final_hook)
         self.draft = None
         if cfg.draft_layer is not None:
             self.draft = DraftHook(runner, cfg.draft_layer, self.sink, decoder_layers)
@@ -98,8 +111,28 @@ class FeatureHook:
             else:
                 self.rows = out
 
+    def _final_hook(self, _module, _inputs, out) -> None:
+        self.final = out[0] if isinstance(out, tuple) else out
+
+    def entropies(self, pieces, n_rows: int) -> torch.Tensor:
+        """One weight per row of the step: the entropy (nats) of the model's next-token
+        distribution at each pooled prompt row (softmax of vLLM's own `compute_logits` on the
+        final norm's output), 0 elsewhere; in chunks of ENTROPY_CHUNK rows."""
+        final, self.final = self.final, None
+        w = torch.zeros(n_rows, dtype=torch.float32, device=self.device)
+        idx = [i for pc in pieces if pc.pool is not None for i in range(*pc.pool)]
+        if not idx or final is None:
+            return w
+        idx_t = torch.tensor(idx, device=final.device)
+        for k in range(0, len(idx), ENTROPY_CHUNK):
+            part = idx_t[k : k + ENTROPY_CHUNK]
+            logp = torch.log_softmax(self.runner.model.compute_logits(final.index_select(0, part)).float(), dim=-1)
+            w[part] = (-(logp.exp() * logp).sum(-1)).clamp_min(0)
+        return w
+
     def begin(self) -> None:
         self.rows, self.pending, self._split_of = None, None, None  # a warm-up or profile forward left its rows here
+        self.final = None
         if self.draft is not None:
             self.draft.begin()
 
@@ -129,7 +162,8 @@ class FeatureHook:
         plen = {r: reqs[r].num_prompt_tokens for r in order}
         spec = {r: len(t) for r, t in so.scheduled_spec_decode_tokens.items()}
         pieces = split_rows(order, so.num_scheduled_tokens, computed, plen, self.sink, spec)
-        done = self.pools.add(pieces, plen, hs)
+        weights = self.entropies(pieces, hs.shape[0]) if self.egtp else None
+        done = self.pools.add(pieces, plen, hs, weights)
         last = None
         if self.steps and pieces:
             idx = torch.tensor([pc.last for pc in pieces], device=hs.device)
@@ -168,13 +202,15 @@ class FeatureHook:
             drafted = [(r, p) for r, p in drafted if p.n > 0]
             if drafted:
                 sf.draft_ids = [r for r, _ in drafted]
-                sf.draft = torch.stack([p.sum / p.n for _, p in drafted]).cpu().numpy()
+                sf.draft = torch.stack([p.mean() for _, p in drafted]).cpu().numpy()
                 sf.draft_n = [p.n for _, p in drafted]
                 sf.draft_missing = [p.missing for _, p in drafted]
         done = [(r, p) for r, p in done if p.n > 0]
         if done:
             sf.prompt_ids = [r for r, _ in done]
-            sf.prompt = torch.stack([p.sum / p.n for _, p in done]).cpu().numpy()
+            sf.prompt = torch.stack([p.mean() for _, p in done]).cpu().numpy()
+            if self.egtp:
+                sf.prompt_egtp = torch.stack([p.weighted() for _, p in done]).cpu().numpy()
             sf.prompt_n = [p.n for _, p in done]
             sf.prompt_missing = [p.missing for _, p in done]
         if last is not None:
