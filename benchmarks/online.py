@@ -40,21 +40,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from online_streams import calibrated_reference, predict_all, run_online, score, sources_shift, swap_shift, window_scores  # noqa: E402
 
-from presched.predict import LEVELS  # noqa: E402
+from presched.predict.metrics import coverage_noise_floor_pts  # noqa: E402
 from presched.predict.online import OnlineConfig  # noqa: E402
 from presched.predict.text_gbm import TextGBM  # noqa: E402
 
 WINDOW = 200
 QUICK_GBM = {"folds": 2, "svd": 8, "max_rounds": 60, "scale_folds": 2}
-
-
-def noise_floor(n: int = WINDOW, trials: int = 2000, seed: int = 0) -> float:
-    """Mean over trials of max_j |coverage_j - level_j| (pts, q10..q90) of n exactly calibrated draws."""
-    rng = np.random.default_rng(seed)
-    lv = np.array([v for v in LEVELS if v <= 0.9])
-    u = rng.random((trials, n))
-    cov = (u[:, :, None] <= lv).mean(axis=1)
-    return float(np.abs(cov - lv).max(axis=1).mean() * 100)
 
 
 def run_shift(shift, gbm_params: dict, cfg: OnlineConfig, inflight: int, batch: int) -> dict:
@@ -106,7 +97,7 @@ def figures(a: dict, b: dict, c: dict) -> dict[str, float]:
         "frozen_coverage_err_after_500": at(wa["frozen"], 500, "coverage_err_max_pts"),
         "online_coverage_err_mean_after_500": at(wa["online"], 500, "coverage_err_mean_pts"),
         "online_coverage_err_after_500_swap": at(b["after"]["online"], 500, "coverage_err_max_pts"),
-        "coverage_noise_floor_pts": noise_floor(),
+        "coverage_noise_floor_pts": coverage_noise_floor_pts(WINDOW),
         "calibrated_coverage_err_after_500": at(a["calibrated_reference"]["after"], 500, "coverage_err_max_pts"),
         "calibrated_coverage_err_windows_mean": float(np.nanmean([w["coverage_err_max_pts"] for w in a["calibrated_reference"]["windows"]])),
         "false_alarms_before_swap": float(before_b + before_c),

@@ -43,7 +43,7 @@ import numpy as np
 from presched.predict.base import predictor_class
 from presched.predict.estimate import LEVELS
 from presched.predict.evaluate import ensure_registered
-from presched.predict.metrics import score_all, ssjf_edges
+from presched.predict.metrics import coverage_noise_floor_pts, score_all, ssjf_edges
 from presched.predict.probe import EGTP, DraftProbe, Probe
 from presched.workload.paths import data_dir
 from presched.workload.request import Request
@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                                     a.answers or cache_dir() / "smollm2_answers.jsonl",
                                     a.step_cache or cache_dir() / "probe_step_features.npz", a.layer, MODEL)  # fmt: skip
     out = {"config": config, "layer": a.layer, "draft": {"model": MODEL, "layer": dlayer, "self_draft": True}, "n_prompts": len(rows), "n_test": len(test), "n_train": len(train),
-           "n_validate": len(val), "capped_fraction": capped, "results": results, "refine": refine}  # fmt: skip
+           "n_validate": len(val), "capped_fraction": capped, "results": results, "refine": refine,
+           # what a perfectly calibrated predictor scores on this many test prompts (sampling noise)
+           "coverage_noise_floor_pts": coverage_noise_floor_pts(len(test))}  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1))
     plot(results, a.out.with_suffix(".png"))
@@ -201,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"figure: egtp_tau = {results['egtp']['kendall_tau_b']:.4f}")
     print(f"figure: draft_probe_tau = {results['draft-probe']['kendall_tau_b']:.4f}")
     print(f"figure: probe_coverage_err_pts = {results['probe']['max_coverage_error_pts']:.2f}")
+    print(f"figure: coverage_noise_floor_pts = {out['coverage_noise_floor_pts']:.2f}")
     print(f"figure: probes_test_prompts = {len(test)}")
     for step, r in (refine or {}).get("steps", {}).items():
         print(f"figure: probe_refine{step}_tau = {r['refine_tau']:.4f}")

@@ -21,7 +21,8 @@ def test_probes_run_on_the_cached_features_of_each_prompt(data_dir, tmp_path, ca
     text = capsys.readouterr().out
     figs = {ln.split(" = ")[0][8:]: float(ln.split(" = ")[1]) for ln in text.splitlines() if ln.startswith("figure: ")}
     assert set(figs) == {"probe_step0_tau", "textgbm_tau_same", "egtp_tau", "draft_probe_tau",
-                         "probe_coverage_err_pts", "probes_test_prompts"}  # fmt: skip
+                         "probe_coverage_err_pts", "coverage_noise_floor_pts", "probes_test_prompts"}  # fmt: skip
+    assert 12 < figs["coverage_noise_floor_pts"] < 20  # 20 test prompts: sampling noise alone
     assert figs["probes_test_prompts"] == n["test"] == 20
     assert figs["probe_step0_tau"] > 0.8 and figs["egtp_tau"] > 0.8  # the planted column, read per prompt
     # self-draft at the probe's layer: the draft's vectors are the probe's, so the same ranking

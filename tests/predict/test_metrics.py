@@ -104,3 +104,17 @@ def test_score_all_targets_single_samples_and_cap():
     assert s["coverage_samples"][0] == pytest.approx(1 / 5)
     assert len(s["coverage"]) == len(LEVELS)
     assert s["kendall_tau_b_within_model"] == pytest.approx(1.0)  # m1: a < b; m2: one row -> nan, skipped
+
+
+def test_coverage_noise_floor_closed_form_and_scaling():
+    from presched.predict.metrics import coverage_noise_floor_pts
+
+    # one request: u in a decile (0.1k, 0.1(k+1)) leaves max(0.1k, 0.9 - 0.1k) as the worst
+    # level's error, 0.9 in the two outer deciles: E = 0.18 + 0.1 * (0.8+0.7+0.6+0.5)*2 = 0.70
+    assert abs(coverage_noise_floor_pts(1, trials=40000) - 70.0) < 0.6
+    floors = [coverage_noise_floor_pts(n) for n in (50, 200, 800)]
+    assert floors[0] > floors[1] > floors[2]
+    assert 1.8 < floors[1] / floors[2] < 2.2  # ~ 1 / sqrt(n)
+    assert abs(floors[1] - 4.87) < 0.05  # the figure benchmarks/online.py prints (seed 0)
+    with pytest.raises(ValueError, match="^n: expected"):
+        coverage_noise_floor_pts(0)

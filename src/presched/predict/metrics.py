@@ -185,6 +185,19 @@ def max_coverage_error_pts(cov) -> float:
     return float(100 * np.max(np.abs(cov[list(CENTRAL)] - _L[list(CENTRAL)])))
 
 
+def coverage_noise_floor_pts(n: int, trials: int = 2000, seed: int = 0) -> float:
+    """What `max_coverage_error_pts` scores for a perfectly calibrated predictor on n requests,
+    from sampling noise alone: the mean over `trials` of max over q10...q90 of |coverage - level|
+    for n exact uniform PIT draws (seeded). ~4.9 pts at n = 200; shrinks like 1 / sqrt(n)."""
+    if not 1 <= n <= 10**6:
+        raise ValueError(f"n: expected 1..1000000 requests, got {n}")
+    rng = np.random.default_rng(seed)
+    lv = _L[list(CENTRAL)]
+    u = rng.random((trials, n))
+    cov = (u[:, :, None] <= lv).mean(axis=1)
+    return float(np.abs(cov - lv).max(axis=1).mean() * 100)
+
+
 # --- everything at once -------------------------------------------------------------------------
 def targets_and_samples(requests: Sequence[Request]) -> tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]:
     """(y, samples, first, keep) for scoring: y = mean of uncapped samples (nan if none),
