@@ -204,3 +204,17 @@ def test_the_consumer_gives_an_egtp_probe_the_egtp_pools(tmp_path):
 
     (spec,) = sqlite3.connect(tmp_path / "r.sqlite").execute(f"SELECT spec FROM {EGTP_FEATURE_TABLE}").fetchone()
     assert '"pooling":"egtp"' in spec
+
+
+def test_start_engine_refuses_draft_features_without_a_draft_model_before_vllm_starts(
+        tiny_model, draft_file, tmp_path):  # fmt: skip
+    from presched.engine.launch import start_engine
+
+    log = tmp_path / "engine.log"
+    with pytest.raises(PluginConfigError, match=r"^features.draft_layer: needs a draft model"):
+        start_engine(tiny_model, plugin={"features": {"draft_layer": 1}}, log_path=log)
+    # with the draft model named, its probe file is checked against the draft model's config
+    with pytest.raises(PluginConfigError, match=r"^draft_probe \(.*model: fitted on 'tiny-draft', got 'tiny-llama'"):
+        start_engine(tiny_model, plugin={"features": {"draft_layer": 0}, "draft_probe": str(draft_file)},
+                     draft_model=tiny_model, log_path=log)  # fmt: skip
+    assert not log.exists()

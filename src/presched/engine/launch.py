@@ -238,32 +238,9 @@ def start_engine(
             raise ValueError(f"num_speculative_tokens must be in 1..16, got {num_speculative_tokens}")
     plugin_env, features = {}, False
     if plugin is not None:
-        from presched.engine.plugin.config import PluginConfigError, build_policy, parse_plugin_config
+        from presched.engine.plugin.preflight import preflight
 
-        cfg = parse_plugin_config(dict(plugin))
-        build_policy(cfg)  # the engine builds it again; this fails fast, naming the field
-        if cfg.probe is not None:  # the same check the engine's scheduler makes, before vLLM starts
-            from presched.engine.plugin.probe import EngineProbe
-
-            hf = json.loads((model_dir / "config.json").read_text())
-            EngineProbe(cfg.probe, cfg.features, model_dir.name, int(hf["num_hidden_layers"]),
-                        int(hf["hidden_size"]))  # fmt: skip
-        if cfg.refine is not None:  # likewise for probe-refine
-            from presched.engine.plugin.refine import EngineRefine
-
-            hf = json.loads((model_dir / "config.json").read_text())
-            EngineRefine(cfg.refine, cfg.features, cfg.refine_at, model_dir.name,
-                         int(hf["num_hidden_layers"]), int(hf["hidden_size"]))  # fmt: skip
-        if (cfg.features is not None and cfg.features.draft_layer is not None and draft_model is None
-                and "--speculative-config" not in extra_args):  # fmt: skip
-            raise PluginConfigError("features.draft_layer: needs a draft model (draft_model / "
-                                    "--draft-model): the engine would refuse to start")  # fmt: skip
-        if cfg.draft_probe is not None:  # likewise for the draft model's probe
-            from presched.engine.plugin.probe import EngineProbe
-
-            hf = json.loads((draft_model / "config.json").read_text())
-            EngineProbe(cfg.draft_probe, cfg.features, draft_model.name, int(hf["num_hidden_layers"]),
-                        int(hf["hidden_size"]), role="draft")  # fmt: skip
+        cfg = preflight(plugin, model_dir, draft_model, "--speculative-config" in extra_args)
         plugin_env["PRESCHED_PLUGIN_CONFIG"] = cfg.model_dump_json()
         features = cfg.features is not None
     port = port or free_port()
