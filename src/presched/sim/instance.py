@@ -209,9 +209,7 @@ class Instance:
         max_step = t0 + s * (k - 1)
         caching = self.sched.caching
         if caching:  # every step's blocks are taken before anyone finishes, as step by step:
-            for seq in seqs:  # a release must not spare an eviction the steps would have made
-                if seq.computed + k > seq.blocks * bs:
-                    kv.take(seq, kv.blocks_for(seq.computed + k) - seq.blocks)
+            kv.grow(seqs, k)  # a release must not spare an eviction the steps would have made
         for seq in seqs:
             if not caching and seq.computed + k > seq.blocks * bs:  # past the blocks it holds
                 kv.take(seq, kv.blocks_for(seq.computed + k) - seq.blocks)

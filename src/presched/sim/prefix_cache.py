@@ -88,6 +88,7 @@ class CachingBlockManager(BlockManager):
         self.prompt_hit_tokens = 0  # hits at each request's first admission (no recomputes)
         self.prompt_tokens = 0  # prompt tokens of the requests admitted the first time
         self._evicted_units = 0
+        self._hit: tuple = ((), 0, self.root, 0)  # lookup's result for acquire
 
     # --- per request, once, when it joins the instance ------------------------------------
     def prepare(self, seq: Seq) -> None:
@@ -116,11 +117,15 @@ class CachingBlockManager(BlockManager):
     # --- admission ------------------------------------------------------------------------
     def lookup(self, seq: Seq, total: int) -> tuple[int, int]:
         """(units hit, blocks of them that leave the free pool) for a waiting request with
-        `total` tokens; changes nothing."""
+        `total` tokens; changes nothing. It remembers where the hit ends (`_hit`) for
+        `acquire`, which the scheduler calls next if the request fits (nothing in between
+        changes the tree)."""
         keys = seq.keys
         if not keys:
             return 0, 0
-        most = min(len(keys), (total - 1) // seq.unit_tokens)
+        most = (total - 1) // seq.unit_tokens
+        if most > len(keys):
+            most = len(keys)
         units, revive = self._walk(keys, most)
         if revive and self.evictable > self.free:  # it met units nobody holds: some may be owed
             self._settle()  # to evictions (units in use never are)
@@ -128,7 +133,7 @@ class CachingBlockManager(BlockManager):
         return units, revive
 
     def _walk(self, keys: tuple[int, ...], most: int) -> tuple[int, int]:
-        node, i, revive = self.root, 0, 0
+        node, i, revive, m = self.root, 0, 0, 0
         while i < most:
             child = node.children.get(keys[i])
             if child is None:
@@ -139,9 +144,10 @@ class CachingBlockManager(BlockManager):
             if not child.ref:
                 revive += m * child.ub
             i += m
+            node = child
             if m < child.end - child.start:
                 break
-            node = child
+        self._hit = (keys, i, node, m)  # the deepest node met and the units matched in it
         return i, revive
 
     def acquire(self, seq: Seq, units: int, revive: int, total: int) -> int:
@@ -153,31 +159,29 @@ class CachingBlockManager(BlockManager):
             self.prompt_tokens += seq.prompt_tokens
         if not units:
             return 0
-        if revive and self.evictable > self.free:  # (`lookup` has settled already)
-            self._settle()
-        keys = seq.keys
-        node, i = self.root, 0
-        while i < units:
-            child = node.children[keys[i]]
-            if child.owner is not None:
-                self._claim(child)
-            m = common(child, keys, i, units)
-            if m < child.end - child.start:
-                child = self._split(child, m)
-            if not child.ref:
-                self.evictable -= child.blocks
-            child.ref += 1
-            i += m
-            node = child
+        keys, found, node, m = self._hit
+        if keys is not seq.keys or found != units:
+            raise RuntimeError("acquire without the lookup of the same request just before it")
+        if node.owner is not None:  # (an owned node is a leaf: only the deepest can be one)
+            self._claim(node)
+        if m < node.end - node.start:
+            node = self._split(node, m)
         seq.cache_node = node
+        root = self.root
+        while node is not root:  # the path from the root: every node on it is held once more
+            if not node.ref:
+                self.evictable -= (node.end - node.start) * node.ub
+            node.ref += 1
+            node = node.parent  # type: ignore[assignment]
         self.free -= revive
         used = self.num_blocks - self.free
         if used > self.peak_used:
             self.peak_used = used
-        seq.blocks = units * (seq.unit_tokens // self.block_size)
+        unit = seq.unit_tokens
+        seq.blocks = units * (unit // self.block_size)
         seq.cached_upto = units
-        seq.next_unit_end = (units + 1) * seq.unit_tokens if units < len(keys) else math.inf
-        hit = units * seq.unit_tokens
+        seq.next_unit_end = (units + 1) * unit if units < len(keys) else math.inf
+        hit = units * unit
         self.hit_tokens += hit
         if first:
             self.prompt_hit_tokens += hit
@@ -239,7 +243,8 @@ class CachingBlockManager(BlockManager):
         else:
             seq.cache_node = node
             if i < len(keys) and node.ref == 1 and not node.children and node.ub == ub:
-                view(node, keys, i, i)  # its own leaf: later units are appended lazily
+                if node.src is not keys or node.end != i:  # (a node made just now views them)
+                    view(node, keys, i, i)  # its own leaf: later units are appended lazily
                 node.owner = seq
                 seq.next_unit_end = math.inf
                 return
@@ -273,7 +278,9 @@ class CachingBlockManager(BlockManager):
             if node.ref or node.children or node.parent is None or node.stamp != stamp:
                 heapq.heappop(heap)  # stale: used again, extended, or gone
                 continue
-            t = min(node.end - node.start, -(-blocks // node.ub))
+            t = -(-blocks // node.ub)  # units that cover the blocks owed, or all of the node's
+            if t > node.end - node.start:
+                t = node.end - node.start
             node.end -= t
             b = t * node.ub
             self.evictable -= b
@@ -291,23 +298,25 @@ class CachingBlockManager(BlockManager):
     def release(self, seq: Seq) -> None:
         if self.evictable > self.free:
             self._settle()
-        still_used = 0
-        heap, clock, root = self._heap, self._clock, self.root
+        freed = seq.blocks  # less the blocks of its nodes that others still hold
         node = seq.cache_node
-        if node is not None and node.owner is not None:
-            self._sync(node)
-            node.owner = None
-        while node is not None and node is not root:  # deepest first
-            node.ref -= 1
-            if node.ref:
-                still_used += node.blocks
-            else:
-                self.evictable += node.blocks
-                node.stamp = next(clock)
-                if not node.children:
-                    heapq.heappush(heap, (node.stamp, node.stamp, node))
-            node = node.parent
-        self.free += seq.blocks - still_used
+        if node is not None:
+            if node.owner is not None:  # its own leaf: the units computed since, then let go
+                self._sync(node)
+                node.owner = None
+            root, clock = self.root, self._clock
+            while node is not root:  # deepest first
+                node.ref -= 1
+                b = (node.end - node.start) * node.ub
+                if node.ref:
+                    freed -= b
+                else:
+                    self.evictable += b
+                    node.stamp = stamp = next(clock)
+                    if not node.children:
+                        heapq.heappush(self._heap, (stamp, stamp, node))
+                node = node.parent  # type: ignore[assignment]
+        self.free += freed
         seq.blocks = 0
         self._reset(seq)
 
