@@ -61,6 +61,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import deque
 
 from presched.sim.block_manager import BlockManager
 from presched.sim.prefix_node import Node, common, view
@@ -81,7 +82,10 @@ class CachingBlockManager(BlockManager):
         self.root = Node((), 0, 0, 0, None, 1)
         self.evictable = 0  # blocks of the cached units nobody holds (part of `free`; before
         # `_settle`, the ones owed to evictions too)
-        self._heap: list[tuple[int, int, Node]] = []  # (stamp, tie, leaf) with reference 0
+        # leaves with reference 0, by stamp: released ones in release order (stamps only grow),
+        # and a heap for parents that become leaves when their last child is evicted
+        self._released: deque[tuple[int, Node]] = deque()  # (stamp, leaf)
+        self._heap: list[tuple[int, int, Node]] = []  # (stamp, tie, leaf)
         self._clock = itertools.count(1)
         self.hit_tokens = 0
         self.queried_tokens = 0
@@ -189,7 +193,7 @@ class CachingBlockManager(BlockManager):
 
     def _split(self, node: Node, m: int) -> Node:
         """Cut `node` after its first m units; returns the new upper part (the lower part keeps
-        the node object, its children and its place in the eviction heap; its holders, who hold
+        the node object, its children and its place in the eviction order; its holders, who hold
         their deepest node and so every ancestor, hold the upper part too: same count)."""
         src, a = node.src, node.start
         upper = Node(src, a, a + m, node.ub, node.parent, node.ref)
@@ -270,13 +274,22 @@ class CachingBlockManager(BlockManager):
     # (`take` is the base class's: the evictions it makes necessary wait for `_settle`)
     def _settle(self) -> None:
         """Evict, least recently released first, the `evictable - free` blocks that takes have
-        used beyond the uncached free ones (module doc)."""
-        heap, root = self._heap, self.root
+        used beyond the uncached free ones (module doc). The candidate is the older head of
+        `_released` and `_heap` (a stale entry, used again, extended or gone, is dropped)."""
+        released, heap, root = self._released, self._heap, self.root
         blocks = self.evictable - self.free
         while blocks > 0:
-            stamp, _, node = heap[0]
+            if heap and (not released or heap[0][0] < released[0][0]):
+                stamp, _, node = heap[0]
+                in_heap = True
+            else:
+                stamp, node = released[0]
+                in_heap = False
             if node.ref or node.children or node.parent is None or node.stamp != stamp:
-                heapq.heappop(heap)  # stale: used again, extended, or gone
+                if in_heap:
+                    heapq.heappop(heap)
+                else:
+                    released.popleft()
                 continue
             t = -(-blocks // node.ub)  # units that cover the blocks owed, or all of the node's
             if t > node.end - node.start:
@@ -286,9 +299,12 @@ class CachingBlockManager(BlockManager):
             self.evictable -= b
             self._evicted_units += t
             blocks -= b
-            if node.end > node.start:  # the least recent still: it stays at the top of the heap
+            if node.end > node.start:  # the least recent still: it stays at the head
                 continue
-            heapq.heappop(heap)
+            if in_heap:
+                heapq.heappop(heap)
+            else:
+                released.popleft()
             parent: Node = node.parent  # type: ignore[assignment]
             del parent.children[node.src[node.start]]
             node.parent = None
@@ -314,7 +330,7 @@ class CachingBlockManager(BlockManager):
                     self.evictable += b
                     node.stamp = stamp = next(clock)
                     if not node.children:
-                        heapq.heappush(self._heap, (stamp, stamp, node))
+                        self._released.append((stamp, node))
                 node = node.parent  # type: ignore[assignment]
         self.free += freed
         seq.blocks = 0
