@@ -1,10 +1,12 @@
 """Shared system prompts and multi-turn conversations (workload/shared_prefix.py)."""
 
 from builders import make_requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from presched.workload.config import WorkloadConfig, build_workload
 from presched.workload.prefix import chain_hashes
-from presched.workload.shared_prefix import SharedPrefixConfig, add_shared_prefixes
+from presched.workload.shared_prefix import SharedPrefixConfig, _extend, add_shared_prefixes
 
 
 def test_chain_hashes_name_the_whole_prefix_and_skip_the_partial_block():
@@ -45,6 +47,26 @@ def test_a_later_turn_starts_with_the_whole_earlier_turn_prompt_and_answer():
             shared = (prev.prompt_tokens + prev.output_tokens) // 4
             assert cur.block_hashes[:shared] == prev.block_hashes[:shared]
 
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(tokens=st.lists(st.integers(0, 5), max_size=60), cut=st.integers(0, 60), bt=st.integers(1, 7))
+def test_extending_a_prefix_hashes_as_hashing_from_scratch_and_shares_its_keys(tokens, cut, bt):
+    cut = min(cut, len(tokens))
+    shared = chain_hashes(tokens[:cut], bt)
+    got = _extend(shared, cut, tokens, bt)
+    assert got == chain_hashes(tokens, bt)
+    assert all(x is y for x, y in zip(got, shared))  # the same int objects, not equal copies
+
+
+def test_requests_with_one_system_prompt_hold_the_same_key_objects():
+    reqs = make_requests([(40, 5)] * 20, [float(i) for i in range(20)])
+    out = add_shared_prefixes(reqs, SharedPrefixConfig(system_prompts=2, system_prompt_tokens=64,
+                                                      block_tokens=16), seed=3)  # fmt: skip
+    for j in (0, 1):
+        group = [r for r in out if r.metadata["system_prompt"] == j]
+        assert len(group) > 1
+        assert all(r.block_hashes[k] is group[0].block_hashes[k] for r in group for k in range(4))
 
 def test_unset_leaves_the_workload_as_it_was_and_set_is_seeded():
     plain = build_workload(WorkloadConfig(num_requests=50))

@@ -8,8 +8,8 @@ Invariant: 0 <= free <= num_blocks at all times, and free + the blocks every req
 num_blocks.
 
 `blocks_for` is the one place that rounds tokens up to blocks (as nano-vllm's BlockManager owns
-its rounding): the scheduler and the fast-forward path both ask it, so the two modes cannot
-disagree on a request's footprint.
+its rounding; `grow` is its batch form for a decode run): the scheduler and the fast-forward path
+both ask it, so the two modes cannot disagree on a request's footprint.
 """
 
 from __future__ import annotations
@@ -39,6 +39,22 @@ class BlockManager:
         seq.blocks += extra
         self.free -= extra
         used = self.num_blocks - self.free
+        if used > self.peak_used:
+            self.peak_used = used
+
+    def grow(self, seqs: list[Seq], k: int) -> None:
+        """Give every request in `seqs` the blocks for `k` tokens past its computed ones (a
+        decode run's; the caller has checked that they fit): `take` of each one's missing
+        `blocks_for(computed + k) - blocks`, in one call."""
+        bs, free = self.block_size, self.free
+        for seq in seqs:
+            need = seq.computed + k
+            if need > seq.blocks * bs:
+                extra = -(-need // bs) - seq.blocks
+                seq.blocks += extra
+                free -= extra
+        self.free = free
+        used = self.num_blocks - free
         if used > self.peak_used:
             self.peak_used = used
 

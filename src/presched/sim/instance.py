@@ -207,11 +207,9 @@ class Instance:
         bs = kv.block_size
         contiguous = 0
         max_step = t0 + s * (k - 1)
-        caching = self.sched.caching
+        caching, hook = self.sched.caching, self._tokens_hook
         if caching:  # every step's blocks are taken before anyone finishes, as step by step:
-            for seq in seqs:  # a release must not spare an eviction the steps would have made
-                if seq.computed + k > seq.blocks * bs:
-                    kv.take(seq, kv.blocks_for(seq.computed + k) - seq.blocks)
+            kv.grow(seqs, k)  # a release must not spare an eviction the steps would have made
         for seq in seqs:
             if not caching and seq.computed + k > seq.blocks * bs:  # past the blocks it holds
                 kv.take(seq, kv.blocks_for(seq.computed + k) - seq.blocks)
@@ -230,7 +228,7 @@ class Instance:
             if m > seq.max_itl:
                 seq.max_itl = m
             seq.last_token = end
-            if self._tokens_hook:
+            if hook:
                 self.policy.on_tokens(seq, k, end)
             if seq.generated >= seq.stop:
                 self._finish(seq, end)

@@ -61,6 +61,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import deque
 
 from presched.sim.block_manager import BlockManager
 from presched.sim.prefix_node import Node, common, view
@@ -81,13 +82,17 @@ class CachingBlockManager(BlockManager):
         self.root = Node((), 0, 0, 0, None, 1)
         self.evictable = 0  # blocks of the cached units nobody holds (part of `free`; before
         # `_settle`, the ones owed to evictions too)
-        self._heap: list[tuple[int, int, Node]] = []  # (stamp, tie, leaf) with reference 0
+        # leaves with reference 0, by stamp: released ones in release order (stamps only grow),
+        # and a heap for parents that become leaves when their last child is evicted
+        self._released: deque[tuple[int, Node]] = deque()  # (stamp, leaf)
+        self._heap: list[tuple[int, int, Node]] = []  # (stamp, tie, leaf)
         self._clock = itertools.count(1)
         self.hit_tokens = 0
         self.queried_tokens = 0
         self.prompt_hit_tokens = 0  # hits at each request's first admission (no recomputes)
         self.prompt_tokens = 0  # prompt tokens of the requests admitted the first time
         self._evicted_units = 0
+        self._hit: tuple = ((), 0, self.root, 0)  # lookup's result for acquire
 
     # --- per request, once, when it joins the instance ------------------------------------
     def prepare(self, seq: Seq) -> None:
@@ -116,11 +121,15 @@ class CachingBlockManager(BlockManager):
     # --- admission ------------------------------------------------------------------------
     def lookup(self, seq: Seq, total: int) -> tuple[int, int]:
         """(units hit, blocks of them that leave the free pool) for a waiting request with
-        `total` tokens; changes nothing."""
+        `total` tokens; changes nothing. It remembers where the hit ends (`_hit`) for
+        `acquire`, which the scheduler calls next if the request fits (nothing in between
+        changes the tree)."""
         keys = seq.keys
         if not keys:
             return 0, 0
-        most = min(len(keys), (total - 1) // seq.unit_tokens)
+        most = (total - 1) // seq.unit_tokens
+        if most > len(keys):
+            most = len(keys)
         units, revive = self._walk(keys, most)
         if revive and self.evictable > self.free:  # it met units nobody holds: some may be owed
             self._settle()  # to evictions (units in use never are)
@@ -128,7 +137,7 @@ class CachingBlockManager(BlockManager):
         return units, revive
 
     def _walk(self, keys: tuple[int, ...], most: int) -> tuple[int, int]:
-        node, i, revive = self.root, 0, 0
+        node, i, revive, m = self.root, 0, 0, 0
         while i < most:
             child = node.children.get(keys[i])
             if child is None:
@@ -139,9 +148,10 @@ class CachingBlockManager(BlockManager):
             if not child.ref:
                 revive += m * child.ub
             i += m
+            node = child
             if m < child.end - child.start:
                 break
-            node = child
+        self._hit = (keys, i, node, m)  # the deepest node met and the units matched in it
         return i, revive
 
     def acquire(self, seq: Seq, units: int, revive: int, total: int) -> int:
@@ -153,31 +163,29 @@ class CachingBlockManager(BlockManager):
             self.prompt_tokens += seq.prompt_tokens
         if not units:
             return 0
-        if revive and self.evictable > self.free:  # (`lookup` has settled already)
-            self._settle()
-        keys = seq.keys
-        node, i = self.root, 0
-        while i < units:
-            child = node.children[keys[i]]
-            if child.owner is not None:
-                self._claim(child)
-            m = common(child, keys, i, units)
-            if m < child.end - child.start:
-                child = self._split(child, m)
-            if not child.ref:
-                self.evictable -= child.blocks
-            child.ref += 1
-            i += m
-            node = child
+        keys, found, node, m = self._hit
+        if keys is not seq.keys or found != units:
+            raise RuntimeError("acquire without the lookup of the same request just before it")
+        if node.owner is not None:  # (an owned node is a leaf: only the deepest can be one)
+            self._claim(node)
+        if m < node.end - node.start:
+            node = self._split(node, m)
         seq.cache_node = node
+        root = self.root
+        while node is not root:  # the path from the root: every node on it is held once more
+            if not node.ref:
+                self.evictable -= (node.end - node.start) * node.ub
+            node.ref += 1
+            node = node.parent  # type: ignore[assignment]
         self.free -= revive
         used = self.num_blocks - self.free
         if used > self.peak_used:
             self.peak_used = used
-        seq.blocks = units * (seq.unit_tokens // self.block_size)
+        unit = seq.unit_tokens
+        seq.blocks = units * (unit // self.block_size)
         seq.cached_upto = units
-        seq.next_unit_end = (units + 1) * seq.unit_tokens if units < len(keys) else math.inf
-        hit = units * seq.unit_tokens
+        seq.next_unit_end = (units + 1) * unit if units < len(keys) else math.inf
+        hit = units * unit
         self.hit_tokens += hit
         if first:
             self.prompt_hit_tokens += hit
@@ -185,7 +193,7 @@ class CachingBlockManager(BlockManager):
 
     def _split(self, node: Node, m: int) -> Node:
         """Cut `node` after its first m units; returns the new upper part (the lower part keeps
-        the node object, its children and its place in the eviction heap; its holders, who hold
+        the node object, its children and its place in the eviction order; its holders, who hold
         their deepest node and so every ancestor, hold the upper part too: same count)."""
         src, a = node.src, node.start
         upper = Node(src, a, a + m, node.ub, node.parent, node.ref)
@@ -239,7 +247,8 @@ class CachingBlockManager(BlockManager):
         else:
             seq.cache_node = node
             if i < len(keys) and node.ref == 1 and not node.children and node.ub == ub:
-                view(node, keys, i, i)  # its own leaf: later units are appended lazily
+                if node.src is not keys or node.end != i:  # (a node made just now views them)
+                    view(node, keys, i, i)  # its own leaf: later units are appended lazily
                 node.owner = seq
                 seq.next_unit_end = math.inf
                 return
@@ -265,23 +274,37 @@ class CachingBlockManager(BlockManager):
     # (`take` is the base class's: the evictions it makes necessary wait for `_settle`)
     def _settle(self) -> None:
         """Evict, least recently released first, the `evictable - free` blocks that takes have
-        used beyond the uncached free ones (module doc)."""
-        heap, root = self._heap, self.root
+        used beyond the uncached free ones (module doc). The candidate is the older head of
+        `_released` and `_heap` (a stale entry, used again, extended or gone, is dropped)."""
+        released, heap, root = self._released, self._heap, self.root
         blocks = self.evictable - self.free
         while blocks > 0:
-            stamp, _, node = heap[0]
+            if heap and (not released or heap[0][0] < released[0][0]):
+                stamp, _, node = heap[0]
+                in_heap = True
+            else:
+                stamp, node = released[0]
+                in_heap = False
             if node.ref or node.children or node.parent is None or node.stamp != stamp:
-                heapq.heappop(heap)  # stale: used again, extended, or gone
+                if in_heap:
+                    heapq.heappop(heap)
+                else:
+                    released.popleft()
                 continue
-            t = min(node.end - node.start, -(-blocks // node.ub))
+            t = -(-blocks // node.ub)  # units that cover the blocks owed, or all of the node's
+            if t > node.end - node.start:
+                t = node.end - node.start
             node.end -= t
             b = t * node.ub
             self.evictable -= b
             self._evicted_units += t
             blocks -= b
-            if node.end > node.start:  # the least recent still: it stays at the top of the heap
+            if node.end > node.start:  # the least recent still: it stays at the head
                 continue
-            heapq.heappop(heap)
+            if in_heap:
+                heapq.heappop(heap)
+            else:
+                released.popleft()
             parent: Node = node.parent  # type: ignore[assignment]
             del parent.children[node.src[node.start]]
             node.parent = None
@@ -291,23 +314,25 @@ class CachingBlockManager(BlockManager):
     def release(self, seq: Seq) -> None:
         if self.evictable > self.free:
             self._settle()
-        still_used = 0
-        heap, clock, root = self._heap, self._clock, self.root
+        freed = seq.blocks  # less the blocks of its nodes that others still hold
         node = seq.cache_node
-        if node is not None and node.owner is not None:
-            self._sync(node)
-            node.owner = None
-        while node is not None and node is not root:  # deepest first
-            node.ref -= 1
-            if node.ref:
-                still_used += node.blocks
-            else:
-                self.evictable += node.blocks
-                node.stamp = next(clock)
-                if not node.children:
-                    heapq.heappush(heap, (node.stamp, node.stamp, node))
-            node = node.parent
-        self.free += seq.blocks - still_used
+        if node is not None:
+            if node.owner is not None:  # its own leaf: the units computed since, then let go
+                self._sync(node)
+                node.owner = None
+            root, clock = self.root, self._clock
+            while node is not root:  # deepest first
+                node.ref -= 1
+                b = (node.end - node.start) * node.ub
+                if node.ref:
+                    freed -= b
+                else:
+                    self.evictable += b
+                    node.stamp = stamp = next(clock)
+                    if not node.children:
+                        self._released.append((stamp, node))
+                node = node.parent  # type: ignore[assignment]
+        self.free += freed
         seq.blocks = 0
         self._reset(seq)
 

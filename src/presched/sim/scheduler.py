@@ -76,6 +76,15 @@ class Scheduler:
             c = seq.computed
             total = seq.prompt_tokens + seq.generated
             n = total - c
+            if n == 1 and seq.generated and total <= seq.blocks * bs:  # a decode with its block
+                add_seq(seq)  # (no cap lowers n = 1: threshold and budget are >= 1 here)
+                add_n(1)
+                B += 1
+                C += total
+                budget -= 1
+                if budget <= 0:
+                    break
+                continue
             if threshold and n > threshold:
                 n = threshold
             if n > budget:

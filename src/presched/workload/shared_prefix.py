@@ -60,7 +60,10 @@ def add_shared_prefixes(
     weights = weights / weights.sum() if cfg.system_prompts else weights
     follow = 1.0 - 1.0 / cfg.mean_turns
     fresh = _FRESH
-    open_convs: list[list] = []  # [conversation id, tokens so far, turns left, turn, system prompt]
+    open_convs: list[list] = []  # [conversation id, tokens so far, turns left, turn, system
+    # prompt, block hashes of the tokens so far]
+    sys_hashes: dict[int, tuple[int, ...]] = {}
+    bt = cfg.block_tokens
     n_convs = 0
     out = []
     for r in requests:
@@ -77,8 +80,10 @@ def add_shared_prefixes(
                 sys_j = int(rng.choice(cfg.system_prompts, p=weights))
                 base = (sys_j + 1) << 32
                 history = list(range(base, base + cfg.system_prompt_tokens))
+                if sys_j not in sys_hashes:
+                    sys_hashes[sys_j] = chain_hashes(history, bt)
             turns = int(rng.geometric(1.0 / cfg.mean_turns)) if cfg.mean_turns > 1 else 1
-            conv = [n_convs, history, turns, -1, sys_j]
+            conv = [n_convs, history, turns, -1, sys_j, sys_hashes.get(sys_j, ())]
             n_convs += 1
             if turns > 1:
                 open_convs.append(conv)
@@ -88,13 +93,25 @@ def add_shared_prefixes(
         fresh += r.prompt_tokens + answer
         prompt = conv[1] + own
         tokens = prompt + reply
+        hashes = _extend(conv[5], len(conv[1]), tokens, bt)
         out.append(dataclasses.replace(
-            r, prompt_tokens=len(prompt),
-            block_hashes=chain_hashes(tokens, cfg.block_tokens), hash_block_tokens=cfg.block_tokens,
+            r, prompt_tokens=len(prompt), block_hashes=hashes, hash_block_tokens=bt,
             metadata={**r.metadata, "conversation": conv[0], "turn": conv[3], "system_prompt": conv[4]},
         ))  # fmt: skip
         conv[1] = tokens
+        conv[5] = hashes
         conv[2] -= 1
         if conv[2] <= 0:
             open_convs = [c for c in open_convs if c is not conv]
     return out
+
+
+def _extend(shared: tuple[int, ...], shared_tokens: int, tokens: list[int], bt: int) -> tuple[int, ...]:
+    """`chain_hashes(tokens, bt)` for `tokens` that start with the `shared_tokens` tokens whose
+    hashes are `shared`: those of their full blocks are reused, the same int objects (equal
+    values; requests that share a prefix then share its keys in memory, which the simulator's
+    prefix cache compares), and the chain goes on from the last of them."""
+    full = shared_tokens // bt
+    if not full:
+        return chain_hashes(tokens, bt)
+    return shared[:full] + chain_hashes(tokens[full * bt :], bt, parent=shared[full - 1])

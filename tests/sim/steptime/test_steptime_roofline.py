@@ -99,6 +99,28 @@ def test_decode_line_matches_step_time_until_its_limit(b, per_req, frac, tp_mode
     assert t0 + slope * (x - c) == pytest.approx(decode(tp_model, b, x), rel=1e-9)
 
 
+
+def test_decode_line_memo_gives_every_context_the_fresh_answer():
+    """decode_line memoizes its context-free terms per batch size: a model that has answered
+    for b before must answer any other context of b as a fresh model does (sliding windows
+    included, whose line depends on the context through the kink at b * window)."""
+    gemma = get_model("gemma-3-12b")
+    for make in (lambda: RooflineStepModel(M8, H100), lambda: RooflineStepModel(gemma, H100)):
+        used = make()
+        for b in (1, 7, 300):
+            for c in (0, 10 * b, 1000 * b, 5000 * b, 100_000 * b):  # gemma's kink: 1024 * b
+                t0, slope, valid = got = used.decode_line(b, c)
+                assert got == make().decode_line(b, c) and t0 == decode(used, b, c)
+                end = valid if math.isfinite(valid) else c + 10**6
+                assert valid > c  # (none of these contexts sits on a kink or crossover)
+                assert t0 + slope * (end - c) == pytest.approx(decode(used, b, end), rel=1e-9)
+                if math.isfinite(valid):  # ... and no further (a line that holds at c alone
+                    beyond = valid + 100 * b  # would be exact too, and useless)
+                    line = t0 + slope * (beyond - c)
+                    assert line != pytest.approx(decode(used, b, beyond), rel=1e-9)
+        assert len(used._decode_memo) == 3
+
+
 shape = st.tuples(
     st.integers(0, 16384),  # prefill tokens
     st.floats(0, 2e8),  # pairs

@@ -147,6 +147,7 @@ class RooflineStepModel(StepTimeModel):
         bw = hardware.interconnect_bandwidth
         lat = hardware.interconnect_latency if collective_latency is None else collective_latency
         self.collective_latency = float(lat)
+        self._decode_memo: dict[int, tuple] = {}  # decode_line's terms per batch size
         self._t_comm_fixed = self.overhead_per_layer * m.num_layers
         self._t_comm_per_token = 0.0
         if tp > 1:
@@ -223,7 +224,11 @@ class RooflineStepModel(StepTimeModel):
 
     def decode_line(self, num_decode: int, decode_context: int) -> tuple[float, float, float]:
         b, c = num_decode, decode_context
-        c0, c1, m0, m1, end = self._decode_lines(b, c)
+        d = self._decode_memo.get(b)
+        if d is None:
+            d = self._decode_memo[b] = self._decode_terms(b)
+        lines = d[6] if d[6] is not None else self._decode_lines(b, c)
+        c0, c1, m0, m1, end = lines
         t_c, t_m = c0 + c1 * c, m0 + m1 * c
         if t_c > t_m or (t_c == t_m and c1 >= m1):
             d0, d1, o0, o1 = c0, c1, m0, m1  # compute-bound at C
@@ -235,7 +240,21 @@ class RooflineStepModel(StepTimeModel):
             valid_until = float(max(c, math.floor((d0 - o0) / (o1 - d1))))
         else:
             valid_until = math.inf
-        return self.step_time(0, 0, 0, b, c), d1, min(valid_until, max(float(c), end))
+        # the step's time: `step_time(0, 0, 0, b, c)`, the same operations on the memoized terms
+        tc, tm, overheads, zero_c, zero_m, ssm, _ = d
+        win = c if self._window is None else min(c, b * self._window)
+        tc += zero_c + self._t_per_ctx_flops * c + self._t_per_win_flops * win
+        tm += zero_m + self._t_per_ctx_kv * c + self._t_per_win_kv * win + ssm
+        return overheads + max(tc, tm), d1, min(valid_until, max(float(c), end))
+
+    def _decode_terms(self, b: int) -> tuple:
+        """The terms of a decode-only step of `b` requests that do not depend on its context,
+        as `step_time` computes them, and its lines when they do not either (no sliding
+        window): memoized per b, since fast-forwarded runs ask again and again."""
+        tc, tm = self._token_terms(b)
+        lines = self._decode_lines(b, 0) if self._window is None else None
+        return (tc, tm, self._overheads(0, b), self._t_per_pair_flops * 0,
+                self._t_per_kv_token * 0, self._t_per_ssm_seq * b, lines)  # fmt: skip
 
     def decode_crossover(self, num_decode: int) -> float:
         """Decode context C* where a decode-only step of `num_decode` requests turns from
