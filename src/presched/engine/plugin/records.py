@@ -4,8 +4,8 @@ One row per request the engine freed (finished, length-capped or aborted), writt
 file with the gateway's `requests` table (`presched.serve.log.COLUMNS`, its `application_id`), so
 `presched train --from-log FILE`, `read_log` and the harness read it as they read a gateway log.
 Two columns are added (readers that do not know them leave them alone): `preemptions` and
-`recomputed_tokens`, plus `pred_source` ('xargs', 'predictor', 'probe' or NULL; pred_mean and
-pred_quantiles are the request's final estimate, the probe's when it replaced one).
+`recomputed_tokens`, plus `pred_source` ('xargs', 'predictor', 'probe', 'refine', 'draft-probe' or
+NULL; pred_mean and pred_quantiles are the request's final estimate, the last that replaced one).
 
 Times are the engine core's (unix seconds): `ts` = vLLM's arrival time (set by its API server),
 `queue_wait_s` = first admission to the running batch - arrival, `ttft_s` = first output token

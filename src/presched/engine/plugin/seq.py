@@ -10,7 +10,8 @@ until it is freed. The attributes policies read are plain fields, refreshed by t
     generated        output tokens so far (kept across preemptions: vLLM recomputes them)
     estimate         a `RequestEstimate` (vllm_xargs or the in-engine predictor) or None;
                      replaced after prefill by the in-engine probe's unless from vllm_xargs
-    pred_source      'xargs', 'predictor', 'probe' or None: where `estimate` came from
+    pred_source      'xargs', 'predictor', 'probe', 'refine', 'draft-probe' or None: where
+                     `estimate` came from
     first_scheduled  time it was first admitted to the running batch
     first_token      time its first output token came back from the model
     preemptions      how often the engine preempted it (vLLM's `num_preemptions`)
