@@ -71,8 +71,8 @@ class DraftHook:
     def collect(self, so, order, computed, plen) -> list:
         """[(req_id, Pool)] of the prompts whose last position the drafter read in this step
         (`so`: the step's scheduler output; `order`, `computed`, `plen`: as the target hook split
-        it). Drops the sums of requests vLLM finished or preempted."""
-        self.pools.drop((*so.finished_req_ids, *(so.preempted_req_ids or ())))
+        it). The sums of requests vLLM finished or preempted were dropped by the target hook's
+        `collect` earlier in the same step."""
         hs, self.rows = self.rows, None
         if hs is None or not order:
             return []
