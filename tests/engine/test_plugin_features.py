@@ -169,12 +169,21 @@ def test_delivery_to_seqs_and_records(tmp_path):
     assert row[:5] == ("a", '{"layer": 1}', 7, 1, 2) and unpack(row[5]).tolist() == [1, 2, 3]
 
 
+def _assert_trains_from_log(log, name: str, params: dict, reqs) -> None:
+    """`presched train -p name --from-log log` fits the planted law (log length in column 0)."""
+    from presched.predict import load_predictor
+    from presched.serve.train_log import train_from_log
+
+    path, _ = train_from_log(log, name, log.parent / f"{name}.npz", params=params)
+    est = load_predictor(path).predict(reqs)
+    got = np.array([r.output_tokens for r in reqs])
+    assert np.corrcoef(np.log(est.point), np.log(got))[0, 1] > 0.95
+
+
 def test_probe_trains_from_the_engine_records(tmp_path):
     """`presched train -p probe --from-log` on records with a prompt_features table: the vectors
     reach the probe under their FeatureSpec key (a length read off the first coordinate)."""
-    from presched.predict import load_predictor
     from presched.serve.log_read import load_log_requests
-    from presched.serve.train_log import train_from_log
 
     rng = np.random.default_rng(0)
     spec = '{"model": "tiny-llama", "layer": 1, "hidden": 4, "pooling": "mean", "sink": 1}'
@@ -191,11 +200,7 @@ def test_probe_trains_from_the_engine_records(tmp_path):
     reqs = load_log_requests(tmp_path / "r.sqlite").requests
     key = "hidden:tiny-llama:L1:mean:s1"
     assert all(r.metadata[key][0] == np.float32(np.log(r.output_tokens)) for r in reqs)
-    path, rep = train_from_log(tmp_path / "r.sqlite", "probe", tmp_path / "p.npz",
-                               params={"model": "tiny-llama", "layer": 1})  # fmt: skip
-    est = load_predictor(path).predict(reqs)
-    got = np.array([r.output_tokens for r in reqs])
-    assert np.corrcoef(np.log(est.point), np.log(got))[0, 1] > 0.95
+    _assert_trains_from_log(tmp_path / "r.sqlite", "probe", {"model": "tiny-llama", "layer": 1}, reqs)
 
 
 def _vllm_config(worker_cls: str, prefix_caching: bool):
@@ -231,9 +236,7 @@ def test_draft_states_are_delivered_recorded_and_train_a_draft_probe(tmp_path):
     field, records table and FeatureSpec key, and `presched train -p draft-probe --from-log`
     learns from the draft's (lengths read off its first coordinate; the served model's vector
     is noise, so a probe trained on the wrong one could not fit)."""
-    from presched.predict import load_predictor
     from presched.serve.log_read import load_log_requests
-    from presched.serve.train_log import train_from_log
 
     seqs = {"a": _seq("a")}
     deliver(StepFeatures(layer=1, sink=1, hidden=2, draft_model="tiny-llama", draft_layer=1, draft_hidden=2,
@@ -261,8 +264,4 @@ def test_draft_states_are_delivered_recorded_and_train_a_draft_probe(tmp_path):
     dkey, skey = "hidden:draft:tiny-draft:L0:mean:s1", "hidden:tiny-llama:L1:mean:s1"
     assert all(set(r.metadata) >= {dkey, skey} for r in reqs)
     assert all(r.metadata[dkey][0] == np.float32(np.log(r.output_tokens)) for r in reqs)
-    path, _ = train_from_log(tmp_path / "r.sqlite", "draft-probe", tmp_path / "d.npz",
-                             params={"model": "tiny-draft", "layer": 0})  # fmt: skip
-    est = load_predictor(path).predict(reqs)
-    got = np.array([r.output_tokens for r in reqs])
-    assert np.corrcoef(np.log(est.point), np.log(got))[0, 1] > 0.95
+    _assert_trains_from_log(tmp_path / "r.sqlite", "draft-probe", {"model": "tiny-draft", "layer": 0}, reqs)
