@@ -25,6 +25,37 @@ settings.register_profile("ci", settings.get_profile("presched"), derandomize=Tr
 settings.load_profile("ci" if os.environ.get("CI") else "presched")
 
 
+# --- the engine tier on one pytest-xdist worker ----------------------------------------------------
+# The README's test command runs `pytest -n 2`: two workers. Every test that starts a real engine
+# (tests/engine, and the script tests marked `engine` in ENGINE_FILES) forms ONE work unit, so it
+# runs on one worker in file order: the engines those tests share (session and module fixtures)
+# start once, and two engine tests never run at once. The other worker takes the CPU-bound tests
+# meanwhile (an engine start mostly waits on one core's imports). xdist's own `--dist loadgroup`
+# does not group under pytest 9 (it rewrites `item._nodeid`, which pytest 9 no longer reads), so
+# the grouping is this scheduler, keyed on node ids (what xdist's controller sees).
+# tests/test_conftest.py checks that every `engine` test is in this tier.
+ENGINE_FILES = ("tests/engine/", "tests/benchmarks/test_engine_e2e_script.py")
+
+
+def in_engine_tier(nodeid: str) -> bool:
+    return nodeid.startswith(ENGINE_FILES)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: without it, never called
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "load":
+        return None  # an explicit --dist other than the default: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EngineTier(LoadScopeScheduling):
+        """`load` (one test per unit), except the engine tier: one unit."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return "engine-tier" if in_engine_tier(nodeid) else nodeid
+
+    return EngineTier(config, log)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The shared data folder; raises FileNotFoundError (test error, not skip) if it is missing."""

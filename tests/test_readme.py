@@ -173,7 +173,7 @@ def test_ci_runs_the_readmes_two_commands_as_written():
     # written, in that order, in one shell, and nothing else
     blocks = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
     quickstart, test_command = (b.strip() for b in blocks[:2])
-    assert test_command == "bash scripts/engine/install.sh && python -m pytest -q --durations=25"
+    assert test_command == "bash scripts/engine/install.sh && python -m pytest -q -n 2 --durations=25"
     lines = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()]
     commands = [line for line in lines if line and not line.startswith("#")]
     assert commands == ["set -euo pipefail", 'cd "$(dirname "$0")/.."', quickstart, test_command]

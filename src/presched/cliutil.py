@@ -18,7 +18,7 @@ from typer.core import TyperOption
 
 from presched.config import UserError
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # messages keep paths whole (no hard wraps at 80 columns)
 
 
 def csv_list(text: Optional[str], cast=str, option: str = "") -> Optional[list]:

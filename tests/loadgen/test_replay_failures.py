@@ -135,7 +135,8 @@ def test_cli_bad_input_exits_2_naming_the_field(tmp_path):
         (["-n", "0"], "workload.num_requests"),
         (["--set", "nonsense=1"], "nonsense"),
         (["--set", "replay.max_concurrency"], "KEY=VALUE"),
-        (["-w", "azure", "--path", str(tmp_path / "missing.csv")], "missing.csv"),
+        # a long path, printed whole (an error wrapped at 80 columns breaks the path it names)
+        (["-w", "azure", "--path", str(tmp_path / ("x" * 90) / "missing.csv")], str(tmp_path / ("x" * 90) / "missing.csv")),
         (["--tokenizer", str(tmp_path / "nope.json")], "--tokenizer"),
     ]
     for args, needle in cases:

@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
 
-    con = Console(stderr=True)
+    con = Console(stderr=True, soft_wrap=True)
     try:
         with con.status(f"preparing model {a.model} ..."):
             model = resolve_model(a.model)

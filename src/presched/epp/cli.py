@@ -89,7 +89,7 @@ async def _serve(cfg: EppConfig, pred, log) -> None:
 
     server = EppServer(cfg, pred, log)
     await server.start()
-    Console(stderr=True).print(
+    Console(stderr=True, soft_wrap=True).print(
         f"presched epp (ext_proc gRPC + health) on {cfg.host}:{server.port}  mode={cfg.mode} "
         f"policy={cfg.policy} router={cfg.router} predictor={cfg.predictor or 'none'} "
         f"log={cfg.log.path or 'off'}; endpoints: " + ", ".join(b.name for b in server.picker.gw.backends),
@@ -114,7 +114,7 @@ def _run_local(cfg: EppConfig, pred, log, stubs: int, envoy_port: int | None) ->
         data.pop("endpoints")
     st = LocalStack(data, stubs=stubs, token_s=0.01, predictor=pred, log=log, envoy_port=envoy_port)
     with st:
-        Console(stderr=True).print(
+        Console(stderr=True, soft_wrap=True).print(
             f"presched epp local stack: Envoy on {st.url} -> picker on 127.0.0.1:{st.ports['epp']} -> "
             + ", ".join(e.address for e in st.picker.cfg.endpoints) + "  (Ctrl-C stops it)", highlight=False)
         done = threading.Event()

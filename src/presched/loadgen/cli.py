@@ -91,7 +91,7 @@ def replay(
     goodput, ...) plus failures and the generator's own send lag."""
     from presched.workload.config import build_workload
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     flags = {
         "workload.source": workload, "workload.path": str(path) if path else None,
         "workload.num_requests": num_requests, "workload.rate": rate,

@@ -102,7 +102,7 @@ def run_server(cfg: ServeConfig) -> None:
     pred, log = load_parts(cfg)
     app = build_app(cfg, pred, log)
     g = app.state.gateway
-    Console(stderr=True).print(
+    Console(stderr=True, soft_wrap=True).print(
         f"presched gateway on http://{cfg.host}:{cfg.port}  mode={cfg.mode} policy={cfg.policy} "
         f"router={cfg.router} predictor={cfg.predictor or 'none'}{' (learning)' if cfg.learn.enabled else ''} tokens={g.count_how} "
         f"log={cfg.log.path or 'off'}; backends: " + ", ".join(b.url for b in cfg.backends),
