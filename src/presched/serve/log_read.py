@@ -179,12 +179,12 @@ def prompt_features(conn) -> dict[str, dict]:
     prompt states: mean and EGTP of the served model, mean of the draft model), {} when the log
     has none."""
     from presched.engine.plugin.features import unpack
-    from presched.engine.plugin.records import DRAFT_FEATURE_TABLE, EGTP_FEATURE_TABLE, FEATURE_TABLE
+    from presched.engine.plugin.records import FEATURE_TABLES
     from presched.predict.probe.spec import FeatureSpec
 
     out: dict[str, dict] = {}
     keys: dict[str, str] = {}
-    for table in (FEATURE_TABLE, EGTP_FEATURE_TABLE, DRAFT_FEATURE_TABLE):
+    for table in FEATURE_TABLES:
         if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                             (table,)).fetchone():  # fmt: skip
             continue

@@ -14,6 +14,7 @@
 - `scheduler`  `PreschedScheduler` (imports vllm: only the engine process loads it)
 - `worker`     `PreschedCPUWorker`, the hidden-state hook (imports vllm and torch)
 - `draft`      `DraftHook`: the draft model's hook, in the worker (imports torch)
+- `layout`     where the hooks attach: decoder layers, the residual stream (imports torch)
 
-Everything but `scheduler`, `worker` and `draft` imports without vllm or torch. See docs/engine-plugin.md.
+Everything but `scheduler`, `worker`, `draft` and `layout` imports without vllm or torch. See docs/engine-plugin.md.
 """

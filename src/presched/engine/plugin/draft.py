@@ -25,6 +25,7 @@ import torch
 
 from presched.engine.plugin.config import PluginConfigError
 from presched.engine.plugin.features import PromptPools, split_rows
+from presched.engine.plugin.layout import decoder_layers, residual_stream
 
 log = logging.getLogger("presched.engine.plugin")
 
@@ -32,7 +33,7 @@ log = logging.getLogger("presched.engine.plugin")
 class DraftHook:
     """A forward hook on decoder layer `layer` of the drafter of `runner`."""
 
-    def __init__(self, runner, layer: int, sink: int, decoder_layers) -> None:
+    def __init__(self, runner, layer: int, sink: int) -> None:
         drafter = getattr(runner, "drafter", None)
         model = getattr(drafter, "model", None)
         if model is None:
@@ -60,8 +61,7 @@ class DraftHook:
         if self.rows is not None:  # a later draft forward of the step: one row per request
             return
         t0 = time.perf_counter()
-        h, r = (out[0], out[1]) if isinstance(out, tuple) else (out, None)
-        self.rows = h if r is None else h + r
+        self.rows = residual_stream(out)
         self.busy_s += time.perf_counter() - t0
 
     def begin(self) -> None:

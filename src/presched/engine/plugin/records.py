@@ -44,6 +44,7 @@ ALL_COLUMNS = {**COLUMNS, **EXTRA_COLUMNS}
 FEATURE_TABLE = "prompt_features"
 DRAFT_FEATURE_TABLE = "draft_features"  # the same columns, the draft model's pooled states (steps 0)
 EGTP_FEATURE_TABLE = "egtp_features"  # the same columns, the EGTP pools (`features.egtp`)
+FEATURE_TABLES = (FEATURE_TABLE, EGTP_FEATURE_TABLE, DRAFT_FEATURE_TABLE)
 FEATURE_COLUMNS: dict[str, str] = {"id": "TEXT PRIMARY KEY", "spec": "TEXT", "n": "INTEGER",
                                    "missing": "INTEGER", "pools": "INTEGER", "steps": "INTEGER",
                                    "vec": "BLOB"}  # fmt: skip
@@ -66,7 +67,7 @@ class RecordWriter:
                         f"VALUES ({', '.join('?' * len(names))})")  # fmt: skip
         self._names = names
         self.rows = 0
-        self._tables_made: set[str] = set()
+        self._feature_inserts: dict[str, str] = {}  # table -> its INSERT, once the table exists
 
     def _prepare(self) -> None:
         c = self.conn
@@ -96,24 +97,26 @@ class RecordWriter:
         """The `prompt_features` row of a freed request (an EngineSeq with a pooled state), or
         with `egtp` its `egtp_features` row (the entropy-weighted pool of the same positions)."""
         table, vec = (EGTP_FEATURE_TABLE, seq.features_egtp) if egtp else (FEATURE_TABLE, seq.features_prompt)
-        self._feature_row(table, [seq.id, spec_json, seq.features_n, seq.features_missing,
-                                  seq.feature_pools, seq.feature_steps, vec])  # fmt: skip
+        self._feature_row(table, vec, [seq.id, spec_json, seq.features_n, seq.features_missing,
+                                       seq.feature_pools, seq.feature_steps])  # fmt: skip
 
     def write_draft_features(self, seq, spec_json: str) -> None:
         """The `draft_features` row of a freed request with the draft model's pooled state."""
-        self._feature_row(DRAFT_FEATURE_TABLE, [seq.id, spec_json, seq.draft_n, seq.draft_missing,
-                                                seq.draft_pools, 0, seq.features_draft])  # fmt: skip
+        self._feature_row(DRAFT_FEATURE_TABLE, seq.features_draft,
+                          [seq.id, spec_json, seq.draft_n, seq.draft_missing, seq.draft_pools, 0])  # fmt: skip
 
-    def _feature_row(self, table: str, values: list) -> None:
+    def _feature_row(self, table: str, vec, values: list) -> None:
+        """One row of a feature table: `values` are FEATURE_COLUMNS but the last, `vec`."""
         from presched.engine.plugin.features import pack
 
-        if table not in self._tables_made:
+        insert = self._feature_inserts.get(table)
+        if insert is None:
             cols = ", ".join(f"{n} {t}" for n, t in FEATURE_COLUMNS.items())
             self.conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
-            self._tables_made.add(table)
-        marks = ", ".join("?" * len(FEATURE_COLUMNS))
-        self.conn.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(FEATURE_COLUMNS)}) VALUES ({marks})",
-                          [*values[:-1], pack(values[-1])])  # fmt: skip
+            insert = self._feature_inserts[table] = (
+                f"INSERT OR REPLACE INTO {table} ({', '.join(FEATURE_COLUMNS)}) "
+                f"VALUES ({', '.join('?' * len(FEATURE_COLUMNS))})")  # fmt: skip
+        self.conn.execute(insert, [*values, pack(vec)])
 
     def close(self) -> None:
         self.conn.close()

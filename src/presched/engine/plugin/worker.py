@@ -43,18 +43,10 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 from presched.engine.plugin.config import FeatureConfig, PluginConfigError, load_plugin_config
 from presched.engine.plugin.draft import DraftHook
 from presched.engine.plugin.features import FEATURES_ATTR, PromptPools, StepFeatures, split_rows
+from presched.engine.plugin.layout import decoder_layers, residual_stream
 
 log = logging.getLogger("presched.engine.plugin")
 ENTROPY_CHUNK = 256  # prompt rows per LM-head call for EGTP's entropies (bounds the logits' memory)
-
-
-def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The decoder layers of a vLLM causal LM (`model.model.layers`, Llama family)."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
-        raise PluginConfigError(f"features: cannot find the decoder layers of {type(model).__name__} "
-                                "(expected model.model.layers, the Llama family layout)")  # fmt: skip
-    return layers
 
 
 class FeatureHook:
@@ -88,7 +80,7 @@ class FeatureHook:
             norm.register_forward_hook(self._final_hook)
         self.draft = None
         if cfg.draft_layer is not None:
-            self.draft = DraftHook(runner, cfg.draft_layer, self.sink, decoder_layers)
+            self.draft = DraftHook(runner, cfg.draft_layer, self.sink)
         self._split_of: tuple | None = None  # (scheduler output, batch order, computed, prompt lengths)
 
     def _zeros(self) -> torch.Tensor:
@@ -105,11 +97,7 @@ class FeatureHook:
 
     def _hook(self, _module, _inputs, out) -> None:
         with self._timed():
-            if isinstance(out, tuple):
-                h, r = out[0], out[1]
-                self.rows = h if r is None else h + r
-            else:
-                self.rows = out
+            self.rows = residual_stream(out)
 
     def _final_hook(self, _module, _inputs, out) -> None:
         self.final = out[0] if isinstance(out, tuple) else out
@@ -120,11 +108,11 @@ class FeatureHook:
         final norm's output), 0 elsewhere; in chunks of ENTROPY_CHUNK rows."""
         final, self.final = self.final, None
         w = torch.zeros(n_rows, dtype=torch.float32, device=self.device)
-        idx = [i for pc in pieces if pc.pool is not None for i in range(*pc.pool)]
-        if not idx or final is None:
+        spans = [torch.arange(*pc.pool) for pc in pieces if pc.pool is not None]
+        if not spans or final is None:
             return w
-        idx_t = torch.tensor(idx, device=final.device)
-        for k in range(0, len(idx), ENTROPY_CHUNK):
+        idx_t = torch.cat(spans).to(final.device)
+        for k in range(0, len(idx_t), ENTROPY_CHUNK):
             part = idx_t[k : k + ENTROPY_CHUNK]
             logp = torch.log_softmax(self.runner.model.compute_logits(final.index_select(0, part)).float(), dim=-1)
             w[part] = (-(logp.exp() * logp).sum(-1)).clamp_min(0)
@@ -201,18 +189,12 @@ class FeatureHook:
             sf.draft_model, sf.draft_layer, sf.draft_hidden = d.model, d.layer, d.hidden
             drafted = [(r, p) for r, p in drafted if p.n > 0]
             if drafted:
-                sf.draft_ids = [r for r, _ in drafted]
-                sf.draft = torch.stack([p.mean() for _, p in drafted]).cpu().numpy()
-                sf.draft_n = [p.n for _, p in drafted]
-                sf.draft_missing = [p.missing for _, p in drafted]
+                sf.draft_ids, sf.draft, sf.draft_n, sf.draft_missing = _pack(drafted)
         done = [(r, p) for r, p in done if p.n > 0]
         if done:
-            sf.prompt_ids = [r for r, _ in done]
-            sf.prompt = torch.stack([p.mean() for _, p in done]).cpu().numpy()
+            sf.prompt_ids, sf.prompt, sf.prompt_n, sf.prompt_missing = _pack(done)
             if self.egtp:
                 sf.prompt_egtp = torch.stack([p.weighted() for _, p in done]).cpu().numpy()
-            sf.prompt_n = [p.n for _, p in done]
-            sf.prompt_missing = [p.missing for _, p in done]
         if last is not None:
             index, sampled = output.req_id_to_index, output.sampled_token_ids
             keep = [i for i, r in enumerate(ids) if r in index and sampled[index[r]]]
@@ -221,6 +203,13 @@ class FeatureHook:
                 sf.step = last[keep].cpu().numpy().astype(np.float32, copy=False)
         if sf.prompt_ids or sf.step_ids or sf.draft_ids:
             setattr(output, FEATURES_ATTR, sf)
+
+
+def _pack(done: list) -> tuple[list[str], np.ndarray, list[int], list[int]]:
+    """[(req_id, Pool)] -> their ids, mean pools (one float32 row each), positions pooled and
+    positions missing: the StepFeatures fields of a list of completed prompt pools."""
+    return ([r for r, _ in done], torch.stack([p.mean() for _, p in done]).cpu().numpy(),
+            [p.n for _, p in done], [p.missing for _, p in done])
 
 
 class PreschedCPUWorker(CPUWorker):
