@@ -44,7 +44,7 @@ from presched.predict.base import predictor_class
 from presched.predict.estimate import LEVELS
 from presched.predict.evaluate import ensure_registered
 from presched.predict.metrics import coverage_noise_floor_pts, score_all, ssjf_edges
-from presched.predict.probe import EGTP, DraftProbe, Probe
+from presched.predict.probe import EGTP, DraftProbe, FeatureSpec, Probe
 from presched.workload.paths import data_dir
 from presched.workload.request import Request
 
@@ -104,9 +104,14 @@ def features(rows: list[dict], cache: Path, layer: int) -> dict[str, dict[str, n
 def requests(rows: list[dict], feats: dict, split: str, layer: int, draft: tuple[dict, int]) -> list[Request]:
     """Requests of `split` carrying their vectors: the served model's mean and egtp pools at
     `layer`, and the draft model's mean pool (`draft` = (its features, its layer))."""
-    keys = {p: f"hidden:{MODEL}:L{layer}:{p}:s1" for p in ("mean", "egtp")}
     dfeats, dlayer = draft
-    dkey = f"hidden:draft:{MODEL}:L{dlayer}:mean:s1"
+    hidden = len(next(iter(feats.values()))["mean"])
+
+    def key(layer: int, pooling: str, role: str = "served") -> str:
+        return FeatureSpec(model=MODEL, layer=layer, hidden=hidden, pooling=pooling, sink=1, role=role).key()
+
+    keys = {p: key(layer, p) for p in ("mean", "egtp")}
+    dkey = key(dlayer, "mean", "draft")
     out = []
     for r in rows:
         if r["split"] != split:
