@@ -47,11 +47,23 @@ def _cfg(data) -> dict:
     ({"refine": "/no/such/refine.npz", "features": {}}, "refine"),  # not found
     ({"refine_at": []}, "refine_at"),
     ({"refine_at": [0]}, "refine_at"),
+    ({"features": {"record_steps": [16, 0]}}, "features.record_steps"),
+    ({"features": {"record_steps": [2**20 + 1]}}, "features.record_steps"),
+    ({"features": {"record_steps": list(range(1, 66))}}, "features.record_steps"),
+    ({"features": {"record_steps": ["x"]}}, "features.record_steps.0"),
 ])  # fmt: skip
 def test_bad_config_names_the_field(data, field):
     with pytest.raises(PluginConfigError) as e:
         build_policy(load_plugin_config(_cfg(data)))
     assert str(e.value).startswith(field + ":") or str(e.value).startswith(field + " "), str(e.value)
+
+
+def test_record_steps_default_and_bounds():
+    cfg = load_plugin_config(_cfg({"features": {}}))
+    assert cfg.features.record_steps == (16, 64, 256) == cfg.refine_at
+    got = load_plugin_config(_cfg({"features": {"record_steps": [1, 2**20, *range(2, 64)]}}))
+    assert len(got.features.record_steps) == 64 and max(got.features.record_steps) == 2**20
+    assert load_plugin_config(_cfg({"features": {"record_steps": []}})).features.record_steps == ()
 
 
 def test_config_from_a_file_and_default(tmp_path):
@@ -97,7 +109,8 @@ def test_bad_xargs_name_the_field(xargs, field):
 def _ns(**kw):
     base = dict(scheduler="vllm", policy=None, param=[], predictor=None, records=None,
                 plugin_stats=None, plugin_config=None, features=False, feature_layer=None,
-                probe=None, refine=None, refine_at=None, draft_layer=None, draft_probe=None, egtp=False)  # fmt: skip
+                probe=None, refine=None, refine_at=None, draft_layer=None, draft_probe=None, egtp=False,
+                record_steps=None)  # fmt: skip
     return argparse.Namespace(**(base | kw))
 
 
@@ -138,3 +151,7 @@ def test_launch_flags():
     with pytest.raises(ValueError, match="--egtp needs --features"):
         plugin_from_args(_ns(scheduler="presched", egtp=True))
     assert plugin_from_args(_ns(scheduler="presched", features=True, egtp=True)) == {"features": {"egtp": True}}
+    with pytest.raises(ValueError, match="--record-steps needs --features"):
+        plugin_from_args(_ns(scheduler="presched", record_steps=[8]))
+    assert plugin_from_args(_ns(scheduler="presched", features=True, record_steps=[8, 40])) == {
+        "features": {"record_steps": [8, 40]}}

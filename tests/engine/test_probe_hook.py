@@ -17,7 +17,11 @@ pred_mean / pred_quantiles) must be the probe's prediction on its own reference 
 pred_source 'probe', except for a request that sent its own prediction in vllm_xargs. It also
 runs a `probe-refine` model (plugin config `refine`, at REFINE_AT tokens, which the requests
 above never reach): a longer request's final estimate must be that model's prediction on the
-reference state at its own REFINE_AT-th generated token and its reference prompt state.
+reference state at its own REFINE_AT-th generated token and its reference prompt state. The
+records keep the per-step states at `features.record_steps` (RECORD_AT, REFINE_AT): the state
+of a longer request at REFINE_AT must be that same reference state, every request has one at
+RECORD_AT and none at a token it did not reach, and `presched train -p probe-refine --from-log`
+trains on them.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ import numpy as np
 import pytest
 
 from presched.engine.plugin.features import unpack
-from presched.engine.plugin.records import EGTP_FEATURE_TABLE, FEATURE_TABLE
+from presched.engine.plugin.records import EGTP_FEATURE_TABLE, FEATURE_TABLE, STEP_FEATURE_TABLE
 
 PROMPT_LENS = (41, 57, 73, 90)
 OUTPUT = 150
 REFINE_AT = 160  # beyond OUTPUT: only the refine test's longer requests are refined
+RECORD_AT = 20  # features.record_steps = [RECORD_AT, REFINE_AT]: every request reaches RECORD_AT
 
 
 def _prompts(lens, seed):
@@ -89,7 +94,8 @@ def refine(tiny_model, tmp_path_factory):
 def hooked(engine_factory, tmp_path_factory, probe, refine):
     d = tmp_path_factory.mktemp("hook")
     rec = d / "rec.sqlite"
-    plugin = {"policy": "fcfs", "records": str(rec), "features": {"sink_tokens": 1, "egtp": True},
+    plugin = {"policy": "fcfs", "records": str(rec),
+              "features": {"sink_tokens": 1, "egtp": True, "record_steps": [RECORD_AT, REFINE_AT]},
               "probe": str(probe[1]), "refine": str(refine[1]), "refine_at": [REFINE_AT],
               "stats": str(d / "stats.json")}  # fmt: skip
     eng = engine_factory(plugin=plugin, max_num_seqs=4, num_gpu_blocks_override=5, max_model_len=512,
@@ -202,3 +208,45 @@ def test_probe_refine_replaces_the_estimate_from_the_engines_own_step_state(hook
         np.testing.assert_allclose(json.loads(row[11]), want[i].quantiles, rtol=1e-3)
     stats = json.loads((rec.parent / "stats.json").read_text())
     assert stats["pred_refine"] >= len(lens) and stats["refine_errors"] == 0
+    # features.record_steps: the records' state at REFINE_AT is the reference state there
+    states, lengths = _step_rows(rec, n_at_refine=len(lens))
+    assert len(lengths) == len(PROMPT_LENS) + 2 + len(lens)
+    for i, n in enumerate(lens):
+        spec, vec = states[n][REFINE_AT]
+        assert json.loads(spec) == {"model": tiny_model.name, "layer": 1, "hidden": 256,
+                                    "pooling": "step", "sink": 1, "role": "served"}  # fmt: skip
+        np.testing.assert_allclose(unpack(vec), S[i], rtol=1e-4, atol=1e-4 * np.abs(S[i]).max())
+    for p, out in lengths.items():  # every request reached RECORD_AT; none has a row at g >= L
+        assert RECORD_AT in states.get(p, {}) and all(g < out for g in states[p]), (p, out, sorted(states.get(p, {})))
+        assert set(states[p]) == ({RECORD_AT, REFINE_AT} if out > REFINE_AT else {RECORD_AT})
+    # presched train -p probe-refine --from-log on the records trains a model that loads
+    from presched.predict import load_predictor
+    from presched.serve.train_log import train_from_log
+
+    # (sent with ignore_eos: every request was cut by max_tokens, so keep_censored)
+    path, report = train_from_log(rec, "probe-refine", rec.parent / "from-log.npz", keep_censored=True,
+                                  params={"model": tiny_model.name, "layer": 1})  # fmt: skip
+    back = load_predictor(path)
+    assert type(back).__name__ == "ProbeRefine" and back.hidden == 256
+    assert report["validation_requests"] >= 1
+    assert np.isfinite(back.predict_steps(S, P, np.full(len(lens), float(REFINE_AT))).quantiles).all()
+
+
+def _step_rows(rec, n_at_refine: int) -> tuple[dict, dict]:
+    """({prompt tokens: {g: (spec, vec)}} of the records' step_features, {prompt tokens:
+    output_tokens} of every request), once `n_at_refine` rows at REFINE_AT are written (a
+    request's step rows follow its requests row)."""
+    q = (f"SELECT r.prompt_tokens, f.g, f.spec, f.vec FROM requests r "
+         f"JOIN {STEP_FEATURE_TABLE} f ON f.id = r.id")  # fmt: skip
+    t0 = time.monotonic()
+    while True:
+        with sqlite3.connect(rec) as c:
+            rows = c.execute(q).fetchall()
+            lengths = dict(c.execute("SELECT prompt_tokens, output_tokens FROM requests").fetchall())
+        if sum(g == REFINE_AT for _, g, _, _ in rows) >= n_at_refine or time.monotonic() - t0 > 10:
+            break
+        time.sleep(0.1)
+    states: dict = {}
+    for p, g, spec, vec in rows:
+        states.setdefault(p, {})[g] = (spec, vec)
+    return states, lengths

@@ -110,7 +110,10 @@ def load_log_requests(
     prompt (text, or None when prompt logging was off), max_tokens, arrival = seconds after the
     log's first row)`, metadata {"ts", "finish_reason", "backend", "censored"}, plus the
     request's pooled prompt state under its `FeatureSpec.key()` when the engine plugin's
-    hidden-state hook recorded one (`prompt_features`: what `probe` trains on).
+    hidden-state hook recorded one (`prompt_features`: what `probe` trains on), and its per-step
+    states (`step_features`, plugin config `features.record_steps`) as {g: vector} under the key
+    of their step FeatureSpec (`hidden:MODEL:L<layer>:step:s<sink>`): what `probe-refine` trains
+    on (its `fit` makes one row per g < output_tokens).
 
     Censored lengths: a request whose generation was cut by `max_tokens` (finish_reason 'length'
     and output_tokens == max_tokens) or by the context window did not end on its own: its true
@@ -139,6 +142,8 @@ def load_log_requests(
             names = ", ".join(map(repr, known)) or "none (the log is empty)"
             raise ValueError(f"model: no row of {path} has model {model!r}; its models: {names}")
         features = prompt_features(conn)
+        for rid, states in step_features(conn).items():
+            features.setdefault(rid, {}).update(states)
     finally:
         conn.close()
     dropped = {"status": 0, "no_output_tokens": 0, "no_prompt_tokens": 0, "censored": 0}
@@ -192,6 +197,26 @@ def prompt_features(conn) -> dict[str, dict]:
             if spec not in keys:
                 keys[spec] = FeatureSpec.parse(json.loads(spec), f"{table}.spec").key()
             out.setdefault(str(rid), {})[keys[spec]] = unpack(vec)
+    return out
+
+
+def step_features(conn) -> dict[str, dict[str, dict[int, Any]]]:
+    """{request id: {step FeatureSpec key: {g: vector}}} from the engine plugin's
+    `step_features` table (records.py; the state at each request's g-th generated token for g
+    in `features.record_steps`), {} when the log has none."""
+    from presched.engine.plugin.features import unpack
+    from presched.engine.plugin.records import STEP_FEATURE_TABLE
+    from presched.predict.probe.spec import FeatureSpec
+
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                        (STEP_FEATURE_TABLE,)).fetchone():  # fmt: skip
+        return {}
+    out: dict[str, dict] = {}
+    keys: dict[str, str] = {}
+    for rid, g, spec, vec in conn.execute(f"SELECT id, g, spec, vec FROM {STEP_FEATURE_TABLE} ORDER BY id, g"):
+        if spec not in keys:
+            keys[spec] = FeatureSpec.parse(json.loads(spec), f"{STEP_FEATURE_TABLE}.spec").key()
+        out.setdefault(str(rid), {}).setdefault(keys[spec], {})[int(g)] = unpack(vec)
     return out
 
 

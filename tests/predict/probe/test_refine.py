@@ -90,3 +90,66 @@ def test_bad_input_is_refused_naming_what_is_wrong(fitted):
         fitted.predict([Request(id="x", prompt_tokens=3)])
     with pytest.raises(ValueError, match="validation"):
         new.fit([Request(id="x", prompt_tokens=3)])
+
+
+def _log_requests(n, seed, prefix, at=(4, 16, 64)):
+    """Requests as `load_log_requests` makes them from the engine's records: {g: step state}
+    under the step key for each g of `at` the request's answer reached (g < L, as the engine
+    records) plus a few states at g >= L (which `fit` must drop), the pooled prompt state under
+    the mean key; the remaining length follows each step state's column 0, so a state given to
+    the wrong g or request is noise."""
+    rng = np.random.default_rng(seed)
+    step, prompt = PREDICTORS.create("probe-refine").specs(D)
+    out = []
+    for i in range(n):
+        L = int(rng.integers(2, 120))
+        states = {}
+        for g in at:
+            s = rng.normal(size=D)
+            s[0] = np.log(max(L - g, 1)) - 2.5 + 0.05 * rng.normal()
+            states[g] = s
+        states[L] = rng.normal(size=D)  # at g == L: the request was finished, never recorded
+        out.append(Request(id=f"{prefix}{i}", prompt_tokens=9, output_tokens=L,
+                           metadata={step.key(): states, prompt.key(): rng.normal(size=D)}))  # fmt: skip
+    return out
+
+
+def _expand(reqs):
+    """The rows `fit` must make of log requests: one per g < L, in request order, g ascending."""
+    step, prompt = PREDICTORS.create("probe-refine").specs(D)
+    rows = [(r.metadata[step.key()][g], r.metadata[prompt.key()], g, r.output_tokens)
+            for r in reqs if step.key() in r.metadata and prompt.key() in r.metadata
+            for g in sorted(r.metadata[step.key()]) if g < r.output_tokens]  # fmt: skip
+    S, P, g, L = zip(*rows)
+    return np.stack(S), np.stack(P), np.array(g, dtype=float), np.array(L, dtype=float)
+
+
+def test_fit_from_log_requests_is_fit_steps_on_their_rows():
+    reqs, val = _log_requests(150, 20, "q"), _log_requests(200, 21, "c")
+    step, prompt = PREDICTORS.create("probe-refine").specs(D)
+    # without step states (a request shorter than every record_steps g) or without a prompt
+    # state: skipped
+    reqs.append(Request(id="short", prompt_tokens=9, output_tokens=3, metadata={prompt.key(): np.ones(D)}))
+    reqs.append(Request(id="noprompt", prompt_tokens=9, output_tokens=90,
+                        metadata={step.key(): {4: np.ones(D)}}))  # fmt: skip
+    a = PREDICTORS.create("probe-refine").fit(reqs, validation=val)
+    rows, cal = _expand(reqs), _expand(val)
+    assert len(rows[0]) < 3 * 150 and (rows[2] < rows[3]).all()  # g >= L rows are gone
+    b = PREDICTORS.create("probe-refine").fit_steps(*rows, *cal)
+    St, Pt, gt, Lt = _expand(_log_requests(300, 22, "t"))
+    got, want = a.predict_steps(St, Pt, gt), b.predict_steps(St, Pt, gt)
+    np.testing.assert_allclose(got.quantiles, want.quantiles, rtol=1e-12)
+    # and it learnt from the right state of the right request at the right g
+    assert kendalltau(got.rank_score, Lt - gt).statistic > 0.7
+
+
+def test_fit_from_log_requests_refuses_other_states_and_no_rows():
+    reqs, val = _log_requests(30, 23, "q"), _log_requests(30, 24, "c")
+    for k, v, have in (("layer", 14, 15), ("model", "other-model", "smollm2-135m"), ("sink", 0, 1)):
+        with pytest.raises(ValueError, match=rf"^{k}: request 'q0' has step states of {have!r}, the params say {v!r}"):
+            PREDICTORS.create("probe-refine", **{k: v}).fit(reqs, validation=val)
+    none = [Request(id=r.id, prompt_tokens=9, output_tokens=r.output_tokens) for r in reqs]
+    with pytest.raises(ValueError, match="^requests: no request has a step state"):
+        PREDICTORS.create("probe-refine").fit(none, validation=val)
+    with pytest.raises(ValueError, match="^validation: no request has a step state"):
+        PREDICTORS.create("probe-refine").fit(reqs, validation=none)

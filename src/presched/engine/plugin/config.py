@@ -49,6 +49,7 @@ class FeatureConfig(Config):
     sink_tokens: int = Field(1, ge=0, description="Leading prompt positions left out of the pooled prompt state (SmolLM2's first token carries a massive activation that would dominate a plain mean).")
     steps: bool = Field(True, description="Also ship the state of the last position of every request that sampled a token in a step (the per-step state); False: only the pooled prompt state.")
     egtp: bool = Field(False, description="Also pool the prompt state weighted by the entropy of the model's own next-token distribution at each position (EGTP), for an `egtp` probe file. vLLM computes logits only where it samples, so the worker applies the LM head to the final hidden state of every pooled prompt row: about vocab x hidden multiply-adds per prompt token (SmolLM2's LM head is 28 M of its 135 M parameters: about a quarter more multiply-adds per prompt token; the hook's time is in the stats, features_worker_s).")
+    record_steps: tuple[int, ...] = Field((16, 64, 256), max_length=64, description="With `records` and steps on: generated-token counts g at which each request's per-step state (the state at its g-th generated token) is kept and, when the request is freed, written to the records' `step_features` table (one row per g the request reached, L > g), for `presched train -p probe-refine --from-log`. At most len(record_steps) vectors per running request; () or records off: none kept.")
     draft_layer: int | None = Field(None, ge=0, description="Also pool the prompt state at this decoder layer of the speculative-decoding draft model (OUTLETS; needs --speculative-config with method draft_model), the same way (mean without the sink tokens), for `draft_probe`. None: off. Checked against the draft model when the worker loads it.")
 
 
@@ -148,6 +149,9 @@ def parse_plugin_config(data: dict) -> PluginConfig:
             raise PluginConfigError(DRAFT_NEEDS_FEATURES)
         if not cfg.draft_probe.is_file():
             raise PluginConfigError(f"draft_probe: model file not found: {cfg.draft_probe}")
+    if cfg.features is not None and any(not 1 <= g <= 2**20 for g in cfg.features.record_steps):
+        raise PluginConfigError(f"features.record_steps: token counts must be in 1..{2**20}, "
+                                f"got {list(cfg.features.record_steps)}")  # fmt: skip
     if any(not 1 <= g <= 2**20 for g in cfg.refine_at):
         raise PluginConfigError(f"refine_at: token counts must be in 1..{2**20}, got {list(cfg.refine_at)}")
     return cfg

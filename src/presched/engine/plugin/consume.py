@@ -10,9 +10,11 @@ Made by `PreschedScheduler` when the plugin config has `features`. For each step
 3. their counts go into the scheduler's stats counters (`pred_probe`, `probe_errors`, ...);
    an error count that moved asks for the stats file to be rewritten.
 
-At a request's end `write` puts its pooled states in the records (`prompt_features`,
-`egtp_features` for the EGTP pool, `draft_features` for the draft model's), with the
-`FeatureSpec` of what the hooks pool.
+With `records` and steps on, each per-step state at a `features.record_steps` token g is kept
+on its seq (`features_record`, the first that arrives per g). At a request's end `write` puts its
+pooled states in the records (`prompt_features`, `egtp_features` for the EGTP pool,
+`draft_features` for the draft model's) and its kept step states in `step_features` (one row
+per g), with the `FeatureSpec` of what the hooks pool (pooling 'step' for the step states).
 """
 
 from __future__ import annotations
@@ -58,9 +60,14 @@ class FeatureConsumer:
         self.spec_json: str | None = None  # FeatureSpec JSON of the pooled states, from the first features
         self.egtp_spec_json: str | None = None
         self.draft_spec_json: str | None = None
+        self.step_spec_json: str | None = None
+        keep = cfg.records is not None and cfg.features is not None and cfg.features.steps
+        self.record_steps = frozenset(cfg.features.record_steps) if keep else frozenset()
 
     def step(self, sf: StepFeatures, seqs: dict) -> None:
         deliver(sf, seqs)
+        if self.record_steps:
+            keep_steps(sf.step_ids, seqs, self.record_steps)
         for runner, name, ids, arg in (
             (self.draft_probe, "draft_probe", sf.draft_ids, sf.draft),
             (self.probe, "probe", sf.prompt_ids,
@@ -82,6 +89,7 @@ class FeatureConsumer:
         if self.spec_json is None:
             self.spec_json = _spec_json(self.model, sf.layer, sf.hidden, sf.sink, "served")
             self.egtp_spec_json = _spec_json(self.model, sf.layer, sf.hidden, sf.sink, "served", "egtp")
+            self.step_spec_json = _spec_json(self.model, sf.layer, sf.hidden, sf.sink, "served", "step")
         if self.draft_spec_json is None and sf.draft_model is not None:
             self.draft_spec_json = _spec_json(sf.draft_model, sf.draft_layer, sf.draft_hidden, sf.sink, "draft")
 
@@ -93,6 +101,20 @@ class FeatureConsumer:
             records.write_features(seq, self.egtp_spec_json, egtp=True)
         if seq.features_draft is not None and self.draft_spec_json is not None:
             records.write_draft_features(seq, self.draft_spec_json)
+        if getattr(seq, "features_record", None) and self.step_spec_json is not None:  # seq-likes may lack it
+            records.write_step_features(seq, self.step_spec_json)
+
+
+def keep_steps(step_ids, seqs: dict, at: frozenset) -> None:
+    """After `deliver`: keep each delivered per-step state whose token g is in `at` on its seq
+    (`features_record[g]`), the first that arrives for each g (at most len(at) per seq)."""
+    for rid in step_ids:
+        seq = seqs.get(rid)
+        if seq is not None and seq.features_step_g in at:
+            if seq.features_record is None:
+                seq.features_record = {}
+            if seq.features_step_g not in seq.features_record:  # a copy: not a view of the step's array
+                seq.features_record[seq.features_step_g] = seq.features_step.copy()
 
 
 def _spec_json(model: str, layer: int, hidden: int, sink: int, role: str, pooling: str = "mean") -> str:

@@ -17,6 +17,7 @@ def add_plugin_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--features", action="store_true", help="with --scheduler presched: the hidden-state hook in the worker (pooled prompt state and per-step state per request; docs/engine-plugin.md); turns prefix caching off")
     ap.add_argument("--feature-layer", type=int, default=None, help="with --features: the decoder layer read (default n_layers // 2)")
     ap.add_argument("--egtp", action="store_true", help="with --features: also pool the prompt state weighted by next-token entropy (EGTP; the worker computes logits at every prompt position), for an egtp --probe file")
+    ap.add_argument("--record-steps", type=int, nargs="+", default=None, metavar="G", help="with --features and --records: the generated-token counts whose per-step states go into the records' step_features table, for `presched train -p probe-refine --from-log` (default 16 64 256)")
     ap.add_argument("--probe", type=Path, default=None, help="with --features: a probe file (`presched train -p probe`) run in the engine on each pooled prompt state; its prediction replaces the estimate of requests without their own in vllm_xargs")
     ap.add_argument("--refine", type=Path, default=None, help="with --features: a probe-refine file run in the engine on the per-step states; at each --refine-at token it replaces a running request's estimate (unless the request sent its own)")
     ap.add_argument("--refine-at", type=int, nargs="+", default=None, metavar="G", help="with --refine: the generated-token counts at which estimates are refined (default 16 64 256)")
@@ -37,6 +38,7 @@ def plugin_from_args(a: argparse.Namespace) -> dict | None:
     given += ["feature_layer"] if a.feature_layer is not None else []
     given += ["draft_layer"] if a.draft_layer is not None else []
     given += ["egtp"] if a.egtp else []
+    given += ["record_steps"] if a.record_steps is not None else []
     if a.scheduler != "presched":
         if given:
             raise ValueError(f"--{given[0].replace('_', '-')} needs --scheduler presched")
@@ -58,7 +60,7 @@ def plugin_from_args(a: argparse.Namespace) -> dict | None:
         data["params"] = params
     if a.feature_layer is not None and not a.features:
         raise ValueError("--feature-layer needs --features")
-    for flag in ("draft_layer", "egtp"):
+    for flag in ("draft_layer", "egtp", "record_steps"):
         if getattr(a, flag) not in (None, False) and not a.features:
             raise ValueError(f"--{flag.replace('_', '-')} needs --features")
     if a.features:
@@ -69,6 +71,8 @@ def plugin_from_args(a: argparse.Namespace) -> dict | None:
             feats["draft_layer"] = a.draft_layer
         if a.egtp:
             feats["egtp"] = True
+        if a.record_steps is not None:
+            feats["record_steps"] = list(a.record_steps)
         data["features"] = feats
     for flag in ("probe", "refine", "draft_probe"):
         if getattr(a, flag) is not None and not a.features and "features" not in data:

@@ -20,7 +20,11 @@ pooled), `missing`, `pools` (pooled states received, > 1 after a recompute), `st
 states received), `vec` (little-endian float32 bytes, `features.unpack`). With
 `features.draft_layer`, `draft_features` has the same columns for the draft model's pooled
 prompt state (its spec's role 'draft', `steps` 0); with `features.egtp`, `egtp_features` for
-the entropy-weighted pool (spec pooling 'egtp').
+the entropy-weighted pool (spec pooling 'egtp'). With `features.record_steps` (steps on),
+`step_features` gets one row per freed request and generated-token count g in record_steps
+that it reached (L > g): `id`, `g`, `spec` (FeatureSpec JSON, pooling 'step', role 'served', the
+same model, layer, hidden and sink as the pooled prompt state's), `vec` (the state at its g-th
+generated token), primary key (id, g): what `presched train -p probe-refine --from-log` reads.
 
 Each row is committed when its request is freed (WAL, synchronous=NORMAL: no fsync, tens of
 microseconds), so a killed engine loses none.
@@ -48,6 +52,8 @@ FEATURE_TABLES = (FEATURE_TABLE, EGTP_FEATURE_TABLE, DRAFT_FEATURE_TABLE)
 FEATURE_COLUMNS: dict[str, str] = {"id": "TEXT PRIMARY KEY", "spec": "TEXT", "n": "INTEGER",
                                    "missing": "INTEGER", "pools": "INTEGER", "steps": "INTEGER",
                                    "vec": "BLOB"}  # fmt: skip
+STEP_FEATURE_TABLE = "step_features"  # per-step states at `features.record_steps` tokens
+STEP_FEATURE_COLUMNS: dict[str, str] = {"id": "TEXT", "g": "INTEGER", "spec": "TEXT", "vec": "BLOB"}
 
 
 class RecordError(RuntimeError):
@@ -68,6 +74,7 @@ class RecordWriter:
         self._names = names
         self.rows = 0
         self._feature_inserts: dict[str, str] = {}  # table -> its INSERT, once the table exists
+        self._step_table = False  # step_features created
 
     def _prepare(self) -> None:
         c = self.conn
@@ -104,6 +111,18 @@ class RecordWriter:
         """The `draft_features` row of a freed request with the draft model's pooled state."""
         self._feature_row(DRAFT_FEATURE_TABLE, seq.features_draft,
                           [seq.id, spec_json, seq.draft_n, seq.draft_missing, seq.draft_pools, 0])  # fmt: skip
+
+    def write_step_features(self, seq, spec_json: str) -> None:
+        """The `step_features` rows of a freed request: one per g in `seq.features_record`."""
+        from presched.engine.plugin.features import pack
+
+        if not self._step_table:
+            cols = ", ".join(f"{n} {t}" for n, t in STEP_FEATURE_COLUMNS.items())
+            self.conn.execute(f"CREATE TABLE IF NOT EXISTS {STEP_FEATURE_TABLE} ({cols}, PRIMARY KEY (id, g))")
+            self._step_table = True
+        rows = [(seq.id, int(g), spec_json, pack(v)) for g, v in sorted((seq.features_record or {}).items())]
+        self.conn.executemany(f"INSERT OR REPLACE INTO {STEP_FEATURE_TABLE} ({', '.join(STEP_FEATURE_COLUMNS)}) "
+                              "VALUES (?, ?, ?, ?)", rows)  # fmt: skip
 
     def _feature_row(self, table: str, vec, values: list) -> None:
         """One row of a feature table: `values` are FEATURE_COLUMNS but the last, `vec`."""

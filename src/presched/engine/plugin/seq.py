@@ -28,6 +28,10 @@ Hidden-state features (plugin config `features`, worker.py), None / 0 without th
     features_step    state at the last generated token; feature_steps: how many arrived;
                      features_step_g: that token's number g (the step reads token g)
     features_egtp    the EGTP (entropy-weighted) pool of the same positions (`features.egtp`)
+    features_record  {g: state at generated token g} for g in `features.record_steps`, kept
+                     only with `records`; written to `step_features` when freed. A recompute
+                     after preemption resumes at the next token, so each g arrives once; were
+                     one to arrive twice, the first is kept
     features_draft   the draft model's pooled prompt state (`features.draft_layer`); draft_n,
                      draft_missing, draft_pools as features_n, features_missing, feature_pools
 
@@ -52,7 +56,7 @@ class EngineSeq:
                  "finish", "pred_source", "computed", "features_prompt", "features_n",
                  "features_missing", "feature_pools", "features_step", "feature_steps",
                  "features_step_g", "features_draft", "draft_n", "draft_missing", "draft_pools",
-                 "features_egtp")  # fmt: skip
+                 "features_egtp", "features_record")  # fmt: skip
 
     def __init__(self, vreq: Any, estimate: Any = None, pred_source: str | None = None) -> None:
         self.vreq = vreq
@@ -83,6 +87,7 @@ class EngineSeq:
         self.features_n = self.features_missing = self.feature_pools = self.feature_steps = 0
         self.features_step_g = 0
         self.features_draft = self.features_egtp = None
+        self.features_record: dict[int, Any] | None = None  # g -> per-step state (`features.record_steps`)
         self.draft_n = self.draft_missing = self.draft_pools = 0
 
     @property

@@ -18,11 +18,21 @@ remaining length on the calibration rows. The estimate is of the total length, g
 (quantiles >= g + 1), so that a driver can put it in place of `seq.estimate`; `rank_score` is
 the log remaining length. `predict(requests)` reads S and P from `Request.metadata` (keys of the
 `step` and `mean` FeatureSpecs) and g from `metadata["generated"]`.
+
+`fit(requests, validation)` also takes the requests of the engine's records
+(`presched train -p probe-refine --from-log records.sqlite --param model=M --param layer=N`:
+`load_log_requests` attaches {g: state at the g-th generated token} under the step key, from
+the `step_features` table, plugin config `features.record_steps`): each expands into one row
+per g < output_tokens (the true length L), with its pooled prompt state; one without step or
+prompt states is skipped. The expansion is inside `fit`, after `train_from_log`'s validation
+split, so the rows of one request stay on one side. Step states of another model, layer or sink
+than the params' are refused (ValueError naming the field).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -71,15 +81,63 @@ class ProbeRefine(Predictor):
         return step, step.model_copy(update={"pooling": "mean"})
 
     def fit(self, requests: Sequence[Request], validation: Sequence[Request] | None = None) -> "ProbeRefine":
-        """From requests carrying both states and `generated` in metadata (one row per request
-        and step) and their true `output_tokens`; `validation` is required (calibration)."""
+        """From requests with their true `output_tokens`: each carrying both states and
+        `generated` in metadata (one row per request and step), or a request of the engine's
+        records carrying {g: step state} (one row per g < output_tokens; see module doc);
+        `validation` is required (calibration)."""
         if validation is None:
             raise ValueError("validation: probe-refine calibrates on a separate set of requests")
-        S, P, g = self._read(requests)
-        S_cal, P_cal, g_cal = self._read(validation)
-        L = np.array([_label(r) for r in requests], dtype=float)
-        L_cal = np.array([_label(r) for r in validation], dtype=float)
-        return self.fit_steps(S, P, g, L, S_cal, P_cal, g_cal, L_cal)
+        return self.fit_steps(*self._rows(requests, "requests"), *self._rows(validation, "validation"))
+
+    def _rows(self, requests: Sequence[Request], where: str) -> tuple[np.ndarray, ...]:
+        """(S, P, g, L) of `requests`: a request with `generated` is one row (`_read`'s rules);
+        one with {g: state} under the step key one row per g < L; others are skipped."""
+        step, prompt = self.specs(hidden=1)  # keys leave out the width
+        single = [r for r in requests if GENERATED in r.metadata]
+        S, P, g, L = [], [], [], []
+        if single:
+            S1, P1, g1 = self._read(single)
+            S, P, g = list(S1), list(P1), list(g1)
+            L = [float(_label(r)) for r in single]
+        for r in requests:
+            if GENERATED in r.metadata:
+                continue
+            states = r.metadata.get(step.key())
+            if not isinstance(states, Mapping):
+                self._check_other_specs(r)
+                continue
+            p = r.metadata.get(prompt.key())
+            if p is None:
+                continue
+            n = _label(r)
+            for at in sorted(states):
+                if at < n:  # still running after token `at`: remaining n - at >= 1
+                    S.append(np.asarray(states[at], dtype=float).reshape(-1))
+                    P.append(np.asarray(p, dtype=float).reshape(-1))
+                    g.append(float(at))
+                    L.append(float(n))
+        if not S:
+            raise ValueError(f"{where}: no request has a step state (at a generated token g < its "
+                             f"output_tokens) and a pooled prompt state of {prompt.model!r} layer "
+                             f"{prompt.layer} sink {prompt.sink}; train from records written with "
+                             "plugin config features.record_steps, or from rows with metadata "
+                             f"{step.key()!r}, {prompt.key()!r} and {GENERATED!r}")  # fmt: skip
+        return np.stack(S), np.stack(P), np.array(g), np.array(L)
+
+    def _check_other_specs(self, r: Request) -> None:
+        """ValueError naming the field when `r` carries recorded step states of another model,
+        layer or sink than this predictor's params."""
+        p = self.params
+        for key, value in r.metadata.items():
+            m = _STEP_KEY.match(key) if isinstance(value, Mapping) else None
+            if m is None:
+                continue
+            have = {"model": m["model"], "layer": int(m["layer"]), "sink": int(m["sink"])}
+            diff = [f"{k}: request {r.id!r} has step states of {have[k]!r}, the params say {p[k]!r} "
+                    f"(--param {k}=...)" for k in have if have[k] != p[k]]  # fmt: skip
+            if diff:
+                raise ValueError(f"{'; '.join(diff)}: probe-refine must be fitted on the hidden "
+                                 "states it will read")  # fmt: skip
 
     def fit_steps(self, S, P, g, L, S_cal, P_cal, g_cal, L_cal) -> "ProbeRefine":
         """Fit on rows of (step state, prompt state, g, true total length L > g)."""
@@ -141,6 +199,10 @@ class ProbeRefine(Predictor):
         pred.hidden = int(values["hidden"])
         pred.fitted = True
         return pred
+
+
+_STEP_KEY = re.compile(r"^hidden:(?!draft:)(?P<model>.+):L(?P<layer>\d+):step:s(?P<sink>\d+)$")
+"""A served model's step-state `FeatureSpec.key()`."""
 
 
 def _label(r: Request) -> int:
