@@ -136,6 +136,21 @@ def test_request_body_fields():
     )
 
 
+def test_sample_seeds_give_each_request_its_own_stable_seed():
+    from presched.loadgen.replay import request_seed
+
+    a, b = (Request(id=i, prompt_tokens=5, output_tokens=40) for i in ("a", "b"))
+    cfg = ReplayConfig(force_lengths=False, sample_seeds=True)
+    seed_a = request_body(a, cfg, "m", "x")["seed"]
+    assert seed_a == request_seed(0, "a") == 2059793309  # sha256, not Python's salted hash()
+    assert request_body(b, cfg, "m", "x")["seed"] != seed_a  # per request, not one global seed
+    assert request_body(a, cfg.model_copy(update={"seed": 1}), "m", "x")["seed"] != seed_a
+    assert 0 <= seed_a < 2**31
+    assert "seed" not in request_body(a, ReplayConfig(force_lengths=False), "m", "x")  # off by default
+    pinned = cfg.model_copy(update={"extra_body": {"seed": 7}})
+    assert request_body(a, pinned, "m", "x")["seed"] == 7  # extra_body wins
+
+
 def test_synthetic_prompts_are_deterministic_distinct_and_fit_a_tokenizer():
     r = Request(id="x", prompt_tokens=50)
     p = synthetic_prompt(r, seed=1)

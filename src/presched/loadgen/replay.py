@@ -26,6 +26,8 @@ How a request is sent
 - Length: with `force_lengths` and a known true length, `max_tokens` = that length
   (`Request.target_tokens`) and `ignore_eos: true` (vLLM, SGLang), so the server generates exactly
   the data's output length; otherwise `max_tokens` = `Request.max_tokens` or `max_tokens_default`.
+  With `sample_seeds`, each request carries its own sampling `seed` (a hash of the replay seed
+  and its id), so natural, sampled lengths repeat across runs and configurations.
 
 What is measured (seconds on one monotonic clock; `arrival` = when the request was handed to the
 HTTP client, as `vllm bench serve` measures)
@@ -49,6 +51,7 @@ HTTP client, as `vllm bench serve` measures)
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import random
 import time
@@ -124,6 +127,10 @@ class ReplayConfig(Config):
         ge=0,
         description="Seed of the synthetic prompts (a request without text gets words drawn from seed and its id).",
     )
+    sample_seeds: bool = Field(
+        False,
+        description="Send each request its own sampling seed (OpenAI `seed` = a stable hash of `seed` and the request id): a sampled answer, and so its length, is then the same in every run and configuration (vLLM seeds each request's sampler with it). An explicit seed in extra_body wins.",
+    )
     extra_body: dict[str, Any] = Field(
         default_factory=dict,
         description="Fields merged into every JSON request body (they win over replay's own), e.g. {temperature: 0}.",
@@ -193,6 +200,13 @@ def _lengths(r: Request, cfg: ReplayConfig) -> tuple[int, bool]:
     return r.max_tokens or cfg.max_tokens_default, False
 
 
+def request_seed(seed: int, request_id: str) -> int:
+    """The sampling seed of one request (`sample_seeds`): 31 bits of sha256(seed:id), the same in
+    every process (Python's `hash` of a string is salted per process)."""
+    digest = hashlib.sha256(f"{seed}:{request_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
 def request_body(r: Request, cfg: ReplayConfig, model: str, prompt: str) -> dict[str, Any]:
     """The JSON body sent for `r` (OpenAI fields plus vLLM's ignore_eos when lengths are forced)."""
     max_tokens, ignore_eos = _lengths(r, cfg)
@@ -205,6 +219,8 @@ def request_body(r: Request, cfg: ReplayConfig, model: str, prompt: str) -> dict
         body["ignore_eos"] = True
     if cfg.stream and cfg.include_usage:
         body["stream_options"] = {"include_usage": True}
+    if cfg.sample_seeds:
+        body["seed"] = request_seed(cfg.seed, r.id)
     body.update(cfg.extra_body)
     return body
 
