@@ -70,14 +70,27 @@ def test_poisson_arrivals_are_seeded_and_at_the_rate(parts):
 def test_figures_are_medians_of_paired_ratios(parts):
     runs = [_run("fcfs", 0, 100, {"a": 5}), _run("textgbm", 0, 50, {"a": 5}), _run("probe", 0, 40, {"a": 5}),
             _run("fcfs", 1, 90, {"a": 5}), _run("textgbm", 1, 60, {"a": 5}), _run("probe", 1, 60, {"a": 5}),
-            _run("fcfs", 2, 80, {"a": 5}), _run("textgbm", 2, 40, {"a": 6})]  # repeat 2: no probe run
+            _run("fcfs", 2, 80, {"a": 5}), _run("textgbm", 2, 40, {"a": 5})]  # repeat 2: no probe run
     f = parts.figures_of(runs, {"textgbm": {"tau_b": 0.3}, "probe": {"tau_b": float("nan")}})
     assert f["engine_probe_over_textgbm_mean_e2e"] == pytest.approx(np.median([0.8, 1.0]))
     assert (f["engine_probe_over_textgbm_mean_e2e_min"], f["engine_probe_over_textgbm_mean_e2e_max"]) == (0.8, 1.0)
     assert f["engine_fcfs_over_textgbm_mean_e2e"] == pytest.approx(np.median([2.0, 1.5, 2.0]))
     assert f["engine_fcfs_over_probe_mean_e2e"] == pytest.approx(np.median([2.5, 1.5]))
-    assert f["engine_tau_textgbm"] == 0.3 and "engine_tau_probe" not in f  # NaN is not a figure
-    assert f["answers_same_length_fraction"] == 0.0  # request a came back 6 tokens long once
+    assert f["engine_final_estimate_tau_textgbm"] == 0.3 and "engine_final_estimate_tau_probe" not in f  # NaN: no figure
+    assert f["answers_same_length_fraction"] == 1.0 and "engine_fcfs_over_probe_mean_e2e_same_answers" not in f
+    assert f["repeats_complete"] == 3
+
+
+def test_a_repeat_with_a_failed_request_is_left_out_and_other_answers_are_compared_apart(parts):
+    runs = [_run("fcfs", 0, 100, {"a": 5, "b": 9}), _run("probe", 0, 50, {"a": 5, "b": 8}),
+            _run("fcfs", 1, 90, {"a": 5, "b": 9}), _run("probe", 1, 10, {"a": 5})]
+    runs[3]["summary"]["failed"] = 1  # repeat 1's probe run lost request b: its mean is not comparable
+    for r, (ea, eb) in zip(runs, ((2.0, 8.0), (1.0, 4.0), (2.0, 7.0), (1.0, 0.0))):
+        r["e2e_s"] = {"a": ea, "b": eb} if "b" in r["lengths"] else {"a": ea}
+    f = parts.figures_of(runs, {})
+    assert f["repeats_complete"] == 1 and f["engine_fcfs_over_probe_mean_e2e"] == 2.0  # repeat 0 only
+    assert f["answers_same_length_fraction"] == 0.5  # b came back 9 and 8 tokens long
+    assert f["engine_fcfs_over_probe_mean_e2e_same_answers"] == 2.0  # a alone: 2.0 s / 1.0 s
 
 
 def test_record_taus_read_the_final_estimates_of_each_engine(parts, tmp_path):
@@ -165,8 +178,10 @@ def test_ranking_scores_each_predictor_on_the_measured_records_once_per_prompt(p
     got = parts.ranking(tmp_path / "probe.sqlite", preds, at=[16, 64, 256])
     assert got["prompts"] == 60  # the 5 repeats of one prompt count once
     assert got["all"]["probe"] > 0.8 and got["all"]["text-gbm"] > 0.5  # the planted laws are found
-    L = np.array([12 * k for k in np.random.default_rng(1).integers(1, 20, 60)])
-    assert got["g64"]["running"] == pytest.approx(int((L > 64).sum()), abs=3)  # only answers still running
+    from presched.serve.log_read import load_log_requests
+
+    L = np.array([r.output_tokens for r in load_log_requests(tmp_path / "probe.sqlite").requests if r.id[0] == "q"])
+    assert got["g16"]["running"] == (L > 16).sum() and got["g64"]["running"] == (L > 64).sum()
     assert got["g16"]["probe-refine"] > 0.8 and got["g64"]["probe-refine"] > 0.8
     assert got["g256"] == {"running": 0}  # no state was recorded there
     figs = parts.figures_of([], {}, got)

@@ -32,8 +32,9 @@ def _seq(rid: str, prompt: int = 9) -> EngineSeq:
 
 
 def _consumer(tmp_path, record_steps, records=True) -> FeatureConsumer:
-    cfg = parse_plugin_config({"features": {"record_steps": list(record_steps)},
-                               "records": str(tmp_path / "r.sqlite") if records else None})  # fmt: skip
+    """`record_steps` None: the default (without records the only way: set, it is refused)."""
+    feats = {} if record_steps is None else {"record_steps": list(record_steps)}
+    cfg = parse_plugin_config({"features": feats, "records": str(tmp_path / "r.sqlite") if records else None})
     vcfg = SimpleNamespace(model_config=SimpleNamespace(model=f"/models/{MODEL}"))
     return FeatureConsumer(cfg, vcfg, {}, lambda: None)
 
@@ -51,11 +52,12 @@ def _decode(fc: FeatureConsumer, seqs: dict, lengths: dict, again: dict | None =
     fc.step(StepFeatures(layer=1, sink=1, hidden=4, prompt_ids=list(seqs),
                          prompt=np.stack([np.full(4, int(r[1:]), np.float32) for r in seqs]),
                          prompt_n=[8] * len(seqs), prompt_missing=[0] * len(seqs)), seqs)  # fmt: skip
-    for _ in range(max(lengths.values())):
+    buf = np.zeros((len(seqs), 4), np.float32)  # one buffer, overwritten every step (as the worker's
+    for _ in range(max(lengths.values())):  # arrays are reused): a kept state must be a copy
         live = [r for r in seqs if seqs[r].generated < lengths[r]]
         if live:
-            fc.step(StepFeatures(layer=1, sink=1, hidden=4, step_ids=live,
-                                 step=np.stack([_state(r, seqs[r].generated) for r in live])), seqs)  # fmt: skip
+            buf[: len(live)] = [_state(r, seqs[r].generated) for r in live]
+            fc.step(StepFeatures(layer=1, sink=1, hidden=4, step_ids=live, step=buf[: len(live)]), seqs)
         for r in [r for r in live if (again or {}).get(r) == seqs[r].generated]:
             fc.step(StepFeatures(layer=1, sink=1, hidden=4, step_ids=[r],
                                  step=_state(r, seqs[r].generated)[None] + 100), seqs)  # fmt: skip
@@ -94,7 +96,7 @@ def test_step_states_at_record_steps_are_kept_once_recorded_and_read_back(tmp_pa
 
 
 def test_nothing_is_kept_without_records_or_record_steps(tmp_path):
-    for fc in (_consumer(tmp_path, (2,), records=False), _consumer(tmp_path, ())):
+    for fc in (_consumer(tmp_path, None, records=False), _consumer(tmp_path, ())):
         seqs = {"q0": _seq("q0")}
         _decode(fc, seqs, {"q0": 4})
         assert seqs["q0"].features_record is None and seqs["q0"].feature_steps == 4

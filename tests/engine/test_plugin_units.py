@@ -51,6 +51,8 @@ def _cfg(data) -> dict:
     ({"features": {"record_steps": [2**20 + 1]}}, "features.record_steps"),
     ({"features": {"record_steps": list(range(1, 66))}}, "features.record_steps"),
     ({"features": {"record_steps": ["x"]}}, "features.record_steps.0"),
+    ({"features": {"record_steps": [16]}}, "features.record_steps"),  # no records: nothing recorded
+    ({"features": {"record_steps": [16], "steps": False}, "records": "r.sqlite"}, "features.record_steps"),
 ])  # fmt: skip
 def test_bad_config_names_the_field(data, field):
     with pytest.raises(PluginConfigError) as e:
@@ -61,9 +63,11 @@ def test_bad_config_names_the_field(data, field):
 def test_record_steps_default_and_bounds():
     cfg = load_plugin_config(_cfg({"features": {}}))
     assert cfg.features.record_steps == (16, 64, 256) == cfg.refine_at
-    got = load_plugin_config(_cfg({"features": {"record_steps": [1, 2**20, *range(2, 64)]}}))
+    got = load_plugin_config(_cfg({"features": {"record_steps": [1, 2**20, *range(2, 64)]}, "records": "r.sqlite"}))
     assert len(got.features.record_steps) == 64 and max(got.features.record_steps) == 2**20
     assert load_plugin_config(_cfg({"features": {"record_steps": []}})).features.record_steps == ()
+    # the default does not ask for records (it only applies when records are on)
+    assert load_plugin_config(_cfg({"features": {"steps": False}})).features.record_steps == (16, 64, 256)
 
 
 def test_config_from_a_file_and_default(tmp_path):

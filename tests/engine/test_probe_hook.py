@@ -243,8 +243,11 @@ def _step_rows(rec, n_at_refine: int) -> tuple[dict, dict]:
         with sqlite3.connect(rec) as c:
             rows = c.execute(q).fetchall()
             lengths = dict(c.execute("SELECT prompt_tokens, output_tokens FROM requests").fetchall())
-        if sum(g == REFINE_AT for _, g, _, _ in rows) >= n_at_refine or time.monotonic() - t0 > 10:
+        if sum(g == REFINE_AT for _, g, _, _ in rows) >= n_at_refine:
             break
+        if time.monotonic() - t0 > 10:
+            pytest.fail(f"step_features: {sum(g == REFINE_AT for _, g, _, _ in rows)} rows at g={REFINE_AT} "
+                        f"after 10 s, {n_at_refine} expected ({len(rows)} step rows, {len(lengths)} requests)")
         time.sleep(0.1)
     states: dict = {}
     for p, g, spec, vec in rows:

@@ -122,6 +122,9 @@ class ProbeRefine(Predictor):
                              f"{prompt.layer} sink {prompt.sink}; train from records written with "
                              "plugin config features.record_steps, or from rows with metadata "
                              f"{step.key()!r}, {prompt.key()!r} and {GENERATED!r}")  # fmt: skip
+        widths = sorted({len(v) for v in S} | {len(v) for v in P})
+        if len(widths) > 1:
+            raise ValueError(f"features: {where} mix states of widths {widths} (records of other models?)")
         return np.stack(S), np.stack(P), np.array(g), np.array(L)
 
     def _check_other_specs(self, r: Request) -> None:
