@@ -34,12 +34,22 @@ answer in every configuration and repeat (checked: `answers_same_length_fraction
    mean training answer length, replayed `--repeats` times through each configuration, the
    order rotated by one per repeat.
 
+Refinement happens at the `refine_at` tokens an answer outlives: at 16 and 64 with the default
+cap of 256 (a request capped at 256 ends before its state at 256 is read).
+
 Figures: `engine_probe_over_textgbm_mean_e2e` (median over repeats of the paired ratio probe mean
 E2E / textgbm mean E2E: < 1 means the probes help; `_min` / `_max`: the per-repeat range),
-`engine_fcfs_over_textgbm_mean_e2e`, `engine_fcfs_over_probe_mean_e2e`, `engine_tau_textgbm` /
-`engine_tau_probe` (tau-b of each request's final estimate in the engine's records against its
-length, test requests, all repeats), `answers_same_length_fraction`. Writes
-benchmarks/results/engine_probe_e2e.json and .png.
+`engine_fcfs_over_textgbm_mean_e2e`, `engine_fcfs_over_probe_mean_e2e` (the same for those pairs);
+a repeat where any run lost a request is left out (`repeats_complete` counts the others) and,
+when some answers came back with other lengths in some run (`answers_same_length_fraction` < 1:
+a preemption's recompute or another batch can change the sampled tokens), `*_same_answers` are
+the ratios over the requests whose answers were the same everywhere.
+`engine_final_estimate_tau_textgbm` / `_probe`: tau-b of each request's final estimate in the
+engine's records against its length (all repeats; the probe engine's final estimate is mostly
+refine's, which knows L > g: not like for like). Like for like: `records_tau_<predictor>_<where>`,
+the three predictors scored offline on the measured requests' own records (`ranking`: each
+prompt once; `all`, and `g16` / `g64` / `g256` on the answers still running at that token).
+Writes benchmarks/results/engine_probe_e2e.json and .png.
 """
 
 from __future__ import annotations
@@ -56,8 +66,8 @@ import numpy as np
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_probe_e2e_parts import (CONFIGS, at_once, figures_of, load_prompts, plot, plugin_config,
-                                    poisson, ranking, record_taus, requests_of, table)  # fmt: skip  # noqa: E402
+from engine_probe_e2e_parts import (CONFIGS, REFINE_AT, at_once, figures_of, load_prompts, plot,
+                                    plugin_config, poisson, ranking, record_taus, requests_of, table)  # fmt: skip  # noqa: E402
 
 from presched.engine import affinity, launch  # noqa: E402
 from presched.engine.models import resolve_model  # noqa: E402
@@ -111,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records-dir", type=Path, default=None, help="with --report: the run's work folder (its records and predictor files; printed at the end of a run) to redo the offline ranking from")
     a = ap.parse_args(argv)
     console = Console(soft_wrap=True)
+    if max(REFINE_AT) >= a.max_tokens:
+        console.print(f"note: no answer outlives --max-tokens {a.max_tokens}: refinement at "
+                      f"{[g for g in REFINE_AT if g >= a.max_tokens]} never happens")  # fmt: skip
     if a.report is not None:
         result = json.loads(a.report.read_text())
         if a.records_dir is not None:
@@ -169,8 +182,13 @@ def main(argv: list[str] | None = None) -> int:
                     "output_throughput", "duration_s")},
                     "lengths": {row["id"]: row["output_tokens"] for row in ok},
                     "e2e_s": {row["id"]: round(row["e2el_s"], 4) for row in ok}})  # fmt: skip
-                console.print(f"repeat {rep + 1}/{a.repeats} {name:8s} mean E2E {r.summary['mean_e2el_ms'] / 1e3:7.2f} s "
+                mean = r.summary["mean_e2el_ms"]
+                console.print(f"repeat {rep + 1}/{a.repeats} {name:8s} mean E2E "
+                              f"{'-' if mean is None else f'{mean / 1e3:7.2f} s'} "
                               f"({time.perf_counter() - t0:.0f} s, {len(ok)}/{len(test_reqs)} ok)")  # fmt: skip
+                if len(ok) < len(test_reqs):
+                    console.print(f"[red]{len(test_reqs) - len(ok)} failed[/] ({[row['error'] for row in r.rows if not row['ok']][:2]}): "
+                                  "this repeat is left out of the ratios")  # fmt: skip
                 time.sleep(1.0)
     finally:
         for eng in engines.values():

@@ -125,34 +125,54 @@ def _tau(x, y) -> float | None:
     return float(t) if np.isfinite(t) else None
 
 
-def paired(runs: list[dict], a: str, b: str) -> list[float]:
-    """a's mean E2E / b's, per repeat where both ran."""
-    by = {(r["config"], r["repeat"]): r["summary"]["mean_e2el_ms"] for r in runs}
-    reps = sorted({r["repeat"] for r in runs})
-    return [by[a, k] / by[b, k] for k in reps if (a, k) in by and (b, k) in by and by[b, k]]
+def complete_repeats(runs: list[dict]) -> set[int]:
+    """Repeats in which every configuration's run completed every request (a failed request would
+    make that run's mean E2E one over other requests)."""
+    reps = {r["repeat"] for r in runs}
+    return {k for k in reps if all(not r["summary"].get("failed") and r["summary"].get("mean_e2el_ms")
+                                   for r in runs if r["repeat"] == k)}  # fmt: skip
 
 
-def same_length_fraction(runs: list[dict]) -> float:
+def paired(runs: list[dict], a: str, b: str, ids: set[str] | None = None) -> list[float]:
+    """a's mean E2E / b's, per complete repeat where both ran; with `ids`, the means over those
+    requests only."""
+    def mean(r):
+        if ids is None:
+            return r["summary"]["mean_e2el_ms"]
+        xs = [v for rid, v in r["e2e_s"].items() if rid in ids]
+        return statistics.fmean(xs) if xs else None
+
+    ok = complete_repeats(runs)
+    by = {(r["config"], r["repeat"]): mean(r) for r in runs if r["repeat"] in ok}
+    return [by[a, k] / by[b, k] for k in sorted(ok) if by.get((a, k)) and by.get((b, k))]
+
+
+def same_length_ids(runs: list[dict]) -> tuple[set[str], int]:
+    """(ids whose answer had the same length in every run, ids seen)."""
     seen: dict[str, set] = {}
     for r in runs:
         for rid, n in r["lengths"].items():
             seen.setdefault(rid, set()).add(n)
-    return sum(len(v) == 1 for v in seen.values()) / len(seen) if seen else float("nan")
+    return {rid for rid, v in seen.items() if len(v) == 1}, len(seen)
 
 
 def figures_of(runs: list[dict], taus: dict[str, dict], ranked: dict | None = None) -> dict[str, float]:
     figs: dict[str, float] = {}
+    same, seen = same_length_ids(runs)
     for name, (a, b) in {"engine_probe_over_textgbm_mean_e2e": ("probe", "textgbm"),
                          "engine_fcfs_over_textgbm_mean_e2e": ("fcfs", "textgbm"),
                          "engine_fcfs_over_probe_mean_e2e": ("fcfs", "probe")}.items():  # fmt: skip
         xs = paired(runs, a, b)
         if xs:  # the median of the paired per-repeat ratios, and their range
             figs[name], figs[name + "_min"], figs[name + "_max"] = statistics.median(xs), min(xs), max(xs)
-    for name in ("textgbm", "probe"):
+        if seen and len(same) < seen and (xs := paired(runs, a, b, same)):  # the same answers only
+            figs[name + "_same_answers"] = statistics.median(xs)
+    for name in ("textgbm", "probe"):  # (probe's final estimate is mostly refine's, given L > g)
         tau = taus.get(name, {}).get("tau_b")
         if tau is not None and np.isfinite(tau):  # (NaN: every estimate or length the same)
-            figs[f"engine_tau_{name}"] = tau
-    figs["answers_same_length_fraction"] = same_length_fraction(runs)
+            figs[f"engine_final_estimate_tau_{name}"] = tau
+    figs["answers_same_length_fraction"] = len(same) / seen if seen else float("nan")
+    figs["repeats_complete"] = float(len(complete_repeats(runs)))
     for where, row in (ranked or {}).items():  # the offline ranking on the records (`ranking`)
         if isinstance(row, dict):
             for pred, tau in row.items():
@@ -165,7 +185,7 @@ def table(runs: list[dict], console) -> None:
     from rich.table import Table
 
     t = Table(title="SmolLM2 in the engine: median over repeats (per-repeat range)")
-    for col in ("config", "mean E2E s", "median E2E s", "P99 E2E s", "mean TTFT s", "output tok/s"):
+    for col in ("config", "mean E2E s", "median E2E s", "P99 E2E s", "mean TTFT s", "output tok/s", "output tokens"):
         t.add_column(col, justify="left" if col == "config" else "right")
     for name in CONFIGS:
         rs = [r["summary"] for r in runs if r["config"] == name]
@@ -176,8 +196,9 @@ def table(runs: list[dict], console) -> None:
             xs = [s[key] * scale for s in rs if s.get(key) is not None]
             return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})" if xs else "-"
 
+        toks = sorted(sum(r["lengths"].values()) for r in runs if r["config"] == name)
         t.add_row(name, cell("mean_e2el_ms"), cell("median_e2el_ms"), cell("p99_e2el_ms"),
-                  cell("mean_ttft_ms"), cell("output_throughput", 1.0))  # fmt: skip
+                  cell("mean_ttft_ms"), cell("output_throughput", 1.0), f"{toks[0]}-{toks[-1]}")  # fmt: skip
     console.print(t)
 
 
