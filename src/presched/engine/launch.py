@@ -18,7 +18,7 @@ CLI (stays in the foreground until Ctrl-C; put the gateway in front of it):
     python -m presched.engine.launch --model tiny --scheduler presched --policy mlfq \
         --param preempt=true --param within=mean [--predictor model.npz] [--records r.sqlite]
     python -m presched.engine.launch --model tiny --scheduler presched --features [--feature-layer 1] [--probe probe.npz] \
-        [--refine refine.npz --refine-at 16 64 256]
+        [--refine refine.npz --refine-at 16 64 256] [--records r.sqlite --record-steps 16 64 256]
     python -m presched.engine.launch --model smollm2 --draft-model smollm2 --scheduler presched \
         --features --draft-layer 15 --draft-probe draft.npz       # OUTLETS on the draft model
 
