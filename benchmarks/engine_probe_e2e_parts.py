@@ -4,18 +4,16 @@ table and the plot (importable without an engine, for tests)."""
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import hashlib
-import json
 import sqlite3
 import statistics
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import kendalltau
 
 from presched.bench.config import RECOMMENDED, RECOMMENDED_PARAMS
+from presched.predict.metrics import kendall_tau_b
+from presched.workload.loaders.castillo import castillo_prompts
 from presched.workload.request import Request
 
 CONFIGS = ["fcfs", "textgbm", "probe"]
@@ -41,15 +39,9 @@ def plugin_config(name: str, folder: Path, preds: dict[str, Path]) -> dict[str, 
 
 
 def load_prompts(path: Path, split: str) -> list[dict]:
-    """CASTILLO prompts of one split (each prompt_id once), in the order of a hash of their id (as
+    """CASTILLO prompts of one split in `castillo_prompts`' hash order (as
     scripts/smollm2_lengths.py: a fair slice across the seven prompt sets); very long ones left out."""
-    seen: dict[str, dict] = {}
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            row = json.loads(line)
-            if row["split"] == split and row["prompt_id"] not in seen and len(row["prompt_text"]) <= MAX_PROMPT_CHARS:
-                seen[row["prompt_id"]] = row
-    return sorted(seen.values(), key=lambda r: hashlib.sha1(r["prompt_id"].encode()).hexdigest())
+    return [p for p in castillo_prompts(path, [split]) if len(p["prompt_text"]) <= MAX_PROMPT_CHARS]
 
 
 def requests_of(prompts: list[dict], cap: int) -> list[Request]:
@@ -82,7 +74,7 @@ def record_taus(folder: Path, configs: list[str] = CONFIGS) -> dict[str, dict[st
         sources: dict[str, int] = {}
         for _, _, src in rows:
             sources[str(src)] = sources.get(str(src), 0) + 1
-        tau = float(kendalltau(*zip(*est)).statistic) if len(est) > 2 else None
+        tau = _tau(*zip(*est)) if len(est) > 2 else None
         out[name] = {"requests": len(rows), "tau_b": tau, "sources": sources}
     return out
 
@@ -121,8 +113,8 @@ def ranking(records: Path, preds: dict[str, Path], at: list[int] = REFINE_AT) ->
 
 
 def _tau(x, y) -> float | None:
-    t = kendalltau(x, y).statistic
-    return float(t) if np.isfinite(t) else None
+    t = kendall_tau_b(x, y)
+    return t if np.isfinite(t) else None
 
 
 def complete_repeats(runs: list[dict]) -> set[int]:

@@ -40,8 +40,6 @@ benchmarks/results/smollm2_lengths.jsonl.
 from __future__ import annotations
 
 import argparse
-import gzip
-import hashlib
 import json
 import os
 import sys
@@ -52,14 +50,11 @@ CONFIG_KEYS = ("model", "temperature", "top_p", "max_tokens", "samples", "seed",
 
 
 def load_prompts(path: Path, splits: list[str]) -> list[dict]:
-    """CASTILLO prompts of `splits` (each prompt_id once, in its own split), hash-shuffled."""
-    seen: dict[str, dict] = {}
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            row = json.loads(line)
-            if row["split"] in splits and row["prompt_id"] not in seen:
-                seen[row["prompt_id"]] = row
-    return sorted(seen.values(), key=lambda r: hashlib.sha1(r["prompt_id"].encode()).hexdigest())
+    """CASTILLO prompts of `splits` (each prompt_id once, in its own split), hash-shuffled
+    (`castillo_prompts`)."""
+    from presched.workload.loaders.castillo import castillo_prompts
+
+    return castillo_prompts(path, splits)
 
 
 def read_cache(path: Path, config: dict) -> set[str]:

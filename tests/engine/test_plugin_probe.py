@@ -191,7 +191,7 @@ def test_the_consumer_gives_an_egtp_probe_the_egtp_pools(tmp_path):
     con = FeatureConsumer(cfg, vcfg, counts, lambda: saved.append(1))
     seq = SimpleNamespace(id="a", pred_source="predictor", estimate="text", features_prompt=None, features_n=0,
                           features_missing=0, feature_pools=0, features_egtp=None, feature_steps=0,
-                          features_draft=None)  # fmt: skip
+                          features_draft=None, features_record=None)  # fmt: skip
     mean, pooled = rng.normal(size=(1, HIDDEN)).astype(np.float32), rng.normal(size=(1, HIDDEN)).astype(np.float32)
     con.step(StepFeatures(layer=1, sink=1, hidden=HIDDEN, prompt_ids=["a"], prompt=mean, prompt_n=[5],
                           prompt_missing=[0], prompt_egtp=pooled), {"a": seq})  # fmt: skip

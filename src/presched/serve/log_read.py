@@ -183,20 +183,12 @@ def prompt_features(conn) -> dict[str, dict]:
     `egtp_features` and `draft_features` tables (records.py; the hidden-state hooks' pooled
     prompt states: mean and EGTP of the served model, mean of the draft model), {} when the log
     has none."""
-    from presched.engine.plugin.features import unpack
     from presched.engine.plugin.records import FEATURE_TABLES
-    from presched.predict.probe.spec import FeatureSpec
 
     out: dict[str, dict] = {}
-    keys: dict[str, str] = {}
     for table in FEATURE_TABLES:
-        if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                            (table,)).fetchone():  # fmt: skip
-            continue
-        for rid, spec, vec in conn.execute(f"SELECT id, spec, vec FROM {table}"):
-            if spec not in keys:
-                keys[spec] = FeatureSpec.parse(json.loads(spec), f"{table}.spec").key()
-            out.setdefault(str(rid), {})[keys[spec]] = unpack(vec)
+        for rid, key, vec in _feature_rows(conn, table, "id, spec, vec"):
+            out.setdefault(rid, {})[key] = vec
     return out
 
 
@@ -204,20 +196,27 @@ def step_features(conn) -> dict[str, dict[str, dict[int, Any]]]:
     """{request id: {step FeatureSpec key: {g: vector}}} from the engine plugin's
     `step_features` table (records.py; the state at each request's g-th generated token for g
     in `features.record_steps`), {} when the log has none."""
-    from presched.engine.plugin.features import unpack
     from presched.engine.plugin.records import STEP_FEATURE_TABLE
+
+    out: dict[str, dict] = {}
+    for rid, key, g, vec in _feature_rows(conn, STEP_FEATURE_TABLE, "id, spec, g, vec"):
+        out.setdefault(rid, {}).setdefault(key, {})[int(g)] = vec
+    return out
+
+
+def _feature_rows(conn, table: str, columns: str):
+    """(id, FeatureSpec key, ..., vector) of each row of a records feature table (`columns`: id
+    and spec first, the vector last), none when the table is absent."""
+    from presched.engine.plugin.features import unpack
     from presched.predict.probe.spec import FeatureSpec
 
-    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                        (STEP_FEATURE_TABLE,)).fetchone():  # fmt: skip
-        return {}
-    out: dict[str, dict] = {}
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone():
+        return
     keys: dict[str, str] = {}
-    for rid, g, spec, vec in conn.execute(f"SELECT id, g, spec, vec FROM {STEP_FEATURE_TABLE} ORDER BY id, g"):
+    for rid, spec, *rest, vec in conn.execute(f"SELECT {columns} FROM {table}"):
         if spec not in keys:
-            keys[spec] = FeatureSpec.parse(json.loads(spec), f"{STEP_FEATURE_TABLE}.spec").key()
-        out.setdefault(str(rid), {}).setdefault(keys[spec], {})[int(g)] = unpack(vec)
-    return out
+            keys[spec] = FeatureSpec.parse(json.loads(spec), f"{table}.spec").key()
+        yield (str(rid), keys[spec], *rest, unpack(vec))
 
 
 def requests_from_log(

@@ -149,18 +149,21 @@ def parse_plugin_config(data: dict) -> PluginConfig:
             raise PluginConfigError(DRAFT_NEEDS_FEATURES)
         if not cfg.draft_probe.is_file():
             raise PluginConfigError(f"draft_probe: model file not found: {cfg.draft_probe}")
-    if cfg.features is not None and any(not 1 <= g <= 2**20 for g in cfg.features.record_steps):
-        raise PluginConfigError(f"features.record_steps: token counts must be in 1..{2**20}, "
-                                f"got {list(cfg.features.record_steps)}")  # fmt: skip
+    if cfg.features is not None:
+        _check_token_counts("features.record_steps", cfg.features.record_steps)
     if cfg.features is not None and cfg.features.record_steps and "record_steps" in cfg.features.model_fields_set:
         if cfg.records is None:  # set on purpose, it would record nothing: say so
             raise PluginConfigError("features.record_steps: needs `records` (the per-step states go "
                                     "into its step_features table)")  # fmt: skip
         if not cfg.features.steps:
             raise PluginConfigError("features.record_steps: needs features.steps on (it keeps per-step states)")
-    if any(not 1 <= g <= 2**20 for g in cfg.refine_at):
-        raise PluginConfigError(f"refine_at: token counts must be in 1..{2**20}, got {list(cfg.refine_at)}")
+    _check_token_counts("refine_at", cfg.refine_at)
     return cfg
+
+
+def _check_token_counts(field: str, counts: tuple[int, ...]) -> None:
+    if any(not 1 <= g <= 2**20 for g in counts):
+        raise PluginConfigError(f"{field}: token counts must be in 1..{2**20}, got {list(counts)}")
 
 
 def load_plugin_config(environ: dict[str, str] | None = None) -> PluginConfig:

@@ -101,7 +101,7 @@ class FeatureConsumer:
             records.write_features(seq, self.egtp_spec_json, egtp=True)
         if seq.features_draft is not None and self.draft_spec_json is not None:
             records.write_draft_features(seq, self.draft_spec_json)
-        if getattr(seq, "features_record", None) and self.step_spec_json is not None:  # seq-likes may lack it
+        if seq.features_record and self.step_spec_json is not None:
             records.write_step_features(seq, self.step_spec_json)
 
 

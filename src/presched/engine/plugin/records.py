@@ -73,8 +73,7 @@ class RecordWriter:
                         f"VALUES ({', '.join('?' * len(names))})")  # fmt: skip
         self._names = names
         self.rows = 0
-        self._feature_inserts: dict[str, str] = {}  # table -> its INSERT, once the table exists
-        self._step_table = False  # step_features created
+        self._feature_inserts: dict[str, str] = {}  # feature table -> its INSERT, once the table exists
 
     def _prepare(self) -> None:
         c = self.conn
@@ -116,26 +115,26 @@ class RecordWriter:
         """The `step_features` rows of a freed request: one per g in `seq.features_record`."""
         from presched.engine.plugin.features import pack
 
-        if not self._step_table:
-            cols = ", ".join(f"{n} {t}" for n, t in STEP_FEATURE_COLUMNS.items())
-            self.conn.execute(f"CREATE TABLE IF NOT EXISTS {STEP_FEATURE_TABLE} ({cols}, PRIMARY KEY (id, g))")
-            self._step_table = True
-        rows = [(seq.id, int(g), spec_json, pack(v)) for g, v in sorted((seq.features_record or {}).items())]
-        self.conn.executemany(f"INSERT OR REPLACE INTO {STEP_FEATURE_TABLE} ({', '.join(STEP_FEATURE_COLUMNS)}) "
-                              "VALUES (?, ?, ?, ?)", rows)  # fmt: skip
+        insert = self._feature_insert(STEP_FEATURE_TABLE, STEP_FEATURE_COLUMNS, ", PRIMARY KEY (id, g)")
+        self.conn.executemany(insert, [(seq.id, int(g), spec_json, pack(v))
+                                       for g, v in sorted(seq.features_record.items())])  # fmt: skip
 
     def _feature_row(self, table: str, vec, values: list) -> None:
         """One row of a feature table: `values` are FEATURE_COLUMNS but the last, `vec`."""
         from presched.engine.plugin.features import pack
 
+        self.conn.execute(self._feature_insert(table, FEATURE_COLUMNS), [*values, pack(vec)])
+
+    def _feature_insert(self, table: str, columns: dict[str, str], constraint: str = "") -> str:
+        """The INSERT of a feature table, creating the table on first use."""
         insert = self._feature_inserts.get(table)
         if insert is None:
-            cols = ", ".join(f"{n} {t}" for n, t in FEATURE_COLUMNS.items())
-            self.conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
+            cols = ", ".join(f"{n} {t}" for n, t in columns.items())
+            self.conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols}{constraint})")
             insert = self._feature_inserts[table] = (
-                f"INSERT OR REPLACE INTO {table} ({', '.join(FEATURE_COLUMNS)}) "
-                f"VALUES ({', '.join('?' * len(FEATURE_COLUMNS))})")  # fmt: skip
-        self.conn.execute(insert, [*values, pack(vec)])
+                f"INSERT OR REPLACE INTO {table} ({', '.join(columns)}) "
+                f"VALUES ({', '.join('?' * len(columns))})")  # fmt: skip
+        return insert
 
     def close(self) -> None:
         self.conn.close()

@@ -22,8 +22,9 @@ arrivals (`arrivals.poisson`/`gamma`). Ids are `castillo-<model without org>-<pr
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from presched.workload.loaders import LOADERS
@@ -227,3 +228,16 @@ def _read_prompts(file: Path, wanted: set[str]) -> dict[str, tuple[str, str]]:
             )
         out[pid] = (prompt, str(row.get("category", "")))
     return out
+
+
+def castillo_prompts(path: str | Path, splits: Sequence[str]) -> list[dict]:
+    """The rows of a CASTILLO prompts file (`prompts.jsonl.gz`: prompt_id, dataset, split,
+    category, prompt_text) in `splits`, each prompt_id once (its first row in them), in the order
+    of a hash of the id: a fixed shuffle across the seven prompt sets, so the first N are a fair
+    slice and a larger N extends a smaller one."""
+    file = Path(path)
+    seen: dict[str, dict] = {}
+    for _, row in jsonl_rows(read_text(file, "CASTILLO prompts file"), file):
+        if row["split"] in splits and row["prompt_id"] not in seen:
+            seen[row["prompt_id"]] = row
+    return sorted(seen.values(), key=lambda r: hashlib.sha1(str(r["prompt_id"]).encode()).hexdigest())
