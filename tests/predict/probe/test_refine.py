@@ -53,6 +53,31 @@ def test_the_step_state_is_what_it_reads():
     assert kendalltau(shuffled.predict_steps(St, Pt, gt).rank_score, Lt - gt).statistic < 0.3
 
 
+def test_one_spread_for_every_row_by_default_so_the_mean_ranks_as_mu(fitted):
+    # spread 'constant': the remaining quantiles are exp(mu) times one factor per level, so at
+    # each g E[L - g | L > g] orders rows exactly as mu (rank_score) does; 'adaptive' (a ridge on
+    # the in-sample residual) gives each row its own spread, which on the engine's real records
+    # made the mean rank at tau ~0 (docs/predictors/probe.md)
+    S, P, g, L = _steps(2000, 2)
+    est = fitted.predict_steps(S, P, g)
+    ratio = (est.quantiles - g[:, None]) / np.exp(est.rank_score)[:, None]
+    assert np.allclose(ratio, ratio[0], rtol=1e-6)
+    for at in (16, 64, 256):
+        m = g == at
+        assert kendalltau(est.mean_remaining(g)[m], est.rank_score[m]).statistic == pytest.approx(1.0)
+
+    def noisy(seed):  # log-noise whose size grows with S_1
+        S, P, g, L = _steps(2000, seed)
+        sd = np.clip(0.8 + 0.5 * S[:, 1], 0.1, None)
+        return S, P, g, g + np.ceil((L - g) * np.exp(sd * np.random.default_rng(seed).normal(size=len(L))))
+
+    adaptive = PREDICTORS.create("probe-refine", spread="adaptive").fit_steps(*noisy(3), *noisy(4))
+    S, P, g, _ = noisy(5)
+    q = adaptive.predict_steps(S, P, g).quantiles - g[:, None]
+    spread = np.log(q[:, 8] / q[:, 4])  # log(q90 / q50) of the remaining length, per row
+    assert spread.std() > 0.05 and np.corrcoef(spread, S[:, 1])[0, 1] > 0.5
+
+
 def test_requests_round_trip_and_file_round_trip(fitted, tmp_path):
     S, P, g, L = _steps(30, 3)
     step, prompt = fitted.specs(D)
@@ -88,6 +113,9 @@ def test_bad_input_is_refused_naming_what_is_wrong(fitted):
         fitted.predict_steps(S2, P, g)
     with pytest.raises(ValueError, match="metadata has no"):
         fitted.predict([Request(id="x", prompt_tokens=3)])
+    for name in ("probe-refine", "probe"):
+        with pytest.raises(ValueError, match="'spread' must be one of"):
+            PREDICTORS.create(name, spread="wide")
     with pytest.raises(ValueError, match="validation"):
         new.fit([Request(id="x", prompt_tokens=3)])
 

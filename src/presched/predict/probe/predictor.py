@@ -36,7 +36,8 @@ from presched.predict.text_gbm import fit_and_calibration
 from presched.workload.request import Request
 
 DEFAULTS: dict[str, Any] = {"model": "smollm2-135m", "layer": 15, "sink": 1, "alpha": None,
-                            "sigma_floor": 0.05, "calib_frac": 0.2, "seed": 0, "model_dir": None}  # fmt: skip
+                            "sigma_floor": 0.05, "spread": "adaptive", "calib_frac": 0.2, "seed": 0,
+                            "model_dir": None}  # fmt: skip
 _MED = LEVELS.index(0.5)
 
 
@@ -49,6 +50,16 @@ def check_alpha(name: str, alpha: Any) -> None:
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0):
         raise ValueError(f"{name}: parameter 'alpha' must be a positive number or null (chosen "
                          f"from {ALPHAS} on held-out fit rows), got {alpha!r}")  # fmt: skip
+
+
+SPREADS = ("adaptive", "constant")
+"""`RidgeHead` spreads: a ridge on the absolute residual, or one spread for every row."""
+
+
+def check_spread(name: str, spread: Any) -> None:
+    """ValueError unless `spread` is one of SPREADS."""
+    if spread not in SPREADS:
+        raise ValueError(f"{name}: parameter 'spread' must be one of {list(SPREADS)}, got {spread!r}")
 
 
 def choose_alpha(Z: np.ndarray, ly: np.ndarray, seed: int = 0) -> float:
@@ -77,12 +88,20 @@ def ridge(X: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float
 
 class RidgeHead:
     """Log-length regression with calibrated quantiles, numpy only: standardised features ->
-    ridge on log(y) (mu), a second ridge on the absolute in-sample residual (sigma, floored at
-    `sigma_floor`), split-conformal normalised quantiles on a calibration set. `alpha` None:
-    chosen by `choose_alpha` on the fit rows (kept in `alpha` after `fit`)."""
+    ridge on log(y) (mu), the spread sigma (`spread` 'adaptive': a second ridge on the absolute
+    in-sample residual, floored at `sigma_floor`; 'constant': 1 for every row), split-conformal
+    normalised quantiles on a calibration set. `alpha` None: chosen by `choose_alpha` on the fit
+    rows (kept in `alpha` after `fit`).
 
-    def __init__(self, alpha: float | None, sigma_floor: float) -> None:
-        self.alpha, self.sigma_floor = alpha, sigma_floor
+    With 'constant' the quantiles are exp(mu) times one calibrated factor per level, so every
+    statistic of the distribution (median, mean, E[L - g | L > g]) ranks rows as mu does. With
+    'adaptive' a row's upper quantiles grow with its sigma: where the in-sample residual says
+    little about the out-of-sample one (many features, few rows: probe-refine's step states),
+    the mean is carried by the noisy upper tail and ranks worse than mu."""
+
+    def __init__(self, alpha: float | None, sigma_floor: float, spread: str = "adaptive") -> None:
+        check_spread("RidgeHead", spread)
+        self.alpha, self.sigma_floor, self.spread = alpha, sigma_floor, spread
 
     def fit(self, X: np.ndarray, y: np.ndarray, X_cal: np.ndarray, y_cal: np.ndarray) -> "RidgeHead":
         self.x_mean, self.x_std = X.mean(0), X.std(0) + 1e-6
@@ -91,7 +110,10 @@ class RidgeHead:
         if self.alpha is None:
             self.alpha = choose_alpha(Z, ly)
         self.w, self.b = ridge(Z, ly, self.alpha)
-        self.sw, self.sb = ridge(Z, np.abs(ly - Z @ self.w - self.b), self.alpha)
+        if self.spread == "adaptive":
+            self.sw, self.sb = ridge(Z, np.abs(ly - Z @ self.w - self.b), self.alpha)
+        else:  # a file stores sw / sb either way: loading needs no spread
+            self.sw, self.sb = np.zeros(Z.shape[1]), 1.0
         mu, sigma = self.mu_sigma(X_cal)
         self.conformal = ConformalQuantiles(LEVELS).fit(np.exp(mu), y_cal, scale=sigma)
         return self
@@ -147,6 +169,7 @@ class HiddenStateProbe(Predictor):
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params(self.name, DEFAULTS, params, nullable=("model_dir",)))
         check_alpha(self.name, self.params["alpha"])
+        check_spread(self.name, self.params["spread"])
         self._featurizer: Any = None
         self.spec: FeatureSpec | None = None
 
@@ -206,7 +229,7 @@ class HiddenStateProbe(Predictor):
             raise ValueError(f"spec: {self.name} reads {self.pooling!r}-pooled states of the {self.role} "
                              f"model, got {spec.pooling!r}-pooled of the {spec.role} model")  # fmt: skip
         self.spec = spec
-        self.head = RidgeHead(self.params["alpha"], self.params["sigma_floor"]).fit(X, y, X_cal, y_cal)
+        self.head = RidgeHead(self.params["alpha"], self.params["sigma_floor"], self.params["spread"]).fit(X, y, X_cal, y_cal)
         self.fitted = True
         return self
 

@@ -13,8 +13,11 @@ TRAIL combines with the step's evidence); g, tokens generated so far. Only reque
 (L > g) are fitted and predicted.
 
 Head (`RidgeHead`, as `probe`): features [S, P, log(1 + g)] standardised -> ridge on
-log(L - g), a ridge on the absolute residual for the spread, split-conformal quantiles of the
-remaining length on the calibration rows. The estimate is of the total length, g + remaining
+log(L - g), split-conformal quantiles of the remaining length on the calibration rows, with one
+spread for every row (`spread` 'constant', the default here; 'adaptive' fits a ridge on the
+absolute in-sample residual, as `probe` does: on the engine's records of SmolLM2 that made
+E[L - g | L > g], what SRPT / MLFQ read, rank the remaining length at tau-b ~0 while mu ranked
+it at 0.28, docs/predictors/probe.md). The estimate is of the total length, g + remaining
 (quantiles >= g + 1), so that a driver can put it in place of `seq.estimate`; `rank_score` is
 the log remaining length. `predict(requests)` reads S and P from `Request.metadata` (keys of the
 `step` and `mean` FeatureSpecs) and g from `metadata["generated"]`.
@@ -39,7 +42,7 @@ import numpy as np
 
 from presched.predict.base import PREDICTORS, Predictor, checked_params
 from presched.predict.estimate import LengthEstimate
-from presched.predict.probe.predictor import _MED, RidgeHead, check_alpha, check_pairs
+from presched.predict.probe.predictor import _MED, RidgeHead, check_alpha, check_pairs, check_spread
 from presched.predict.probe.spec import FeatureSpec
 from presched.workload.request import Request
 
@@ -47,7 +50,7 @@ GENERATED = "generated"
 """`Request.metadata` key: output tokens generated so far (g)."""
 
 DEFAULTS: dict[str, Any] = {"model": "smollm2-135m", "layer": 15, "sink": 1, "alpha": None,
-                            "sigma_floor": 0.05}  # fmt: skip
+                            "sigma_floor": 0.05, "spread": "constant"}  # fmt: skip
 
 
 def design(S: np.ndarray, P: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -72,6 +75,7 @@ class ProbeRefine(Predictor):
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params(self.name, DEFAULTS, params))
         check_alpha(self.name, self.params["alpha"])
+        check_spread(self.name, self.params["spread"])
         self.hidden: int | None = None
 
     def specs(self, hidden: int) -> tuple[FeatureSpec, FeatureSpec]:
@@ -153,7 +157,7 @@ class ProbeRefine(Predictor):
             raise ValueError("lengths: every row must still be running (L > g): its remaining length is L - g")
         X, rem, X_cal, rem_cal = check_pairs(X, L - g, X_cal, L_cal - g_cal)
         self.hidden = (X.shape[1] - 1) // 2
-        self.head = RidgeHead(self.params["alpha"], self.params["sigma_floor"]).fit(X, rem, X_cal, rem_cal)
+        self.head = RidgeHead(self.params["alpha"], self.params["sigma_floor"], self.params["spread"]).fit(X, rem, X_cal, rem_cal)
         self.fitted = True
         return self
 
