@@ -255,6 +255,48 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 FIGURE = re.compile(r"^figure: (\w+) = (\S+)$")
 
 
+def planted_engine_records(path: Path, n: int, seed: int, dup: int = 0, steps=(16, 64),
+                           text=lambda i, k: f"topic {i}: please answer " + "more " * k) -> list[tuple]:
+    """Engine-shaped records (the plugin's own RecordWriter) with a planted law: the prompt says
+    how long the answer is ("more" k times: L ~ 12 k), the pooled prompt state carries log L
+    and the state at token g in `steps` carries log(L - g) (rows only for g < L, as the engine
+    records). Ids q0..; `dup`: that many repeats (d0..) of the first request (another run of the
+    same prompt); `text(i, k)`: request i's prompt text. Returns the rows (id, k, L, text)."""
+    from types import SimpleNamespace
+
+    from presched.engine.plugin.records import RecordWriter
+    from presched.engine.plugin.seq import EngineSeq
+
+    rng = np.random.default_rng(seed)
+    spec = json.dumps({"model": "smollm2-135m", "layer": 15, "hidden": 6, "pooling": "step", "sink": 1})
+    w = RecordWriter(path)
+    rows = []
+    for i in range(n):
+        k = int(rng.integers(1, 20))
+        rows.append((f"q{i}", k, int(max(2, 12 * k + rng.integers(-5, 6))), text(i, k)))
+    rows += [(f"d{j}", *rows[0][1:]) for j in range(dup)]
+    for rid, k, L, prompt in rows:
+        w.write({"id": rid, "ts": 0.0, "model": "smollm2-135m", "status": 200, "prompt_tokens": 5 + k,
+                 "max_tokens": 1000, "output_tokens": L, "finish_reason": "stop",
+                 "prompt": prompt})  # fmt: skip
+        seq = EngineSeq(SimpleNamespace(request_id=rid, prompt_token_ids=[1] * 9, max_tokens=1000, arrival_time=1.0,
+                                        num_output_tokens=0, num_preemptions=0, sampling_params=None))  # fmt: skip
+        v = rng.normal(size=6)
+        v[0] = np.log(L)
+        seq.features_prompt, seq.features_n, seq.feature_pools = v.astype(np.float32), 8, 1
+        seq.features_record = {}
+        for g in steps:
+            if g < L:
+                s = rng.normal(size=6)
+                s[0] = np.log(L - g)
+                seq.features_record[g] = s.astype(np.float32)
+        w.write_features(seq, spec.replace('"step"', '"mean"'))
+        if seq.features_record:
+            w.write_step_features(seq, spec)
+    w.close()
+    return rows
+
+
 def load_benchmark(filename: str) -> ModuleType:
     """benchmarks/FILENAME imported as a module (once per session), to test its functions."""
     name = Path(filename).stem + "_script"

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from builders import BENCHMARKS, load_benchmark, printed_figures
+from builders import BENCHMARKS, load_benchmark, planted_engine_records, printed_figures
 from scipy.stats import kendalltau
 
 from presched.engine.plugin.config import parse_plugin_config
@@ -128,53 +128,13 @@ def test_report_recomputes_figures_table_and_plot_from_a_stored_run(tmp_path):
         k: pytest.approx(v, abs=1e-3) for k, v in figs.items()}
 
 
-def _records(path, n: int, seed: int, dup: int = 0) -> None:
-    """Engine-shaped records with a planted law: the prompt says how long the answer is ("more"
-    k times: L ~ 12 k), the pooled prompt state carries log L and the state at token g carries
-    log(L - g) (rows only for g < L, as the engine records). `dup`: that many repeats of the
-    first request (another run of the same prompt)."""
-    import json as js
-    from types import SimpleNamespace
-
-    from presched.engine.plugin.records import RecordWriter
-    from presched.engine.plugin.seq import EngineSeq
-
-    rng = np.random.default_rng(seed)
-    spec = js.dumps({"model": "smollm2-135m", "layer": 15, "hidden": 6, "pooling": "step", "sink": 1})
-    w = RecordWriter(path)
-    rows = []
-    for i in range(n):
-        k = int(rng.integers(1, 20))
-        rows.append((f"q{i}", k, int(max(2, 12 * k + rng.integers(-5, 6))), f"topic {i}: please answer " + "more " * k))
-    rows += [(f"d{j}", *rows[0][1:]) for j in range(dup)]
-    for rid, k, L, text in rows:
-        w.write({"id": rid, "ts": 0.0, "model": "smollm2-135m", "status": 200, "prompt_tokens": 5 + k,
-                 "max_tokens": 1000, "output_tokens": L, "finish_reason": "stop",
-                 "prompt": text})  # fmt: skip
-        seq = EngineSeq(SimpleNamespace(request_id=rid, prompt_token_ids=[1] * 9, max_tokens=1000, arrival_time=1.0,
-                                        num_output_tokens=0, num_preemptions=0, sampling_params=None))  # fmt: skip
-        v = rng.normal(size=6)
-        v[0] = np.log(L)
-        seq.features_prompt, seq.features_n, seq.feature_pools = v.astype(np.float32), 8, 1
-        seq.features_record = {}
-        for g in (16, 64):
-            if g < L:
-                s = rng.normal(size=6)
-                s[0] = np.log(L - g)
-                seq.features_record[g] = s.astype(np.float32)
-        w.write_features(seq, spec.replace('"step"', '"mean"'))
-        if seq.features_record:
-            w.write_step_features(seq, spec)
-    w.close()
-
-
 def test_ranking_scores_each_predictor_on_the_measured_records_once_per_prompt(parts, tmp_path):
     from presched.serve.train_log import train_from_log
 
-    _records(tmp_path / "train.sqlite", 240, 0)
+    planted_engine_records(tmp_path / "train.sqlite", 240, 0)
     preds = {n: train_from_log(tmp_path / "train.sqlite", n, tmp_path / f"{n}.npz")[0]
              for n in ("text-gbm", "probe", "probe-refine")}  # fmt: skip
-    _records(tmp_path / "probe.sqlite", 60, 1, dup=5)
+    planted_engine_records(tmp_path / "probe.sqlite", 60, 1, dup=5)
     got = parts.ranking(tmp_path / "probe.sqlite", preds, at=[16, 64, 256])
     assert got["prompts"] == 60  # the 5 repeats of one prompt count once
     assert got["all"]["probe"] > 0.8 and got["all"]["text-gbm"] > 0.5  # the planted laws are found
