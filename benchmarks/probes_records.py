@@ -1,14 +1,14 @@
 """probe, probe-refine and text-gbm trained and scored on the engine's own records of SmolLM2
 answering CASTILLO prompts (issue 15's `probe_refine64_tau`, without answer token ids).
 
-    python scripts/smollm2_records.py --limit 1530     # the records: ~1 h on this box, once
-    python benchmarks/probes_records.py                # ~1 min
+    python scripts/smollm2_records.py --limit 1530 --threads 2   # the records: ~70 min here, once
+    python benchmarks/probes_records.py                           # seconds
 
 Reads the records file `scripts/smollm2_records.py` writes (default
 <engine cache>/smollm2_records.sqlite): per answer, the prompt text, the pooled prompt state
 (layer 15, sink 1: `probe`'s input), the state at its 16th / 64th / 256th generated token (those
 it reached: `probe-refine`'s input) and its true length. Each record is matched back to its
-CASTILLO prompt, and so to CASTILLO's split, by the user message (`records_split`). All three
+CASTILLO prompt, and so to CASTILLO's split, by the user message (`split_records`). All three
 predictors are fitted on the train split's records and calibrated on the validate split's
 (`fit(train, validation)`, as `presched train --from-log` fits them, default parameters), then
 scored on the test split's: at step 0 (tau-b, MAE and max coverage error over q10..q90 of the

