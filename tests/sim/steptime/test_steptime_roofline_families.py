@@ -83,6 +83,24 @@ def test_fp8_halves_the_weight_bound_decode_time():
     assert r8.step_time(p, 0, 0, 0, 0) == pytest.approx(r16.step_time(p, 0, 0, 0, 0) / 2, rel=0.01)
 
 
+def test_attention_computes_at_the_kv_cache_formats_rate():
+    """FP8 weights with a BF16 KV cache: the linear layers use FP8 tensor cores, attention
+    (activations x BF16 KV) the BF16 ones; an FP8 KV cache moves attention to FP8 too."""
+    bf16 = get_model("llama-3.1-405b")
+    fp8 = get_model("llama-3.1-405b-fp8")
+    fp8_kv = fp8.model_copy(update={"kv_dtype": "fp8"})
+    p, pairs = 8192, 8192 * 8193 / 2  # compute-bound prefill of one long prompt
+
+    def attention(spec):  # the pair term alone: the same step with and without its pairs
+        r = RooflineStepModel(spec, NO_LINK, tp=8, **BARE)
+        return r.step_time(p, pairs, p, 0, 0) - r.step_time(p, 0, p, 0, 0)
+
+    per_pair = bf16.attention_flops_per_pair * bf16.attention_layers / 8
+    assert attention(bf16) == pytest.approx(per_pair * pairs / H100.peak_flops, rel=1e-9)
+    assert attention(fp8) == pytest.approx(attention(bf16), rel=1e-9)
+    assert attention(fp8_kv) == pytest.approx(per_pair * pairs / H100.peak_flops_fp8, rel=1e-9)
+
+
 def test_expert_parallel_splits_experts_and_adds_all_to_all():
     m = get_model("qwen3-30b-a3b")
     r = RooflineStepModel(m, NO_LINK, tp=4, ep=4, **BARE)

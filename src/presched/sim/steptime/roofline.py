@@ -17,7 +17,8 @@ T = P + B tokens, and S = ep if ep > 1 else tp (ways the routed experts are spli
                                                                     KV read and written
              + 2 * B * L_ssm * ssm_state_bytes / tp                 SSM state read and written
 
-    t_compute = dense and attention FLOPs / (flops_for(weight_dtype) * compute_efficiency)
+    t_compute = dense FLOPs / (flops_for(weight_dtype) * compute_efficiency)
+                + attention FLOPs / (flops_for(kv_dtype) * compute_efficiency)
                 + expert FLOPs / (flops_for(expert_dtype) * compute_efficiency)
     t_memory  = bytes / (mem_bandwidth * memory_efficiency)
     t_comm    = 2 * L * (interconnect_latency                       tp > 1: two ring all-reduces
@@ -121,7 +122,10 @@ class RooflineStepModel(StepTimeModel):
         shards = ep if ep > 1 else tp  # ways the routed experts are split
         # Seconds per unit, per GPU (dense parts: the original Llama terms):
         self._t_per_token_flops = 2.0 * m.dense_params / tp / dense_rate  # per P or B token
-        attn = m.attention_flops_per_pair / tp / dense_rate  # per pair, per attention layer
+        # attention multiplies activations by the KV cache, at its format's rate (BF16 KV:
+        # BF16 tensor cores, whatever format the weights are in)
+        attn_rate = hardware.flops_for(m.kv_dtype) * eff
+        attn = m.attention_flops_per_pair / tp / attn_rate  # per pair, per attention layer
         self._t_per_pair_flops = attn * m.attention_layers  # prefill pairs, every layer
         full_layers = m.attention_layers - m.num_sliding_layers
         self._t_per_ctx_flops = attn * full_layers  # decode context, full-attention layers
