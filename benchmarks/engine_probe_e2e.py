@@ -29,7 +29,10 @@ answer in every configuration and repeat (checked: `answers_same_length_fraction
    16 / 64 / 256 tokens. The three predictors are trained from those records as a user trains
    them on their own traffic (`presched train -p text-gbm | probe | probe-refine --from-log`;
    answers cut at the cap kept at their cap length). The same run measures the engine's
-   capacity (output tokens per second with every slot busy).
+   capacity (output tokens per second with every slot busy). `--train-records FILE` trains
+   them instead from an earlier records file (scripts/smollm2_records.py's: hundreds of
+   answers, where the training traffic here is 160), its answers to CASTILLO train and validate
+   prompts only (`training_records`); the training traffic then only measures the capacity.
 2. Measurement: `--test` CASTILLO test prompts, Poisson arrivals at `--load` x capacity / the
    mean training answer length, replayed `--repeats` times through each configuration, the
    order rotated by one per repeat.
@@ -66,8 +69,8 @@ import numpy as np
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_probe_e2e_parts import (CONFIGS, REFINE_AT, at_once, figures_of, load_prompts, plot,
-                                    plugin_config, poisson, ranking, record_taus, requests_of, table)  # fmt: skip  # noqa: E402
+from engine_probe_e2e_parts import (CONFIGS, REFINE_AT, at_once, figures_of, load_prompts, plot, plugin_config,  # noqa: E402
+                                    poisson, ranking, record_taus, requests_of, table, training_records)  # fmt: skip
 
 from presched.engine import affinity, launch  # noqa: E402
 from presched.engine.models import resolve_model  # noqa: E402
@@ -117,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--castillo", type=Path, default=Path(os.environ.get("PRESCHED_DATA_DIR", "../shared/data")) / "castillo")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--train-records", type=Path, default=None,
+                    help="train the three predictors from this records file (the engine's records with prompt text, "
+                         "prompt and step states, e.g. scripts/smollm2_records.py's) instead of the training traffic's; "
+                         "only its answers to CASTILLO train and validate prompts are used. The training traffic "
+                         "still runs, to measure the engine's capacity (--train 32 is enough for that)")
     ap.add_argument("--report", type=Path, default=None, help="no engine: recompute the figures, table and plot of an earlier run's JSON (written to --out)")
     ap.add_argument("--records-dir", type=Path, default=None, help="with --report: the run's work folder (its records and predictor files; printed at the end of a run) to redo the offline ranking from")
     a = ap.parse_args(argv)
@@ -129,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.records_dir is not None:
             result["ranking"] = ranking(a.records_dir / "probe.sqlite", predictor_files(a.records_dir))
         return report(result, a.out, console)
+    if a.train_records is not None and not a.train_records.is_file():
+        ap.error(f"--train-records: {a.train_records} is not a file")
     t_start = time.perf_counter()
     model = resolve_model("smollm2")
     tmp = Path(tempfile.mkdtemp(prefix="probe-e2e-"))
@@ -164,7 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"phase 1: {phase1}")
         time.sleep(1.0)  # the last records land just after the last byte
         engines.pop("train").stop()
-        phase1["trained"] = train_all(tmp / "train.sqlite", tmp, console)
+        train_on = tmp / "train.sqlite"
+        if a.train_records is not None:
+            train_on = tmp / "train-records.sqlite"
+            phase1["train_records"] = {"file": str(a.train_records),
+                                       **training_records(a.train_records, train_on, a.castillo / "prompts.jsonl.gz")}
+            console.print(f"training from {a.train_records}: {phase1['train_records']}")
+        phase1["trained"] = train_all(train_on, tmp, console)
         preds = predictor_files(tmp)
         rate = a.load * phase1["capacity_tok_s"] / phase1["mean_len"]
         test_reqs = poisson(test_reqs, rate, a.seed)

@@ -44,6 +44,34 @@ def load_prompts(path: Path, split: str) -> list[dict]:
     return [p for p in castillo_prompts(path, [split]) if len(p["prompt_text"]) <= MAX_PROMPT_CHARS]
 
 
+def training_records(src: Path, dst: Path, prompts_path: Path, splits=("train", "validate")) -> dict[str, int]:
+    """`--train-records`: a copy of the records file `src` at `dst` holding only its answers to
+    CASTILLO prompts of `splits` (matched by the user message, as benchmarks/probes_records.py
+    matches them), each feature table keeping the rows of those answers, so that nothing learned
+    comes from a measured (test) prompt. Returns {'kept': answers, 'dropped': answers}."""
+    import sys
+    from contextlib import closing
+
+    from presched.serve.log_format import TABLE
+
+    if str(Path(__file__).parent) not in sys.path:
+        sys.path.append(str(Path(__file__).parent))
+    from probes_records import user_text
+
+    keep = {p["prompt_text"].strip() for p in castillo_prompts(prompts_path, list(splits))}
+    with closing(sqlite3.connect(src)) as s, closing(sqlite3.connect(dst)) as d:
+        s.backup(d)
+    with closing(sqlite3.connect(dst)) as c:
+        rows = c.execute(f"SELECT id, prompt FROM {TABLE}").fetchall()
+        drop = [(rid,) for rid, prompt in rows if user_text(prompt) not in keep]
+        c.executemany(f"DELETE FROM {TABLE} WHERE id = ?", drop)
+        for (t,) in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+            if t != TABLE and "id" in {r[1] for r in c.execute(f"PRAGMA table_info({t})")}:
+                c.execute(f"DELETE FROM {t} WHERE id NOT IN (SELECT id FROM {TABLE})")
+        c.commit()
+    return {"kept": len(rows) - len(drop), "dropped": len(drop)}
+
+
 def requests_of(prompts: list[dict], cap: int) -> list[Request]:
     return [Request(id=p["prompt_id"], prompt_tokens=max(1, len(p["prompt_text"]) // 4), prompt=p["prompt_text"],
                     max_tokens=cap, arrival=0.0) for p in prompts]  # fmt: skip

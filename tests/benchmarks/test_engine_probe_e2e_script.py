@@ -147,3 +147,41 @@ def test_ranking_scores_each_predictor_on_the_measured_records_once_per_prompt(p
     figs = parts.figures_of([], {}, got)
     assert figs["records_tau_probe_refine_g64"] == got["g64"]["probe-refine"]
     assert figs["records_tau_text_gbm_all"] == got["all"]["text-gbm"]
+
+
+def test_training_records_keep_train_and_validate_answers_with_their_features(parts, tmp_path):
+    """--train-records: a records file of answers to prompts of every split is cut down to the
+    train and validate prompts' answers, each feature table with them, so nothing is learned
+    from a measured (test) prompt; the copy trains as a records file does."""
+    import sqlite3
+
+    from presched.serve.train_log import train_from_log
+
+    splits = ["train", "validate", "test", "other"]
+    prompts = [{"prompt_id": f"c{i}", "split": splits[i % 4], "prompt_text": f"question {i} " + "x" * (i % 7)}
+               for i in range(80)]  # fmt: skip
+    path = tmp_path / "prompts.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in prompts)
+    # the engine's records hold the chat-templated prompt; the user message is the CASTILLO text
+    text = lambda i, k: f"system\nYou are a helpful AI assistant\nuser\n{prompts[i]['prompt_text']}\nassistant\n"  # noqa: E731
+    rows = planted_engine_records(tmp_path / "all.sqlite", 80, seed=3, text=text)
+    got = parts.training_records(tmp_path / "all.sqlite", tmp_path / "train.sqlite", path)
+    want = {f"q{i}" for i in range(80) if splits[i % 4] in ("train", "validate")}
+    assert got == {"kept": len(want), "dropped": 80 - len(want)}
+    with sqlite3.connect(tmp_path / "train.sqlite") as c:
+        assert {r for (r,) in c.execute("SELECT id FROM requests")} == want
+        assert {r for (r,) in c.execute("SELECT id FROM prompt_features")} == want
+        steps = {r for (r,) in c.execute("SELECT id FROM step_features")}
+    assert steps == {rid for rid, _, L, _ in rows if rid in want and L > 16}  # step rows kept with them
+    with sqlite3.connect(tmp_path / "all.sqlite") as c:  # the source is left as it was
+        assert c.execute("SELECT COUNT(*) FROM requests").fetchone()[0] == 80
+    _, rep = train_from_log(tmp_path / "train.sqlite", "probe-refine", tmp_path / "refine.npz", keep_censored=True)
+    assert rep["fit_requests"] + rep["validation_requests"] == len(want)
+
+
+def test_train_records_that_is_not_a_file_is_refused_naming_the_option(tmp_path):
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "engine_probe_e2e.py"), "--train-records",
+                        str(tmp_path / "missing.sqlite")], capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 2 and "--train-records" in r.stderr and "not a file" in r.stderr
+    assert "Traceback" not in r.stderr
