@@ -130,7 +130,9 @@ def test_without_cues_the_lexical_stage_is_skipped_and_the_model_still_round_tri
 
     train, test = small
     pred = TextGBM(**FAST, cues=False).fit(train)
-    assert len(pred.feature_names()) == len(fitted.feature_names()) - len(features.CUE_NAMES)
+    # without cues: no cue columns and no task offsets (their task rule reads the cues)
+    assert len(pred.feature_names()) == len(fitted.feature_names()) - len(features.CUE_NAMES) - 3
+    assert pred.task_offsets is None
     assert pred.booster.num_feature() == len(pred.feature_names())
 
     def boom(texts):

@@ -19,6 +19,9 @@ Pipeline (all in log-length space; y = a request's mean uncapped output length):
    as numbers: its offset b_m, its residual spread s_m, family and log parameter count parsed
    from the name (`features.model_features`). An unseen model gets the mean b/s of its family
    (else of all models) and its parsed family/size: graceful fallback, no retraining needed.
+   With `task_offsets` (on by default), also b_m and s_m fitted per task type (code / text, a fixed rule on the
+   cues: `task_type.py`) and the prompt's type: a model's verbosity on code is not its verbosity
+   on chat.
 4. **Booster** (LightGBM, L2 on log y, `num_threads=1`, early stopping on `validation`) -> mu.
    A second booster predicts the spread sigma = E|log y - mu| from out-of-fold residuals.
 5. **Split-conformal calibration** (`conformal.ConformalQuantiles`, normalised scores
@@ -43,6 +46,7 @@ from presched.predict import features as F
 from presched.predict.base import PREDICTORS, Predictor, check_requests, checked_params, training_targets
 from presched.predict.conformal import ConformalQuantiles
 from presched.predict.estimate import LEVELS, LengthEstimate
+from presched.predict.task_type import TaskOffsets, code_task
 from presched.workload.request import Request
 
 DEFAULTS: dict[str, Any] = {
@@ -50,6 +54,8 @@ DEFAULTS: dict[str, Any] = {
     "alpha": 0.3, "folds": 5,                             # ridge text score (out-of-fold)
     "svd": 24, "svd_min_df": 5,                           # LSA topics
     "cues": True,                                         # the 36 lexical cues (False: faster, less accurate)
+    "task_offsets": None,                                 # model offsets per task type (code / text, task_type.py):
+                                                          # None = on with the cues; True refuses cues=False
     "learning_rate": 0.05, "num_leaves": 127, "min_data_in_leaf": 50, "feature_fraction": 0.8,
     "lambda_l2": 1.0, "max_rounds": 200, "early_stopping": 100,   # max_rounds bounds the cost per request
     "scale_model": True, "scale_folds": 3,                # spread booster on out-of-fold residuals
@@ -130,7 +136,12 @@ class TextGBM(Predictor):
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params("text-gbm", DEFAULTS, params))
         p = self.params
+        if p["task_offsets"] not in (None, True, False):
+            raise ValueError(f"{self.name}: parameter 'task_offsets' must be true, false or null, got {p['task_offsets']!r}")
+        if p["task_offsets"] and not p["cues"]:
+            raise ValueError(f"{self.name}: parameter 'task_offsets' needs 'cues' (its task rule reads them)")
         self.hasher = F.NgramHasher(bits=p["bits"], order=p["order"], head=p["head"], tail=p["tail"])
+        self.task_offsets: TaskOffsets | None = None
         self._svd_pos: np.ndarray | None = None  # column id -> index in svd_cols (-1: not used)
         self.fit_info: dict[str, Any] = {}
 
@@ -173,7 +184,11 @@ class TextGBM(Predictor):
     def _dense(self, score: np.ndarray, proj: np.ndarray, tok: np.ndarray, cues: np.ndarray,
                inv: np.ndarray, requests: Sequence[Request], extra: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
         pt = np.log(np.array([r.prompt_tokens for r in requests], dtype=float))
-        cols = [score[inv], proj[inv], pt, np.log1p(tok[inv]), cues[inv], self._model_rows([r.model for r in requests])]
+        models = [r.model for r in requests]
+        cols = [score[inv], proj[inv], pt, np.log1p(tok[inv]), cues[inv], self._model_rows(models)]
+        if self.task_offsets is not None:
+            task = code_task(cues)[inv]
+            cols += [self.task_offsets.rows(models, task), task]
         if extra is not None and extra.shape[1]:
             cols.append(extra[inv])
         return np.column_stack(cols)
@@ -209,7 +224,8 @@ class TextGBM(Predictor):
     def feature_names(self) -> list[str]:
         return ["text_score", *(f"svd{i}" for i in range(self.svd_comp.shape[0])), "log_prompt_tokens",
                 "log_o200k", *(F.CUE_NAMES if self.params["cues"] else ()), "model_offset", "model_spread",
-                "family", "log_params", *self._extra_names()]  # fmt: skip
+                "family", "log_params", *(("task_offset", "task_spread", "code_task") if self.task_offsets else ()),
+                *self._extra_names()]  # fmt: skip
 
     # --- fit --------------------------------------------------------------------------------
     def fit(self, requests: Sequence[Request], validation: Sequence[Request] | None = None) -> TextGBM:
@@ -258,7 +274,10 @@ class TextGBM(Predictor):
         else:
             self.svd_comp = np.zeros((0, self.svd_cols.size), dtype=np.float32)
         extra = self._extra_fit(ids, off, tp, fold)
-        D = self._dense(score, self._project(X), tok, self._cues(texts), ti, reqs, extra)
+        cues = self._cues(texts)
+        self.task_offsets = (TaskOffsets.fit(self.models, ti, mi, ly, code_task(cues)[ti], model_offsets)
+                             if p["cues"] and p["task_offsets"] is not False else None)  # fmt: skip
+        D = self._dense(score, self._project(X), tok, cues, ti, reqs, extra)
         t_feat = time.perf_counter() - t0
 
         # validation features (full ridge)
@@ -331,6 +350,8 @@ class TextGBM(Predictor):
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = {"coef": self.coef.astype(np.float32), "svd_cols": self.svd_cols.astype(np.int64),
                   "svd_comp": self.svd_comp.astype(np.float32), "model_stats": self.model_stats}  # fmt: skip
+        if self.task_offsets is not None:
+            arrays["task_stats"] = self.task_offsets.stats
         c_arrays, c_values = self.conformal.state()
         arrays.update(c_arrays)
         values = {"intercept": self.intercept, "models": self.models, "fit_info": self.fit_info,
@@ -351,6 +372,7 @@ class TextGBM(Predictor):
         p.model_stats = np.asarray(arrays["model_stats"], dtype=float)
         p.models = list(values["models"])
         p.model_index = {m: i for i, m in enumerate(p.models)}
+        p.task_offsets = TaskOffsets(p.models, arrays["task_stats"]) if "task_stats" in arrays else None
         p.fit_info = dict(values.get("fit_info", {}))
         p.booster = lgb.Booster(model_str=values["booster"])
         p.scale_booster = lgb.Booster(model_str=values["scale_booster"]) if values.get("scale_booster") else None
