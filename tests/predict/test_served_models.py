@@ -9,6 +9,7 @@ import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 
 from presched.predict.base import PREDICTORS
@@ -58,6 +59,11 @@ def test_text_gbm_names_its_family_fallback():
     p.models = ["Qwen--Qwen2.5-7B-Instruct", "Qwen--Qwen2.5-14B-Instruct", "google--gemma-3-4b-it"]
     assert "2 qwen model(s)" in p.unknown_model_fallback("Qwen/Qwen3-8B")
     assert "all 3 models" in p.unknown_model_fallback("acme/Foo-7B")
+    assert "per task type" not in p.unknown_model_fallback("acme/Foo-7B")
+    from presched.predict.task_type import TaskOffsets
+
+    p.task_offsets = TaskOffsets(p.models, np.zeros((2, 3, 2)))  # a fit with task offsets says so
+    assert "spread (overall and per task type) of the 2 qwen" in p.unknown_model_fallback("Qwen/Qwen3-8B")
 
 
 def test_predict_cli_warns_on_an_unseen_model(median, tmp_path):

@@ -216,10 +216,11 @@ class TextGBM(Predictor):
     def unknown_model_fallback(self, model: str) -> str:
         fam = F.model_family(model)
         same = [n for n in self.models if F.model_family(n) == fam]
+        per_task = " (overall and per task type)" if self.task_offsets is not None else ""
         if same:
-            return (f"the mean verbosity offset and spread of the {len(same)} {F.FAMILIES[fam]} model(s) it "
-                    f"was fitted on, and the size parsed from the name")  # fmt: skip
-        return f"the mean verbosity offset and spread of all {len(self.models)} models it was fitted on"
+            return (f"the mean verbosity offset and spread{per_task} of the {len(same)} {F.FAMILIES[fam]} model(s) "
+                    f"it was fitted on, and the size parsed from the name")  # fmt: skip
+        return f"the mean verbosity offset and spread{per_task} of all {len(self.models)} models it was fitted on"
 
     def feature_names(self) -> list[str]:
         return ["text_score", *(f"svd{i}" for i in range(self.svd_comp.shape[0])), "log_prompt_tokens",
