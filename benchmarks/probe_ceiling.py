@@ -36,6 +36,7 @@ records made at that cap). Writes benchmarks/results/probe_ceiling.json and .png
 (`probe_ceiling-capN.*` with `--cap`; with the measured probe-refine / prior
 points of benchmarks/results/probes_records.json beside, when that file exists); ends with
 `figure:` lines `prompt_oracle_step0_tau`, `prompt_ceiling_step0_tau`,
+`prompt_ceiling_step0_mean_tau` (against the mean of a prompt's answers, `mean_ceiling`),
 `prompt_oracle_refine<g>_tau`, `prompt_ceiling_refine<g>_tau`, `prompt_oracle_refine<g>_answers`,
 `ceiling_prompts`.
 """
@@ -134,8 +135,18 @@ def model_loo_tau(rho: float, siblings: float) -> float:
     return 2 / math.pi * math.asin(math.sqrt(rho) * math.sqrt(k * rho / (1 + (k - 1) * rho)))
 
 
+def mean_ceiling(rho: float, k: int) -> float:
+    """The exact prompt effect's tau-b against the *mean* of k answers of each prompt (the target
+    `benchmarks/probes.py` scores step 0 against, k = 4): the mean keeps k rho / (1 + (k - 1) rho)
+    of the variance for the prompt, so corr = sqrt(that) and tau = (2/pi) asin(corr)."""
+    if not (math.isfinite(rho) and k >= 1) or rho <= 0:
+        return math.nan
+    return 2 / math.pi * math.asin(math.sqrt(k * rho / (1 + (k - 1) * rho)))
+
+
 def evaluate(lengths: list[list[int]], steps=STEPS) -> dict:
-    out: dict = {"prompts": len(lengths), "steps": {}}
+    k = min(len(ls) for ls in lengths)
+    out: dict = {"prompts": len(lengths), "samples": k, "steps": {}}
     for g in (0, *steps):
         pred, target = loo_oracle(lengths, g)
         rho, ceiling = prompt_ceiling(lengths, g)
@@ -145,12 +156,14 @@ def evaluate(lengths: list[list[int]], steps=STEPS) -> dict:
                            "oracle_tau": kendall_tau_b(pred, target) if target.size >= 4 else math.nan,
                            "model_oracle_tau": model_loo_tau(rho, siblings),
                            "pair_tau": pair_tau(lengths, g), "rho": rho, "ceiling_tau": ceiling}  # fmt: skip
+    out["ceiling_step0_mean_tau"] = mean_ceiling(out["steps"][0]["rho"], k)
     return out
 
 
 def figures_of(res: dict) -> dict[str, float]:
     s = res["steps"]
-    f = {"prompt_oracle_step0_tau": s[0]["oracle_tau"], "prompt_ceiling_step0_tau": s[0]["ceiling_tau"]}
+    f = {"prompt_oracle_step0_tau": s[0]["oracle_tau"], "prompt_ceiling_step0_tau": s[0]["ceiling_tau"],
+         "prompt_ceiling_step0_mean_tau": res["ceiling_step0_mean_tau"]}
     for g, row in s.items():
         if g:
             f[f"prompt_oracle_refine{g}_tau"] = row["oracle_tau"]

@@ -59,6 +59,11 @@ def test_the_ceiling_matches_the_exact_prompt_effect_on_a_gaussian_copula(bench)
     pred, target = bench.loo_oracle(lengths)
     assert kendall_tau_b(pred, target) == pytest.approx(bench.model_loo_tau(rho, 3), abs=0.02)
     assert bench.model_loo_tau(0.0, 3) != bench.model_loo_tau(0.0, 3)  # nan: no prompt effect
+    # against the mean of the 4 answers: the prompt effect keeps 4 rho / (1 + 3 rho) = 0.8 of its variance
+    mean4 = kendall_tau_b(mu, np.asarray(lengths, float).mean(axis=1))
+    assert bench.mean_ceiling(rho, 4) == pytest.approx(mean4, abs=0.03)
+    assert bench.mean_ceiling(0.5, 4) == pytest.approx(2 / math.pi * math.asin(math.sqrt(0.8)))
+    assert bench.mean_ceiling(0.5, 1) == pytest.approx(0.5)  # one answer: the single-answer ceiling
 
 
 def test_answers_unrelated_to_their_prompt_have_no_ceiling(bench):
