@@ -108,3 +108,21 @@ def test_task_offsets_need_the_cues():
     with pytest.raises(ValueError, match="parameter 'task_offsets' must be true, false or null, got 'yes'"):
         TextGBM(task_offsets="yes")
     assert TextGBM(cues=False).params["task_offsets"] is None  # the default: on only with the cues
+
+
+def test_a_model_file_from_before_task_offsets_still_loads_and_predicts_the_same(data, tmp_path):
+    # a file written before the parameter existed: no `task_offsets` in its params, no
+    # `task_stats` array; it must load (same format version) and predict exactly as it did
+    import json
+
+    train, test = data
+    old = TextGBM(**FAST, task_offsets=False).fit(train)
+    path = old.save(tmp_path / "old.npz")
+    with np.load(path, allow_pickle=False) as z:
+        header = json.loads(str(z["__header__"]))
+        arrays = {k: z[k] for k in z.files if k != "__header__"}
+    del header["params"]["task_offsets"]
+    np.savez_compressed(path, __header__=np.array(json.dumps(header)), **arrays)
+    back = load_predictor(path)
+    assert back.task_offsets is None and back.params["task_offsets"] is None
+    assert np.array_equal(back.predict(test).quantiles, old.predict(test).quantiles)
