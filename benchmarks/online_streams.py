@@ -86,32 +86,33 @@ def _once_each(reqs: Sequence[Request], seed: int) -> list[Request]:
     return [rows[i] for i in rng.permutation(len(rows))]
 
 
-def sources_shift(models: Sequence[str] = MODELS, stream_share: float = 0.7, limit: int | None = None,
-                  seed: int = 0) -> Shift:  # fmt: skip
-    base = castillo_requests(None, models=models, datasets=CODE)
-    target = castillo_requests(None, models=models, datasets=TARGET)
+def _new_prompts_shift(name: str, base: list[Request], target: list[Request], stream_share: float,
+                       limit: int | None, seed: int) -> Shift:  # fmt: skip
+    """Trained on `base`, serving `stream_share` of `target`'s prompts (each once, one answer);
+    "retrained" fits the rest of them."""
     stream, retrain = _split_prompts(target, stream_share, seed)
     rows = _once_each(stream, seed + 1)
     stream = [_one_sample(r) for r in rows]
     others = [_others(r, r.output_tokens) for r in rows]
     if limit:
         base, retrain, stream, others = base[: 2 * limit], retrain[: 2 * limit], stream[:limit], others[:limit]
-    return Shift("sources", base, retrain, stream, others=others)
+    return Shift(name, base, retrain, stream, others=others)
+
+
+def sources_shift(models: Sequence[str] = MODELS, stream_share: float = 0.7, limit: int | None = None,
+                  seed: int = 0) -> Shift:  # fmt: skip
+    base = castillo_requests(None, models=models, datasets=CODE)
+    target = castillo_requests(None, models=models, datasets=TARGET)
+    return _new_prompts_shift("sources", base, target, stream_share, limit, seed)
 
 
 def loso_shift(source: str, models: Sequence[str] = MODELS, stream_share: float = 0.7, limit: int | None = None,
                seed: int = 0) -> Shift:  # fmt: skip
     """Leave one source out, served online: trained on the other six CASTILLO sources, serving
-    `stream_share` of `source`'s prompts (each once; "retrained" fits the rest of them)."""
+    `stream_share` of `source`'s prompts."""
     base = castillo_requests(None, models=models, exclude_datasets=[source])
     target = castillo_requests(None, models=models, datasets=[source])
-    stream, retrain = _split_prompts(target, stream_share, seed)
-    rows = _once_each(stream, seed + 1)
-    stream = [_one_sample(r) for r in rows]
-    others = [_others(r, r.output_tokens) for r in rows]
-    if limit:
-        base, retrain, stream, others = base[: 2 * limit], retrain[: 2 * limit], stream[:limit], others[:limit]
-    return Shift(f"loso:{source}", base, retrain, stream, others=others)
+    return _new_prompts_shift(f"loso:{source}", base, target, stream_share, limit, seed)
 
 
 def swap_shift(served: str = "llama-3.1-8b", swap_to: str = "qwen2.5-14b", swap_at: int = 1200,
