@@ -83,13 +83,17 @@ def load_lengths(path: Path, split: str = "test", cap: int | None = None) -> tup
     return out, cap
 
 
+def _running(lengths: list[list[int]], g: int) -> list[list[int]]:
+    """Per prompt, the remaining lengths L - g of its answers still running at g (L > g)."""
+    return [[v - g for v in ls if v > g] for ls in lengths]
+
+
 def loo_oracle(lengths: list[list[int]], g: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(prediction, target) per answer still running at g (L > g; at g = 0 every answer): the
     target its remaining length L - g, the prediction the mean remaining length of its prompt's
     other answers still running at g. Answers without such a sibling are left out."""
     pred, target = [], []
-    for ls in lengths:
-        run = [v - g for v in ls if v > g]
+    for run in _running(lengths, g):
         if len(run) < 2:
             continue
         total = sum(run)
@@ -103,8 +107,7 @@ def pair_tau(lengths: list[list[int]], g: int = 0) -> float:
     """Kendall tau-b between two answers of one prompt, pooled over every ordered pair (j, k),
     j != k, of each prompt's answers still running at g (remaining lengths)."""
     a, b = [], []
-    for ls in lengths:
-        run = [v - g for v in ls if v > g]
+    for run in _running(lengths, g):
         for j, x in enumerate(run):
             for k, y in enumerate(run):
                 if j != k:
@@ -117,11 +120,20 @@ def prompt_ceiling(lengths: list[list[int]], g: int = 0) -> tuple[float, float]:
     """(rho, the exact prompt mean's tau-b against one answer) under the Gaussian copula model
     of the module doc; rho is clipped at 0 (a negative within-prompt agreement: no prompt
     effect)."""
-    t = pair_tau(lengths, g)
-    if not math.isfinite(t):
+    return ceiling_of(pair_tau(lengths, g))
+
+
+def ceiling_of(pair: float) -> tuple[float, float]:
+    """`prompt_ceiling` from the pooled pair tau-b `pair_tau` (nan for nan)."""
+    if not math.isfinite(pair):
         return math.nan, math.nan
-    rho = max(math.sin(math.pi * t / 2), 0.0)
+    rho = max(math.sin(math.pi * pair / 2), 0.0)
     return rho, 2 / math.pi * math.asin(math.sqrt(rho))
+
+
+def _mean_share(rho: float, k: float) -> float:
+    """The share of the variance of the mean of k answers that the prompt explains."""
+    return k * rho / (1 + (k - 1) * rho)
 
 
 def model_loo_tau(rho: float, siblings: float) -> float:
@@ -131,8 +143,7 @@ def model_loo_tau(rho: float, siblings: float) -> float:
     measured leave-one-out oracle, it checks the model on the data."""
     if not (math.isfinite(rho) and siblings >= 1) or rho <= 0:
         return math.nan
-    k = siblings
-    return 2 / math.pi * math.asin(math.sqrt(rho) * math.sqrt(k * rho / (1 + (k - 1) * rho)))
+    return 2 / math.pi * math.asin(math.sqrt(rho) * math.sqrt(_mean_share(rho, siblings)))
 
 
 def mean_ceiling(rho: float, k: int) -> float:
@@ -141,7 +152,7 @@ def mean_ceiling(rho: float, k: int) -> float:
     of the variance for the prompt, so corr = sqrt(that) and tau = (2/pi) asin(corr)."""
     if not (math.isfinite(rho) and k >= 1) or rho <= 0:
         return math.nan
-    return 2 / math.pi * math.asin(math.sqrt(k * rho / (1 + (k - 1) * rho)))
+    return 2 / math.pi * math.asin(math.sqrt(_mean_share(rho, k)))
 
 
 def evaluate(lengths: list[list[int]], steps=STEPS) -> dict:
@@ -149,13 +160,14 @@ def evaluate(lengths: list[list[int]], steps=STEPS) -> dict:
     out: dict = {"prompts": len(lengths), "samples": k, "steps": {}}
     for g in (0, *steps):
         pred, target = loo_oracle(lengths, g)
-        rho, ceiling = prompt_ceiling(lengths, g)
-        running = [n for ls in lengths if (n := sum(v > g for v in ls)) >= 2]
+        pair = pair_tau(lengths, g)
+        rho, ceiling = ceiling_of(pair)
+        running = [n for run in _running(lengths, g) if (n := len(run)) >= 2]
         siblings = float(np.average(np.asarray(running) - 1, weights=running)) if running else math.nan
         out["steps"][g] = {"answers": int(target.size), "siblings": siblings,
                            "oracle_tau": kendall_tau_b(pred, target) if target.size >= 4 else math.nan,
                            "model_oracle_tau": model_loo_tau(rho, siblings),
-                           "pair_tau": pair_tau(lengths, g), "rho": rho, "ceiling_tau": ceiling}  # fmt: skip
+                           "pair_tau": pair, "rho": rho, "ceiling_tau": ceiling}  # fmt: skip
     out["ceiling_step0_mean_tau"] = mean_ceiling(out["steps"][0]["rho"], k)
     return out
 
