@@ -1,10 +1,12 @@
 """Leave-one-model-out scoring of the roofline step time on ML.ENERGY (used by
 benchmarks/steptime_vs_mlenergy.py; importable on its own).
 
-Families: 'dense-h100', 'dense-b200' (dense models by GPU) and 'moe' (every MoE deployment).
+Families: dense and MoE models by GPU ('dense-h100', 'dense-b200', 'moe-h100', 'moe-b200'); the
+MoE figure pools the MoE families, each configuration scored in its own.
 For each family and each model m in it, the roofline knobs `KNOBS` are fitted on the family's
 other models and the simulator is then run, with those knobs, on m's configurations: every
-reported error is out of sample. A family with one model has no out-of-sample score.
+reported error is out of sample. A "model" here is an architecture (`HELD_OUT`): checkpoints of
+one shape and number format are held out together. A family with one has no out-of-sample score.
 
 Which knobs are fitted is itself chosen without the held-out model: each fold runs an inner
 leave-one-model-out on its training models for each candidate set in `KNOB_SETS` (base:
@@ -54,7 +56,14 @@ KNOB_SETS = {  # candidates; each fold picks one by an inner leave-one-model-out
     "+compute+layer": BASE_KNOBS + ("compute_efficiency", "overhead_per_layer"),
 }
 KNOBS = tuple(KNOB_RANGES)
-FIGURE_OF_FAMILY = {"dense-h100": "dense", "moe": "moe", "dense-b200": "b200"}
+FIGURE_OF_FAMILY = {"dense": ("dense-h100",), "b200": ("dense-b200",),
+                    "moe": ("moe-h100", "moe-b200", "moe-h200"), "moe_h100": ("moe-h100",),
+                    "moe_b200": ("moe-b200",)}  # fmt: skip
+"""Figure suffix -> the families it pools (each configuration scored in its own family)."""
+HELD_OUT = "architecture"
+"""What a fold holds out: every model of one architecture (rows' `architecture`: the presets of
+one shape and number format), so that no fold trains on a twin of its held-out model (Llama 3.1
+/ 3.3 70B, Qwen3 Instruct / Thinking / Coder, DeepSeek V3.1 / R1)."""
 
 
 def default_knobs() -> dict[str, float]:
@@ -78,32 +87,38 @@ def context_per_request(config: MeasuredConfig, mean_prompt: float) -> float:
 _SHAPES: dict[tuple[int, float], tuple[Any, Any, int, int, int, int, int]] = {}
 
 
-def decode_surrogate(config: MeasuredConfig, knobs: dict[str, float], mean_prompt: float) -> float:
+MeanPrompt = float | Callable[[MeasuredConfig], float]
+"""Mean prompt tokens: one number, or one per configuration (its task's assumption)."""
+
+
+def decode_surrogate(config: MeasuredConfig, knobs: dict[str, float],
+                     mean_prompt: MeanPrompt) -> float:  # fmt: skip
     """Seconds of a decode-only step at the measured batch and mean context, with `knobs`."""
-    key = (id(config), mean_prompt)
+    prompt = mean_prompt(config) if callable(mean_prompt) else mean_prompt
+    key = (id(config), prompt)
     if key not in _SHAPES:
         st = deployment_config(config)
         b = max(1, round(config.avg_batch_size / config.data_parallel))
-        c = round(b * context_per_request(config, mean_prompt))
+        c = round(b * context_per_request(config, prompt))
         _SHAPES[key] = (st.model_spec(), st.hardware_spec(), st.tp, st.ep, st.dp, b, c)
     model, hw, tp, ep, dp, b, c = _SHAPES[key]
     r = RooflineStepModel(model, hw, tp=tp, ep=ep, dp=dp, **knobs)
     return r.step_time(0, 0, 0, b, c)
 
 
-def _rho(row: dict, configs: dict, mean_prompt: float) -> float:
+def _rho(row: dict, configs: dict, mean_prompt: MeanPrompt) -> float:
     base = default_knobs()
     return (row["simulated"]["median_itl_ms"] / 1e3
             / decode_surrogate(configs[row["key"]], base, mean_prompt))  # fmt: skip
 
 
-def surrogate_itl(row: dict, configs: dict, knobs: dict[str, float], mean_prompt: float) -> float:
+def surrogate_itl(row: dict, configs: dict, knobs: dict[str, float], mean_prompt: MeanPrompt) -> float:
     """The surrogate's median ITL (seconds) of a default-knob row under `knobs`."""
     return _rho(row, configs, mean_prompt) * decode_surrogate(configs[row["key"]], knobs,
                                                                mean_prompt)  # fmt: skip
 
 
-def fit_knobs(rows: list[dict], configs: dict[str, MeasuredConfig], mean_prompt: float,
+def fit_knobs(rows: list[dict], configs: dict[str, MeasuredConfig], mean_prompt: MeanPrompt,
               free: tuple[str, ...] = BASE_KNOBS) -> dict[str, float]:  # fmt: skip
     """Knobs (`free` fitted, the others at their defaults) minimising the surrogate's soft-l1
     log error on `rows` (default-knob runs; each row's `key` indexes `configs`)."""
@@ -128,21 +143,21 @@ def fit_knobs(rows: list[dict], configs: dict[str, MeasuredConfig], mean_prompt:
     return knobs_of(sol.x)
 
 
-def select_knob_set(rows: list[dict], configs: dict, mean_prompt: float) -> tuple[str, dict]:
+def select_knob_set(rows: list[dict], configs: dict, mean_prompt: MeanPrompt) -> tuple[str, dict]:
     """The `KNOB_SETS` entry with the smallest median |surrogate error| in a leave-one-model-out
     over `rows` alone (nested inside the outer fold: the held-out model is never seen); 'base'
     when `rows` hold fewer than 3 models. Returns (name, {name: inner median |err| %})."""
-    models = sorted({r["model_id"] for r in rows})
+    models = sorted({r[HELD_OUT] for r in rows})
     if len(models) < 3:
         return "base", {}
     scores = {}
     for name, free in KNOB_SETS.items():
         errs = []
         for m in models:
-            knobs = fit_knobs([r for r in rows if r["model_id"] != m], configs, mean_prompt, free)
+            knobs = fit_knobs([r for r in rows if r[HELD_OUT] != m], configs, mean_prompt, free)
             errs += [100 * abs(surrogate_itl(r, configs, knobs, mean_prompt)
                                / (r["measured"]["median_itl_ms"] / 1e3) - 1)
-                     for r in rows if r["model_id"] == m]  # fmt: skip
+                     for r in rows if r[HELD_OUT] == m]  # fmt: skip
         scores[name] = float(np.median(errs))
     return min(scores, key=scores.get), scores
 
@@ -151,7 +166,7 @@ def leave_one_model_out(
     default_rows: list[dict],
     configs: dict[str, MeasuredConfig],
     simulate: Callable[[MeasuredConfig, dict[str, float]], dict],
-    mean_prompt: float,
+    mean_prompt: MeanPrompt,
     on_fold: Callable[[str, str], None] | None = None,
     knob_set: str = "auto",
 ) -> tuple[list[dict], list[dict]]:
@@ -163,7 +178,7 @@ def leave_one_model_out(
     rows, folds = [], []
     for fam in sorted({r["family"] for r in default_rows}):
         fam_rows = [r for r in default_rows if r["family"] == fam]
-        models = sorted({r["model_id"] for r in fam_rows})
+        models = sorted({r[HELD_OUT] for r in fam_rows})
         if len(models) < 2:
             folds.append({"family": fam, "held_out": models[0] if models else None,
                           "knobs": None, "note": "one model: no out-of-sample score"})
@@ -171,15 +186,15 @@ def leave_one_model_out(
         for m in models:
             if on_fold:
                 on_fold(fam, m)
-            train = [r for r in fam_rows if r["model_id"] != m]
+            train = [r for r in fam_rows if r[HELD_OUT] != m]
             chosen, inner = (select_knob_set(train, configs, mean_prompt)
                              if knob_set == "auto" else (knob_set, {}))  # fmt: skip
             knobs = fit_knobs(train, configs, mean_prompt, KNOB_SETS[chosen])
             folds.append({"family": fam, "held_out": m, "knobs": knobs, "knob_set": chosen,
                           "inner_median_abs_err_pct": inner,
-                          "trained_on": sorted({r["model_id"] for r in train})})
+                          "trained_on": sorted({r[HELD_OUT] for r in train})})
             for r in fam_rows:
-                if r["model_id"] == m:
+                if r[HELD_OUT] == m:
                     out = simulate(configs[r["key"]], knobs)
                     out |= {"variant": "lomo", "key": r["key"], "fold_knobs": knobs}
                     rows.append(out)
@@ -191,14 +206,16 @@ def median_abs(rows: list[dict], key: str = "itl_err_pct") -> float:
 
 
 def family_figures(default_rows: list[dict], lomo_rows: list[dict]) -> dict[str, float]:
-    """`steptime_median_itl_err_pct_<dense|moe|b200>` (out of sample) and the default-knob
+    """`steptime_median_itl_err_pct_<FIGURE_OF_FAMILY key>` (out of sample) and the default-knob
     counterparts (`..._default`, today's knobs, fitted on Llama-3.1-8B H100 only)."""
     out: dict[str, float] = {}
-    for fam, name in FIGURE_OF_FAMILY.items():
+    for name, fams in FIGURE_OF_FAMILY.items():
+        if "_" in name and not any(r["family"] in fams for r in default_rows):
+            continue  # a per-GPU MoE figure for a GPU the folder does not have
         out[f"steptime_median_itl_err_pct_{name}"] = median_abs(
-            [r for r in lomo_rows if r["family"] == fam])
+            [r for r in lomo_rows if r["family"] in fams])
         out[f"steptime_median_itl_err_pct_{name}_default"] = median_abs(
-            [r for r in default_rows if r["family"] == fam])
+            [r for r in default_rows if r["family"] in fams])
     return out
 
 
@@ -213,9 +230,10 @@ def family_markdown(default_rows: list[dict], lomo_rows: list[dict], folds: list
         "Median |ITL error| per model, default knobs vs leave-one-model-out (knobs fitted on the "
         "family's other models):",
         "",
-        "| family | model | GPUs (tp/ep) | configs | default | out of sample | fold knobs "
-        "(step ms, per-decode us, mem eff, collective us, compute eff, per-layer us) | set |",
-        "|---|---|---|---|---|---|---|---|",
+        "| family | model | held out with (architecture) | GPUs (tp/ep) | configs | default | out "
+        "of sample | fold knobs (step ms, per-decode us, mem eff, collective us, compute eff, "
+        "per-layer us) | set |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     fold_of = {(f["family"], f["held_out"]): f for f in folds}
     for fam in sorted({r["family"] for r in default_rows}):
@@ -224,15 +242,15 @@ def family_markdown(default_rows: list[dict], lomo_rows: list[dict], folds: list
             o = [r for r in lomo_rows if r["family"] == fam and r["model_id"] == m]
             par = ", ".join(sorted({f"{r['num_gpus']}x {r['gpu']} ({r['tp']}/{r['ep']})"
                                     for r in d}))  # fmt: skip
-            fold = fold_of.get((fam, m)) or {}
+            fold = fold_of.get((fam, d[0][HELD_OUT])) or {}
             k = fold.get("knobs")
             ks = (f"{k['step_overhead'] * 1e3:.2f}, {k['overhead_per_decode'] * 1e6:.1f}, "
                   f"{k['memory_efficiency']:.2f}, {k['collective_latency'] * 1e6:.1f}, "
                   f"{k['compute_efficiency']:.2f}, {k['overhead_per_layer'] * 1e6:.1f}"
                   ) if k else "-"  # fmt: skip
             oo = f"{median_abs(o):.1f}%" if o else "-"
-            lines.append(f"| {fam} | {m} | {par} | {len(d)} | {median_abs(d):.1f}% | {oo} | {ks} "
-                         f"| {fold.get('knob_set', '-')} |")  # fmt: skip
+            lines.append(f"| {fam} | {m} | {d[0][HELD_OUT]} | {par} | {len(d)} | "
+                         f"{median_abs(d):.1f}% | {oo} | {ks} | {fold.get('knob_set', '-')} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -11,12 +11,11 @@ import numpy as np
 
 from steptime_saturated import CENTRAL, PROMPTS, SHORT
 
-VARIANTS = {  # name -> (prompt assumption, calibrated knobs?)
-    "default": (CENTRAL, False),
+VARIANTS = {  # name -> (prompt assumption (None: the task's), calibrated knobs?)
+    "default": (None, False),
     "default-long": ("long", False),
-    "calibrated": (CENTRAL, True),
+    "calibrated": (None, True),
 }
-
 
 
 def mape(rows: list[dict], key: str) -> float:

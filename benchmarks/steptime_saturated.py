@@ -4,9 +4,11 @@ as ML.ENERGY sent them, one saturated engine, and its measurement with ML.ENERGY
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,12 +19,13 @@ from presched.sim.itl import ItlLog
 from presched.sim.result import SimResult
 from presched.sim.seq import Seq
 from presched.sim.setup import build_cluster
-from presched.sim.steptime import MeasuredConfig, StepTimeConfig
-from presched.sim.steptime.deployment import deployment_config
+from presched.sim.steptime import MODEL_PRESETS, MeasuredConfig, StepTimeConfig
+from presched.sim.steptime.deployment import NotRepresentableError, deployment_config
+from presched.sim.steptime.presets import HF_MODEL_IDS
 from presched.workload.request import Request
 
 
-TASK = "lm-arena-chat"
+TASK = "lm-arena-chat"  # the legacy Llama-3.1 H100 tables' task
 GPU = "H100"
 MODELS = {  # the Llama-3.1 H100 tables (existing figures): ML.ENERGY model id -> short name
     "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
@@ -30,39 +33,11 @@ MODELS = {  # the Llama-3.1 H100 tables (existing figures): ML.ENERGY model id -
 }
 SHORT = {"meta-llama/Llama-3.1-8B-Instruct": "8b", "meta-llama/Llama-3.1-70B-Instruct": "70b"}
 
-# ML.ENERGY's sweeps for lm-arena-chat (ml-energy/benchmark c1d6557,
-# configs/vllm/lm-arena-chat/<model>/<GPU>/sweeps.yaml; num_requests 1024 in benchmark.yaml):
-# requests sent = 1024 * num_request_repeats; listed: the max_num_seqs with repeats > 1.
-ML_ENERGY_BASE_REQUESTS = 1024
-ML_ENERGY_REPEATS: dict[tuple[str, str], dict[int, int]] = {
-    ("meta-llama/Llama-3.1-8B-Instruct", "H100"): {256: 2, 384: 2, 512: 2, 768: 3, 1024: 3},
-    ("meta-llama/Llama-3.1-8B-Instruct", "B200"): {128: 2, 256: 2, 512: 3, 1024: 4, 2048: 8,
-                                                   4096: 16},
-    ("meta-llama/Llama-3.1-70B-Instruct", "H100"): {512: 2, 768: 2, 1024: 2, 1536: 3, 2048: 3},
-    ("meta-llama/Llama-3.1-70B-Instruct", "B200"): {512: 2, 1024: 2, 1536: 3, 2048: 3, 3072: 5},
-    ("meta-llama/Llama-3.3-70B-Instruct", "H100"): {512: 2, 768: 2, 1024: 2, 1536: 3, 2048: 3},
-    ("meta-llama/Llama-3.3-70B-Instruct", "B200"): {512: 2, 1024: 2, 1536: 2, 2048: 3, 3072: 4},
-    ("meta-llama/Llama-3.1-405B-Instruct", "B200"): {768: 2, 1024: 2, 2048: 3, 3072: 4, 4096: 6},
-    ("meta-llama/Llama-3.1-405B-Instruct-FP8", "B200"): {768: 2, 1024: 2},
-    ("meta-llama/Llama-3.1-405B-Instruct-FP8", "H100"): {},
-    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "H100"): {512: 2, 768: 2, 1024: 2},
-    ("meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8", "H100"): {512: 2, 768: 2, 1024: 2,
-                                                                    1536: 3, 2048: 3},
-    ("google/gemma-3-12b-it", "H100"): {}, ("google/gemma-3-12b-it", "B200"): {},
-    ("google/gemma-3-27b-it", "H100"): {}, ("google/gemma-3-27b-it", "B200"): {},
-    ("Qwen/Qwen3-30B-A3B-Instruct-2507", "H100"): {256: 2, 512: 2, 768: 2, 1024: 2, 1536: 3},
-    ("Qwen/Qwen3-30B-A3B-Instruct-2507", "B200"): {256: 2, 512: 2, 768: 2, 1024: 2, 1536: 3,
-                                                   2048: 4},
-    ("Qwen/Qwen3-235B-A22B-Instruct-2507", "B200"): {512: 2, 1024: 2, 1536: 3, 2048: 3, 3072: 4,
-                                                     4096: 6},
-    ("Qwen/Qwen3-8B", "B200"): {256: 2, 512: 2, 1024: 4, 1536: 4, 2048: 6},
-    ("Qwen/Qwen3-14B", "B200"): {512: 2, 1024: 2, 2048: 3, 4096: 7},
-    ("Qwen/Qwen3-32B", "B200"): {256: 2, 384: 2, 512: 2},
-    ("deepseek-ai/DeepSeek-V3.1", "B200"): {768: 2, 1024: 2, 2048: 3, 3072: 4},
-}
+# How ML.ENERGY ran each task and how many requests it sent per deployment (ml-energy/benchmark
+# c1d6557; the table and its provenance: benchmarks/data/mlenergy_sweeps.json).
+SWEEPS = json.loads((Path(__file__).parent / "data" / "mlenergy_sweeps.json").read_text())
 MAX_NUM_BATCHED_TOKENS = 8192  # monolithic.config.yaml of every model
-MAX_OUTPUT_TOKENS = 4096  # benchmark.yaml max_output_tokens (the histograms end there)
-MAX_MODEL_LEN = 20480  # monolithic.config.yaml
+MAX_MODEL_LEN = 20480  # monolithic.config.yaml (lm-arena-chat, sourcegraph-fim; gpqa: more)
 
 
 @dataclass(frozen=True)
@@ -73,36 +48,89 @@ class PromptAssumption:
     median: float
     sigma: float = 1.0
     min_tokens: int = 8
-    cap: int = MAX_MODEL_LEN - MAX_OUTPUT_TOKENS
+    cap: int = MAX_MODEL_LEN - 4096
 
     @property
     def mean(self) -> float:
         return self.median * math.exp(self.sigma**2 / 2)
 
 
+@dataclass(frozen=True)
+class TaskSetup:
+    """One ML.ENERGY LLM task: requests per repeat and max_tokens (benchmark.yaml), and the
+    prompt-length assumption the simulator uses for it (ML.ENERGY publishes no prompt lengths)."""
+
+    num_requests: int
+    max_output_tokens: int
+    prompts: PromptAssumption
+
+
 PROMPTS = {
-    "short": PromptAssumption("short", median=150.0),  # central case (mean ~250 tokens)
-    "long": PromptAssumption("long", median=500.0),  # sensitivity (mean ~820 tokens)
+    "short": PromptAssumption("short", median=150.0),  # lm-arena-chat, central (mean ~250)
+    "long": PromptAssumption("long", median=500.0),  # lm-arena-chat sensitivity (mean ~820)
+    # GPQA diamond: one question and four choices ("What is the correct answer to the
+    # following question: ...\n\nChoices:\n(A) ..."), a few hundred tokens; the thinking
+    # outputs (thousands of tokens) dominate every step, so this barely matters.
+    "gpqa": PromptAssumption("gpqa", median=250.0, sigma=0.5, cap=16384),
+    # Sourcegraph context-aware FIM: a code file's prefix and suffix around the cursor; no
+    # length statistics are published. Bounded by the measurements' own batches: at the largest
+    # max_num_seqs the engines ran 1,015 (Qwen3-Coder-30B, 1 B200), 750 (2 H100) and 1,521
+    # (480B, 8 B200) requests at once in KV caches of ~1.1M, 0.90M and 1.6M tokens, i.e. at
+    # most ~1,050-1,200 tokens per running request, ~250 of them generated: mean prompts below
+    # ~950 tokens. Median 500, sigma 1.0 (mean ~820), as the chat sensitivity case.
+    "fim": PromptAssumption("fim", median=500.0, sigma=1.0, cap=MAX_MODEL_LEN - 2048),
 }
 CENTRAL = "short"
+TASK_PROMPTS = {"lm-arena-chat": "short", "gpqa": "gpqa", "sourcegraph-fim": "fim"}
+TASKS = {t: TaskSetup(v["num_requests"], v["max_output_tokens"], PROMPTS[TASK_PROMPTS[t]])
+         for t, v in SWEEPS["tasks"].items()}  # fmt: skip
 
 
-def ml_energy_num_requests(model_id: str, max_num_seqs: int, gpu: str = GPU) -> int:
-    """Requests ML.ENERGY sent for this configuration (1024 x num_request_repeats). A sweep not
-    in `ML_ENERGY_REPEATS` is assumed to repeat like most of them: x2 from max_num_seqs 512,
-    x3 from 1536."""
-    table = ML_ENERGY_REPEATS.get((model_id, gpu))
-    if table is None:
-        repeats = 3 if max_num_seqs >= 1536 else 2 if max_num_seqs >= 512 else 1
-    else:
-        repeats = table.get(max_num_seqs, 1)
-    return ML_ENERGY_BASE_REQUESTS * repeats
+def task_setup(config: MeasuredConfig) -> TaskSetup:
+    """The `TaskSetup` of `config`'s task; NotRepresentableError (naming `task`) for the others
+    (ML.ENERGY's multimodal tasks: their prompts carry images or video)."""
+    setup = TASKS.get(config.task)
+    if setup is None:
+        raise NotRepresentableError(
+            f"{config.source}: {config.model_id} {config.gpu_model} x{config.num_gpus}: task: "
+            f"{config.task!r} is not modelled (LLM tasks: {', '.join(TASKS)}; the multimodal "
+            f"ones put images or video in the prompt)"
+        )
+    return setup
+
+
+def ml_energy_num_requests(config: MeasuredConfig) -> int:
+    """Requests ML.ENERGY sent for this configuration: the task's num_requests x the sweep's
+    num_request_repeats for its max_num_seqs. A deployment or max_num_seqs no sweep file lists
+    (a run from an earlier sweep) takes the repeats of the same model, task and GPU at another
+    GPU count, else the task's sweep_defaults, else x2 from max_num_seqs 512 and x3 from 1536."""
+    setup, n = task_setup(config), str(config.max_num_seqs)
+    repeats = SWEEPS["num_request_repeats"]
+    key = f"{config.task}|{config.model_id}|{config.gpu_model}"
+    found = repeats.get(f"{key}|{config.num_gpus}", {}).get(n)
+    if found is None:
+        found = next((v[n] for k, v in repeats.items() if k.startswith(key + "|") and n in v),
+                     SWEEPS["tasks"][config.task]["sweep_defaults"].get(n))  # fmt: skip
+    if found is None:
+        found = 3 if config.max_num_seqs >= 1536 else 2 if config.max_num_seqs >= 512 else 1
+    return setup.num_requests * found
 
 
 def step_time_config(config: MeasuredConfig, **overrides: Any) -> StepTimeConfig:
     """The roofline preset for this deployment (`overrides`: roofline knobs, e.g. calibrated);
     NotRepresentableError (naming the field) for what the model cannot describe."""
+    task_setup(config)
     return deployment_config(config, **overrides)
+
+
+def not_expressible(config: MeasuredConfig) -> str | None:
+    """None if the simulator can re-run `config` (its task and its deployment), else why (the
+    message names the field)."""
+    try:
+        step_time_config(config)
+    except NotRepresentableError as e:
+        return str(e)
+    return None
 
 
 def draw_output_lengths(config: MeasuredConfig, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -113,7 +141,7 @@ def draw_output_lengths(config: MeasuredConfig, n: int, rng: np.random.Generator
         raise ValueError(f"{config.source}: empty output-length histogram")
     b = rng.choice(len(counts), size=n, p=counts / counts.sum())
     x = rng.uniform(edges[b], edges[b + 1])
-    return np.clip(np.floor(x), 1, MAX_OUTPUT_TOKENS).astype(np.int64)
+    return np.clip(np.floor(x), 1, task_setup(config).max_output_tokens).astype(np.int64)
 
 
 def draw_prompt_lengths(p: PromptAssumption, z: np.ndarray) -> np.ndarray:
@@ -225,10 +253,22 @@ def run_saturated(
     }
 
 
+def architecture(config: MeasuredConfig) -> str:
+    """The model's shape and number formats, named by the presets that share it ("llama-3.1-70b
+    = llama-3.3-70b"): fine-tunes of one architecture (Instruct / Thinking / Coder, Llama 3.1 /
+    3.3, DeepSeek V3.1 / R1) step alike, so leave-one-model-out holds them out together."""
+    spec = MODEL_PRESETS[HF_MODEL_IDS[config.model_id]]
+    shape = spec.model_dump(exclude={"name"})
+    same = sorted(n for n, m in MODEL_PRESETS.items() if m.model_dump(exclude={"name"}) == shape)
+    return " = ".join(same) or spec.name
+
+
 def family(config: MeasuredConfig) -> str:
-    """Scoring family: 'moe' (any GPU), else 'dense-<gpu>' (dense-h100, dense-b200, ...)."""
-    return "moe" if step_time_config(config).model_spec().is_moe else (
-        f"dense-{config.gpu_model.lower()}")
+    """Scoring family: '<dense|moe>-<gpu>' (dense-h100, dense-b200, moe-h100, moe-b200, ...):
+    the knobs (efficiencies, fixed costs) are properties of a GPU and its software, so each
+    family is one GPU; hybrid Mamba models count as dense."""
+    kind = "moe" if step_time_config(config).model_spec().is_moe else "dense"
+    return f"{kind}-{config.gpu_model.lower()}"
 
 
 def _err(sim: float, meas: float) -> float:
@@ -238,7 +278,7 @@ def _err(sim: float, meas: float) -> float:
 def compare(
     config: MeasuredConfig,
     *,
-    prompts: PromptAssumption | str = CENTRAL,
+    prompts: PromptAssumption | str | None = None,
     num_requests: int | None = None,
     step_overrides: dict[str, Any] | None = None,
     seed: int = 0,
@@ -246,15 +286,17 @@ def compare(
 ) -> dict[str, Any]:
     """Simulate one measured ML.ENERGY configuration and compare (see module doc).
 
-    `num_requests` defaults to what ML.ENERGY sent; `step_overrides` are roofline knobs passed
-    to `StepTimeConfig` (None = the default preset). Returns a JSON-able dict: configuration,
-    measured and simulated figures, signed % errors (`*_err_pct`) and the steady window.
+    `prompts` defaults to the task's assumption (`TASKS`); `num_requests` to what ML.ENERGY
+    sent; `step_overrides` are roofline knobs passed to `StepTimeConfig` (None = the default
+    preset). Returns a JSON-able dict: configuration, measured and simulated figures, signed %
+    errors (`*_err_pct`) and the steady window.
     """
-    if isinstance(prompts, str):
+    if prompts is None:
+        prompts = task_setup(config).prompts
+    elif isinstance(prompts, str):
         prompts = PROMPTS[prompts]
     N = config.max_num_seqs
-    n = num_requests if num_requests is not None else ml_energy_num_requests(
-        config.model_id, N, config.gpu_model)
+    n = num_requests if num_requests is not None else ml_energy_num_requests(config)
     st = step_time_config(config, **(step_overrides or {}))
     # with dp data-parallel ranks, simulate one rank: its share of max_num_seqs and requests
     dp = config.data_parallel
@@ -274,6 +316,8 @@ def compare(
     out = {
         "model_id": config.model_id,
         "model": SHORT.get(config.model_id, config.model_id),
+        "architecture": architecture(config),
+        "task": config.task,
         "gpu": config.gpu_model,
         "tp": config.vllm_tp,
         "ep": config.expert_parallel,

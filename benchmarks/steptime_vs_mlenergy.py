@@ -63,22 +63,21 @@ from typing import Any
 import numpy as np
 
 from presched.sim.steptime import MeasuredConfig, StepTimeConfig, load_mlenergy
-from presched.sim.steptime.deployment import representable
 from presched.workload.paths import data_dir
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results"
 sys.path.insert(0, str(HERE))
 from steptime_saturated import (  # noqa: E402  (a sibling module of this script)
-    CENTRAL,
     GPU,
-    ML_ENERGY_REPEATS,
     MODELS,
     PROMPTS,
     SHORT,
     TASK,
+    TASKS,
     PromptAssumption,
     compare,
+    not_expressible,
     make_requests,
     ml_energy_num_requests,
     run_saturated,
@@ -88,7 +87,7 @@ from steptime_saturated import (  # noqa: E402  (a sibling module of this script
 from steptime_report import VARIANTS, headline, markdown, plot  # noqa: E402
 
 __all__ = ["PromptAssumption", "make_requests", "ml_energy_num_requests", "run_saturated",
-           "step_time_config", "ML_ENERGY_REPEATS"]  # re-exported for tests and notebooks
+           "step_time_config", "TASKS"]  # re-exported for tests and notebooks
 
 # ---------------------------------------------------------------------------------------------
 # Calibration: refit the roofline's two overhead knobs to the 8B measurements
@@ -216,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
 
     root = data_root(args.data or data_dir())
     every = load_mlenergy(root, task=args.task)
-    refused = {config_key(c): why for c in every if (why := representable(c)) is not None}
+    refused = {config_key(c): why for c in every if (why := not_expressible(c)) is not None}
     ok = [c for c in every if config_key(c) not in refused]
     expressible = {"total": len(every), "ok": len(ok), "fraction": len(ok) / len(every),
                    "refused": refused}  # fmt: skip
@@ -233,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
 
     def run(c: MeasuredConfig, variant: str, knobs: dict | None) -> dict:
-        prompts = VARIANTS.get(variant, (CENTRAL, False))[0]
+        prompts = VARIANTS.get(variant, (None, False))[0]  # None: the task's assumption
         row = compare(c, prompts=prompts, seed=args.seed, step_overrides=knobs,
                       num_requests=n_req)  # fmt: skip
         return row | {"variant": variant, "key": config_key(c)}
@@ -260,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                 progress.advance(task2)
         folds_task = progress.add_task("leave one model out", total=None)
         lomo_rows, folds = lomo.leave_one_model_out(
-            default_rows, by_key, lambda c, k: run(c, "lomo", k), PROMPTS[CENTRAL].mean,
+            default_rows, by_key, lambda c, k: run(c, "lomo", k),
+            lambda c: TASKS[c.task].prompts.mean,
             on_fold=lambda fam, m: progress.update(folds_task, description=f"lomo {fam}: {m}"),
             knob_set=args.knob_set)
     wall = time.perf_counter() - t_start
@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         "knob_set": args.knob_set,
         "source": f"ML.ENERGY leaderboard v3 files under {root}",
         "prompt_assumptions": {k: vars(v) | {"mean": v.mean} for k, v in PROMPTS.items()},
+        "tasks": {t: vars(v) | {"prompts": v.prompts.name} for t, v in TASKS.items()},
         "variants": {k: {"prompts": p, "calibrated": c} for k, (p, c) in VARIANTS.items()},
         "expressible": expressible,
         "calibration": calib,

@@ -76,3 +76,58 @@ def test_requests_follow_the_configuration(bench, config_8b_n8):
     assert prompts[len(prompts) // 2] == pytest.approx(bench.PROMPTS["short"].median, rel=0.1)
     # same seed, same requests
     assert reqs == bench.make_requests(config_8b_n8, 2000, bench.PROMPTS["short"], seed=1)
+
+
+def _as(config, **change):
+    import dataclasses
+
+    return dataclasses.replace(config, **change)
+
+
+@pytest.mark.parametrize("change,sent", [
+    ({"max_num_seqs": 768}, 1024 * 3),  # lm-arena-chat 8B H100 sweeps.yaml: 768 -> x3
+    ({"max_num_seqs": 192}, 1024),
+    ({"task": "gpqa", "model_id": "Qwen/Qwen3-14B", "max_num_seqs": 192}, 198 * 2),
+    ({"task": "gpqa", "model_id": "Qwen/Qwen3-14B", "max_num_seqs": 64}, 198),
+    ({"task": "sourcegraph-fim", "model_id": "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+      "num_gpus": 2, "max_num_seqs": 768}, 1024 * 3),
+    # not in any sweep file: Scout on 8 H100 at 512 takes its 4-GPU sweep's x2
+    ({"model_id": "meta-llama/Llama-4-Scout-17B-16E-Instruct", "num_gpus": 8,
+      "max_num_seqs": 512}, 1024 * 2),
+])  # fmt: skip
+def test_requests_sent_follow_the_sweep_files(bench, config_8b_n8, change, sent):
+    assert bench.ml_energy_num_requests(_as(config_8b_n8, **change)) == sent
+
+
+def test_each_task_has_its_max_tokens_and_prompts(bench, config_8b_n8):
+    gpqa = _as(config_8b_n8, task="gpqa", output_length_bins=(1000.0, 30000.0),
+               output_length_counts=(1,))  # fmt: skip
+    out = [r.output_tokens for r in bench.make_requests(gpqa, 400, bench.TASKS["gpqa"].prompts)]
+    assert max(out) > 4096  # thinking outputs are not cut at lm-arena-chat's 4096
+    assert max(out) <= 32768
+    chat = _as(gpqa, task="lm-arena-chat")
+    assert max(r.output_tokens for r in bench.make_requests(chat, 400, bench.PROMPTS["short"])) == 4096
+    fim = bench.TASKS["sourcegraph-fim"]
+    assert (fim.num_requests, fim.max_output_tokens) == (1024, 2048)
+    assert fim.prompts.cap + fim.max_output_tokens <= 20480  # vLLM's max-model-len
+
+
+def test_multimodal_tasks_are_refused_naming_the_task(bench, config_8b_n8):
+    why = bench.not_expressible(_as(config_8b_n8, task="image-chat"))
+    assert "task: 'image-chat' is not modelled" in why
+    assert bench.not_expressible(config_8b_n8) is None
+
+
+def test_twins_share_an_architecture_and_quantizations_do_not(bench, config_8b_n8):
+    import steptime_saturated as sat
+
+    arch = {m: sat.architecture(_as(config_8b_n8, model_id=m)) for m in (
+        "meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.3-70B-Instruct",
+        "Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-235B-A22B-Thinking-2507",
+        "Qwen/Qwen3-235B-A22B-Thinking-2507-FP8", "deepseek-ai/DeepSeek-R1-0528",
+        "deepseek-ai/DeepSeek-V3.1")}  # fmt: skip
+    assert arch["meta-llama/Llama-3.1-70B-Instruct"] == "llama-3.1-70b = llama-3.3-70b"
+    assert arch["meta-llama/Llama-3.3-70B-Instruct"] == "llama-3.1-70b = llama-3.3-70b"
+    assert arch["Qwen/Qwen3-235B-A22B-Instruct-2507"] == arch["Qwen/Qwen3-235B-A22B-Thinking-2507"]
+    assert arch["Qwen/Qwen3-235B-A22B-Thinking-2507-FP8"] == "qwen3-235b-a22b-fp8"
+    assert arch["deepseek-ai/DeepSeek-R1-0528"] == arch["deepseek-ai/DeepSeek-V3.1"] == "deepseek-v3"

@@ -30,6 +30,9 @@ LLAMA_8B_CONFIG = dict(num_hidden_layers=32, hidden_size=4096, num_attention_hea
     ("llama-4-maverick-fp8", 400e9, 17e9, 0.02),
     ("gemma-3-12b", 12.2e9, 12.2e9, 0.04),  # card includes the 0.4 B vision tower
     ("gemma-3-27b", 27e9, 27e9, 0.02),
+    ("qwen3-coder-480b-a35b", 480e9, 35e9, 0.02),
+    ("nemotron-nano-9b-v2", 8.89e9, 8.89e9, 0.002),
+    ("nemotron-nano-12b-v2", 12.31e9, 12.31e9, 0.002),
 ])  # fmt: skip
 def test_presets_match_the_model_cards(name, total, active, rel):
     m = get_model(name)
@@ -85,6 +88,32 @@ def test_sliding_layers_counted_from_the_pattern():
     assert get_model("gemma-3-12b").num_sliding_layers == 40
     assert get_model("gpt-oss-120b").num_sliding_layers == 18
     assert get_model("llama-4-scout").sliding_window == 8192
+
+
+NEMOTRON_9B = dict(num_hidden_layers=56, hidden_size=4480, num_attention_heads=40,
+                   num_key_value_heads=8, head_dim=128, intermediate_size=15680,
+                   hybrid_override_pattern="M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-",
+                   mamba_num_heads=128, mamba_head_dim=80, ssm_state_size=128, n_groups=8,
+                   conv_kernel=4, vocab_size=131072)  # fmt: skip
+
+
+def test_hybrid_blocks_state_and_kv_from_the_pattern():
+    m = spec_from_hf_config("n9", NEMOTRON_9B, ssm_dtype="fp32")
+    assert (m.num_ssm_layers, m.attention_layers, m.num_layers) == (27, 4, 31)  # mixers
+    # per sequence and Mamba layer: 128 heads x 80 x state 128 in fp32, conv (4 - 1) x
+    # (10240 + 2 x 8 x 128) in bf16
+    assert m.ssm_state_bytes == 128 * 80 * 128 * 4 + 3 * (10240 + 2048) * 2
+    assert m.kv_bytes_per_token == 4 * 2 * 8 * 128 * 2  # only the 4 attention layers
+    bf16 = spec_from_hf_config("n9", NEMOTRON_9B)
+    assert bf16.ssm_state_bytes == 128 * 80 * 128 * 2 + 3 * (10240 + 2048) * 2
+    assert bf16.num_params == m.num_params == get_model("nemotron-nano-9b-v2").num_params
+    assert get_model("nemotron-nano-9b-v2").ssm_state_bytes == m.ssm_state_bytes  # the preset
+
+
+@pytest.mark.parametrize("pattern", ["M-*", "M-M-M-ME-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"])
+def test_hybrid_pattern_refused_naming_the_field(pattern):
+    with pytest.raises(ValueError, match="hf_config.hybrid_override_pattern: expected 56"):
+        spec_from_hf_config("n9", {**NEMOTRON_9B, "hybrid_override_pattern": pattern})
 
 
 def test_moe_split_adds_up():

@@ -1,5 +1,6 @@
 """Number formats of weights and KV cache, and the bytes one element takes in memory.
 
+    fp32         4 bytes (vLLM's `--mamba-ssm-cache-dtype float32` for hybrid models' SSM state)
     bf16, fp16   2 bytes
     fp8          1 byte (E4M3/E5M2; per-tensor or per-channel scales are negligible)
     mxfp4        4.25 bits = 0.53125 bytes: 4-bit E2M1 values, one 8-bit E8M0 scale per block of
@@ -15,9 +16,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-DType = Literal["bf16", "fp16", "fp8", "mxfp4", "nvfp4"]
+DType = Literal["fp32", "bf16", "fp16", "fp8", "mxfp4", "nvfp4"]
 
 DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0,
     "bf16": 2.0,
     "fp16": 2.0,
     "fp8": 1.0,

@@ -12,7 +12,9 @@ and intermediate_size_mlp (Llama-4, which also has one shared expert per MoE lay
 mlp_only_layers (Qwen); MLA: kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
 v_head_dim; sliding windows: sliding_window with layer_types (gpt-oss) or sliding_window_pattern
 (Gemma-3: every n-th layer global), attention_chunk_size (Llama-4: 3 of 4 layers chunked, taken
-as a sliding window of that size).
+as a sliding window of that size); hybrid Mamba-2 / attention models (Nemotron-H, Nemotron Nano
+v2): hybrid_override_pattern ('M' Mamba-2, '*' attention, '-' MLP block), mamba_num_heads,
+mamba_head_dim, ssm_state_size, n_groups, conv_kernel.
 
 Parameters are counted from the shapes (norms and biases left out, < 0.1 %):
 
@@ -22,6 +24,15 @@ Parameters are counted from the shapes (norms and biases left out, < 0.1 %):
     dense MLP       3*h*intermediate
     MoE block       E*3*h*moe_intermediate + shared experts + router h*E
     embeddings      vocab*h, twice unless tie_word_embeddings
+    Mamba-2 block   h*(2*I + 2*G*N + nH) + (I + 2*G*N)*conv + I*h      (I = nH * head dim)
+    MLP block '-'   2*h*intermediate                               (Nemotron-H: ReLU^2, no gate)
+
+A hybrid model's layers (`num_layers`) are its mixer blocks, Mamba and attention; its MLP blocks
+count in the parameters only (Nemotron Nano 9B v2: 56 residual blocks = 27 Mamba + 4 attention
++ 25 MLP, so 31 layers, about the 28 two-block layers of a Llama of the same depth). One
+sequence's state in one Mamba layer is nH * head dim * N elements in `ssm_dtype` (vLLM's
+`--mamba-ssm-cache-dtype`; float32 in NVIDIA's recipe) plus (conv - 1) * (I + 2*G*N) of
+convolution state in the weights' format.
 
 A missing or inconsistent field raises ValueError naming it (`hf_config.<field>: ...`).
 """
@@ -34,7 +45,7 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from presched.config import Config, format_validation_error
-from presched.sim.steptime.dtypes import DType
+from presched.sim.steptime.dtypes import DType, dtype_bytes
 from presched.sim.steptime.specs import ModelSpec
 
 
@@ -56,12 +67,16 @@ def spec_from_hf_config(
     weight_dtype: str = "bf16",
     expert_dtype: str | None = None,
     kv_dtype: str = "bf16",
+    ssm_dtype: str = "bf16",
 ) -> ModelSpec:
     """The `ModelSpec` of a model given by its config.json fields (module docstring)."""
     if not isinstance(hf_config, Mapping):
         raise ValueError(f"hf_config: expected a mapping of config.json fields, got "
                          f"{type(hf_config).__name__}")  # fmt: skip
     cfg = hf_config.get("text_config") or hf_config
+    if cfg.get("hybrid_override_pattern") is not None:
+        return _hybrid_spec(name, cfg, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                            ssm_dtype=ssm_dtype, expert_dtype=expert_dtype)  # fmt: skip
     L = _field(cfg, "num_hidden_layers")
     h = _field(cfg, "hidden_size")
     H = _field(cfg, "num_attention_heads")
@@ -148,6 +163,46 @@ def spec_from_hf_config(
         raise ValueError(format_validation_error(e)) from None
 
 
+def _hybrid_spec(name: str, cfg: Mapping[str, Any], *, weight_dtype: str, kv_dtype: str,
+                 ssm_dtype: str, expert_dtype: str | None) -> ModelSpec:  # fmt: skip
+    """A Nemotron-H style hybrid: one block per character of hybrid_override_pattern."""
+    pattern = cfg["hybrid_override_pattern"]
+    L = _field(cfg, "num_hidden_layers")
+    if not isinstance(pattern, str) or len(pattern) != L or set(pattern) - set("M*-"):
+        raise ValueError(
+            f"hf_config.hybrid_override_pattern: expected {L} characters (num_hidden_layers), "
+            f"each M (Mamba-2), * (attention) or - (MLP), got {pattern!r}"
+        )
+    if expert_dtype is not None:
+        raise ValueError("expert_dtype: set but the config has no experts")
+    h, V = _field(cfg, "hidden_size"), _field(cfg, "vocab_size")
+    H = _field(cfg, "num_attention_heads")
+    K = _field(cfg, "num_key_value_heads", H)
+    d = _field(cfg, "head_dim", h // H)
+    inter = _field(cfg, "intermediate_size")
+    n_mamba, n_attn, n_mlp = pattern.count("M"), pattern.count("*"), pattern.count("-")
+    ssm = 0.0
+    mamba = 0
+    if n_mamba:
+        nH, hd = _field(cfg, "mamba_num_heads"), _field(cfg, "mamba_head_dim")
+        N, G, conv = _field(cfg, "ssm_state_size"), _field(cfg, "n_groups"), _field(cfg, "conv_kernel")
+        inner, xbc = nH * hd, nH * hd + 2 * G * N
+        mamba = h * (inner + xbc + nH) + xbc * conv + inner * h
+        ssm = nH * hd * N * dtype_bytes(ssm_dtype) + (conv - 1) * xbc * dtype_bytes(weight_dtype)
+    attn = h * H * d + 2 * h * K * d + H * d * h
+    params = (n_mamba * mamba + n_attn * attn + n_mlp * 2 * h * inter
+              + V * h * (1 if cfg.get("tie_word_embeddings", False) else 2))  # fmt: skip
+    try:
+        return ModelSpec(
+            name=name, num_params=float(params), num_layers=n_mamba + n_attn, hidden_size=h,
+            num_heads=H, num_kv_heads=K, head_dim=d, intermediate_size=inter, vocab_size=V,
+            weight_dtype=weight_dtype, kv_dtype=kv_dtype, num_attention_layers=n_attn,
+            num_ssm_layers=n_mamba, ssm_state_bytes=ssm,
+        )  # fmt: skip
+    except ValidationError as e:
+        raise ValueError(format_validation_error(e)) from None
+
+
 class HFModelSpec(Config):
     """A model given inline by its Hugging Face config.json fields (converted on load)."""
 
@@ -161,6 +216,10 @@ class HFModelSpec(Config):
         default=None, description="Format of the routed experts (None: weight_dtype)."
     )
     kv_dtype: DType = Field(default="bf16", description="Format of the KV cache.")
+    ssm_dtype: DType = Field(
+        default="bf16", description="Format of a hybrid model's Mamba state (vLLM's "
+        "--mamba-ssm-cache-dtype; fp32 in NVIDIA's Nemotron recipe)."
+    )
 
     @model_validator(mode="after")
     def _converts(self) -> "HFModelSpec":
@@ -169,4 +228,5 @@ class HFModelSpec(Config):
 
     def to_spec(self) -> ModelSpec:
         return spec_from_hf_config(self.name, self.hf_config, weight_dtype=self.weight_dtype,
-                                   expert_dtype=self.expert_dtype, kv_dtype=self.kv_dtype)
+                                   expert_dtype=self.expert_dtype, kv_dtype=self.kv_dtype,
+                                   ssm_dtype=self.ssm_dtype)  # fmt: skip

@@ -58,9 +58,6 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 # From config.json (Hugging Face model repos named in each comment); parameter counts are
 # computed from these shapes (hf.py) and agree with the model cards within ~1 %.
 _HF_PRESETS: list[tuple[str, dict, dict]] = [
-    # meta-llama/Llama-3.3-70B-Instruct: same shape as Llama-3.1-70B.
-    ("llama-3.3-70b", dict(num_hidden_layers=80, hidden_size=8192, num_attention_heads=64,
-     num_key_value_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256), {}),
     # meta-llama/Llama-3.1-405B-Instruct-FP8 (FBGEMM FP8 linear weights, BF16 KV cache).
     ("llama-3.1-405b-fp8", dict(num_hidden_layers=126, hidden_size=16384,
      num_attention_heads=128, num_key_value_heads=8, head_dim=128, intermediate_size=53248,
@@ -125,6 +122,33 @@ _HF_PRESETS: list[tuple[str, dict, dict]] = [
      n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=3,
      q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
      v_head_dim=128, vocab_size=129280), dict(weight_dtype="fp8")),
+    # Qwen/Qwen3-Coder-480B-A35B-Instruct: 62 layers, d 6144, 96 q / 8 kv heads of 128, 160
+    # experts top-8 of width 2560, all layers MoE, vocab 151936; 480B / 35B active. The -FP8
+    # repo: FP8 weights (block-scaled, 128).
+    ("qwen3-coder-480b-a35b", dict(num_hidden_layers=62, hidden_size=6144,
+     num_attention_heads=96, num_key_value_heads=8, head_dim=128, intermediate_size=8192,
+     moe_intermediate_size=2560, num_experts=160, num_experts_per_tok=8, vocab_size=151936),
+     {}),
+    ("qwen3-coder-480b-a35b-fp8", dict(num_hidden_layers=62, hidden_size=6144,
+     num_attention_heads=96, num_key_value_heads=8, head_dim=128, intermediate_size=8192,
+     moe_intermediate_size=2560, num_experts=160, num_experts_per_tok=8, vocab_size=151936),
+     dict(weight_dtype="fp8")),
+    # nvidia/NVIDIA-Nemotron-Nano-9B-v2 (Nemotron-H hybrid): 56 blocks, pattern below (27
+    # Mamba-2, 4 attention, 25 ReLU^2 MLP), d 4480, 40 q / 8 kv heads of 128, MLP 15680, Mamba
+    # 128 heads of 80, state 128, 8 groups, conv 4, vocab 131072, untied; 8.89B. The SSM state
+    # in FP32 (`--mamba-ssm-cache-dtype float32`, NVIDIA's vLLM recipe and ML.ENERGY's runs).
+    ("nemotron-nano-9b-v2", dict(num_hidden_layers=56, hidden_size=4480,
+     num_attention_heads=40, num_key_value_heads=8, head_dim=128, intermediate_size=15680,
+     hybrid_override_pattern="M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-",
+     mamba_num_heads=128, mamba_head_dim=80, ssm_state_size=128, n_groups=8, conv_kernel=4,
+     vocab_size=131072), dict(ssm_dtype="fp32")),
+    # nvidia/NVIDIA-Nemotron-Nano-12B-v2: 62 blocks (28 Mamba-2, 6 attention, 28 MLP), d 5120,
+    # MLP 20480, otherwise as 9B; 12.31B.
+    ("nemotron-nano-12b-v2", dict(num_hidden_layers=62, hidden_size=5120,
+     num_attention_heads=40, num_key_value_heads=8, head_dim=128, intermediate_size=20480,
+     hybrid_override_pattern="M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-",
+     mamba_num_heads=128, mamba_head_dim=80, ssm_state_size=128, n_groups=8, conv_kernel=4,
+     vocab_size=131072), dict(ssm_dtype="fp32")),
     # openai/gpt-oss-120b: 36 layers, d 2880, 64 q / 8 kv heads of 64, 128 experts top-4 of
     # width 2880, sliding_window 128 on alternate layers (layer_types), vocab 201088; MXFP4
     # experts, BF16 rest; 116.8B / 5.1B active.
@@ -142,6 +166,9 @@ _HF_PRESETS: list[tuple[str, dict, dict]] = [
 ]
 for _name, _cfg, _dtypes in _HF_PRESETS:
     MODEL_PRESETS[_name] = spec_from_hf_config(_name, _cfg, **_dtypes)
+# meta-llama/Llama-3.3-70B-Instruct: the Llama-3.1-70B architecture (same config.json shapes)
+MODEL_PRESETS["llama-3.3-70b"] = MODEL_PRESETS["llama-3.1-70b"].model_copy(
+    update={"name": "llama-3.3-70b"})
 
 # Sources: NVIDIA datasheets (dense = without structured sparsity, i.e. half the headline
 # "with sparsity" tensor number). mem_capacity is the total that nvidia-smi / CUDA report
@@ -224,6 +251,10 @@ HF_MODEL_IDS: dict[str, str] = {
     "Qwen/Qwen3-235B-A22B-Thinking-2507": "qwen3-235b-a22b",
     "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": "qwen3-235b-a22b-fp8",
     "Qwen/Qwen3-235B-A22B-Thinking-2507-FP8": "qwen3-235b-a22b-fp8",
+    "Qwen/Qwen3-Coder-480B-A35B-Instruct": "qwen3-coder-480b-a35b",
+    "Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8": "qwen3-coder-480b-a35b-fp8",
+    "nvidia/NVIDIA-Nemotron-Nano-9B-v2": "nemotron-nano-9b-v2",
+    "nvidia/NVIDIA-Nemotron-Nano-12B-v2": "nemotron-nano-12b-v2",
     "deepseek-ai/DeepSeek-V3": "deepseek-v3",
     "deepseek-ai/DeepSeek-V3.1": "deepseek-v3",
     "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",
