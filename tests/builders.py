@@ -173,8 +173,8 @@ class StepChecks:
             step(until)
             self.check_state()
 
-        def checked_apply_run(now, k, t0, s, seqs):
-            apply_run(now, k, t0, s, seqs)
+        def checked_apply_run(now, k, t0, s, seqs, C):
+            apply_run(now, k, t0, s, seqs, C)
             self.runs += 1
             for seq in seqs:  # its first step was a scheduled batch, counted there
                 self.fed[seq.id] += k - 1

@@ -62,7 +62,7 @@ class Instance:
         self.step_model = step_model
         self.fast_forward = fast_forward
         self.lazy = lazy
-        self._pending: tuple | None = None  # planned decode run: (start, k, t0, s, seqs, S(k-1))
+        self._pending: tuple | None = None  # planned decode run: (start, k, t0, s, seqs, C, S(k-1))
         self.clock = 0.0
         self.itl = ItlLog()
         self.finished: list[Seq] = []
@@ -100,8 +100,8 @@ class Instance:
         run = self._pending
         if run is not None:  # the run stops at the first step that starts at or after `now`
             self._pending = None
-            start, k, t0, s, seqs, _ = run
-            self._apply_run(start, min(k, _steps_starting_before(now - start, t0, s)), t0, s, seqs)
+            start, k, t0, s, seqs, C, _ = run
+            self._apply_run(start, min(k, _steps_starting_before(now - start, t0, s)), t0, s, seqs, C)
         if not self.sched.has_work() and self.clock < now:
             self.clock = now  # idle engine: time jumps to the arrival
         seq.instance = self.index
@@ -113,11 +113,11 @@ class Instance:
         while True:
             run = self._pending
             if run is not None:
-                start, k, t0, s, seqs, last_start = run
+                start, k, t0, s, seqs, C, last_start = run
                 if until - start - TIE <= last_start:  # its last step starts at/after `until`
                     return  # still pending: steps after `until` only matter if nothing arrives
                 self._pending = None
-                self._apply_run(start, k, t0, s, seqs)
+                self._apply_run(start, k, t0, s, seqs, C)
                 continue
             if self.clock >= until - TIE or not (sched.running or sched.waiting):
                 return
@@ -190,12 +190,13 @@ class Instance:
             if B * kv.blocks_for(k - 1) > kv.free:  # an upper bound of the blocks k steps take
                 k = _kv_limit(seqs, k, kv)
         if self.lazy and k > 1:  # last_start: S(k-1), the offset at which its last step starts
-            self._pending = (now, k, t0, s, seqs, (k - 1) * t0 + s * (k - 1) * (k - 2) / 2)
+            self._pending = (now, k, t0, s, seqs, C, (k - 1) * t0 + s * (k - 1) * (k - 2) / 2)
         else:
-            self._apply_run(now, k, t0, s, seqs)
+            self._apply_run(now, k, t0, s, seqs, C)
 
-    def _apply_run(self, now: float, k: int, t0: float, s: float, seqs: list[Seq]) -> None:
-        """Apply the first k steps of a decode run that started at `now`."""
+    def _apply_run(self, now: float, k: int, t0: float, s: float, seqs: list[Seq], C: int) -> None:
+        """Apply the first k steps of a decode run that started at `now` with context C; then
+        tell the scheduler what phase A of the next step is (`Scheduler.decode_next`)."""
         B = len(seqs)
         total = k * t0 + s * k * (k - 1) / 2
         end = now + total
@@ -210,11 +211,14 @@ class Instance:
         caching, hook = self.sched.caching, self._tokens_hook
         if caching:  # every step's blocks are taken before anyone finishes, as step by step:
             kv.grow(seqs, k)  # a release must not spare an eviction the steps would have made
+        context = C + k * B  # the survivors' next decode step: their context, those that
+        needy = []  # need a block for it
         for seq in seqs:
-            if not caching and seq.computed + k > seq.blocks * bs:  # past the blocks it holds
-                kv.take(seq, kv.blocks_for(seq.computed + k) - seq.blocks)
-            seq.computed += k
-            if caching and seq.computed >= seq.next_unit_end:
+            c = seq.computed + k
+            if not caching and c > seq.blocks * bs:  # past the blocks it holds
+                kv.take(seq, kv.blocks_for(c) - seq.blocks)
+            seq.computed = c
+            if caching and c >= seq.next_unit_end:
                 kv.insert(seq)
             seq.generated += k
             last = seq.last_token
@@ -232,10 +236,15 @@ class Instance:
                 self.policy.on_tokens(seq, k, end)
             if seq.generated >= seq.stop:
                 self._finish(seq, end)
+                context -= c + 1
+            elif c == seq.blocks * bs:  # its next token starts a block
+                needy.append(seq)
         if contiguous:
             self.itl.add(t0, 0.0, 1, contiguous)
         if k > 1:
             self.itl.add(t0 + s, s, k - 1, B)
+        if self.sched.running:
+            self.sched.decode_next = (context, needy)
 
     def _finish(self, seq: Seq, now: float) -> None:
         seq.finish = now

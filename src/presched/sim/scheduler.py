@@ -18,7 +18,13 @@ B. Only if nothing was preempted in A (vLLM's anti-thrash rule): waiting request
    hit computed: only the rest is computed, and it fits if its new blocks plus the cached ones
    it revives from the free pool do.
 
-The caller runs the step for `step_time(shape)` seconds and then calls `postprocess`.
+The caller (instance.py) runs the step for `step_time(shape)` seconds and applies its tokens.
+
+After a fast-forwarded decode run (instance.py) the instance already knows phase A's outcome:
+every running request decodes next, with the total context and the requests whose next token
+starts a block (`decode_next`). If the free blocks cover those, no one can be preempted, and the
+step takes them all without visiting each request (the same batch, block for block: the golden
+fingerprints check it).
 """
 
 from __future__ import annotations
@@ -45,6 +51,12 @@ class Scheduler:
         self._max_tokens = cfg.max_num_batched_tokens
         self._threshold = cfg.long_prefill_token_threshold
         self._kv_tokens = num_blocks * cfg.block_size
+        self.decode_next: tuple[int, list[Seq]] | None = None
+        """(total context, the requests among them whose next token starts a block) when
+        every running request's next step is a decode: set by the instance after a decode
+        run, used and cleared by the next `schedule`, which then batches them all without
+        visiting each one when the free blocks cover the needy ones (phase A could preempt
+        no one); any change to `running` clears it."""
 
     def add(self, seq: Seq, now: float) -> None:
         # KV is needed for every token but the last one generated here (sampled, never fed back)
@@ -68,6 +80,16 @@ class Scheduler:
         kv, policy, running = self.kv, self.policy, self.running
         budget, threshold, bs = self._max_tokens, self._threshold, kv.block_size
         batch = Batch()
+        known, self.decode_next = self.decode_next, None
+        if known is not None and len(running) <= budget and len(known[1]) <= kv.free:
+            n = len(running)  # A, every request a decode (see decode_next)
+            for seq in known[1]:
+                kv.take(seq, 1)
+            batch.seqs, batch.ntoks = running.copy(), [1] * n
+            batch.num_decode, batch.decode_context = n, known[0]
+            if self.waiting:
+                self._admit(now, batch, budget - n)
+            return batch
         seqs, ntoks = batch.seqs, batch.ntoks
         add_seq, add_n = seqs.append, ntoks.append
         preempted = False
@@ -158,6 +180,7 @@ class Scheduler:
             waiting.pop()
             seq.status = RUNNING
             running.append(seq)
+            self.decode_next = None
             if caching and not seq.computed:
                 seq.cached_tokens += kv.acquire(seq, units, revive, total)
                 seq.computed = c
@@ -177,6 +200,7 @@ class Scheduler:
 
     def _preempt(self, seq: Seq, now: float) -> None:
         self.running.remove(seq)
+        self.decode_next = None
         self.kv.release(seq)
         seq.recomputed_tokens += seq.computed
         seq.computed = 0
@@ -188,6 +212,7 @@ class Scheduler:
 
     def finish(self, seq: Seq) -> None:
         self.running.remove(seq)
+        self.decode_next = None
         self.kv.release(seq)
 
 
