@@ -101,7 +101,8 @@ class Instance:
         if run is not None:  # the run stops at the first step that starts at or after `now`
             self._pending = None
             start, k, t0, s, seqs, C, _ = run
-            self._apply_run(start, min(k, _steps_starting_before(now - start, t0, s)), t0, s, seqs, C)
+            k = min(k, _steps_starting_before(now - start, t0, s))
+            self._apply_run(start, k, t0, s, seqs, C)
         if not self.sched.has_work() and self.clock < now:
             self.clock = now  # idle engine: time jumps to the arrival
         seq.instance = self.index
@@ -132,7 +133,8 @@ class Instance:
                 return  # vLLM; no time passes and the next step starts from the new state
             raise RuntimeError(f"instance {self.index}: scheduler made no progress at t={now}")
         P, B, C = batch.prefill_tokens, batch.num_decode, batch.decode_context
-        if self.fast_forward and not P and not batch.changed and len(seqs) == len(self.sched.running):
+        ff = self.fast_forward and not P and not batch.changed
+        if ff and len(seqs) == len(self.sched.running):
             self._run_decodes(seqs, B, C, now, until)
             return
         dur = self.step_model.step_time(P, batch.prefill_pairs, batch.prefill_context, B, C)
@@ -141,12 +143,18 @@ class Instance:
         self.busy_time += dur
         self.clock = end
         contiguous = 0
-        caching = self.sched.caching
+        caching, bs = self.sched.caching, self.sched.kv.block_size
+        # if every running request took part and each decodes next, phase A of the next step is
+        # known (`Scheduler.decode_next`): their context and those whose next token starts a block
+        known = len(seqs) == len(self.sched.running)
+        context, needy = 0, []
         for seq, n in zip(seqs, ntoks):
             seq.computed += n
             if caching and seq.computed >= seq.next_unit_end:
                 self.sched.kv.insert(seq)
-            if seq.computed == seq.prompt_tokens + seq.generated:  # the step sampled a token
+            if seq.computed != seq.prompt_tokens + seq.generated:  # a prefill chunk, not done
+                known = False
+            else:  # the step sampled a token
                 seq.generated += 1
                 last = seq.last_token
                 if last is None:
@@ -165,8 +173,15 @@ class Instance:
                     self.policy.on_tokens(seq, 1, end)
                 if seq.generated >= seq.stop:
                     self._finish(seq, end)
+                else:
+                    c = seq.computed
+                    context += c + 1
+                    if c == seq.blocks * bs:
+                        needy.append(seq)
         if contiguous:
             self.itl.add(dur, 0.0, 1, contiguous)
+        if known and self.sched.running:
+            self.sched.decode_next = (context, needy)
 
     def _run_decodes(self, seqs: list[Seq], B: int, C: int, now: float, until: float) -> None:
         t0, slope, valid = self.step_model.decode_line(B, C)
@@ -208,6 +223,7 @@ class Instance:
         bs = kv.block_size
         contiguous = 0
         max_step = t0 + s * (k - 1)
+        longest = max_step if max_step > t0 else t0  # longest gap of one that ran the last step
         caching, hook = self.sched.caching, self._tokens_hook
         if caching:  # every step's blocks are taken before anyone finishes, as step by step:
             kv.grow(seqs, k)  # a release must not spare an eviction the steps would have made
@@ -224,13 +240,14 @@ class Instance:
             last = seq.last_token
             if last == now:
                 contiguous += 1
-                gap = t0
+                if longest > seq.max_itl:
+                    seq.max_itl = longest
             else:
                 gap = now + t0 - last
                 self.itl.add(gap, 0.0, 1, 1)
-            m = gap if gap > max_step else max_step
-            if m > seq.max_itl:
-                seq.max_itl = m
+                m = gap if gap > max_step else max_step
+                if m > seq.max_itl:
+                    seq.max_itl = m
             seq.last_token = end
             if hook:
                 self.policy.on_tokens(seq, k, end)

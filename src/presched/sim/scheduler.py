@@ -20,11 +20,11 @@ B. Only if nothing was preempted in A (vLLM's anti-thrash rule): waiting request
 
 The caller (instance.py) runs the step for `step_time(shape)` seconds and applies its tokens.
 
-After a fast-forwarded decode run (instance.py) the instance already knows phase A's outcome:
-every running request decodes next, with the total context and the requests whose next token
-starts a block (`decode_next`). If the free blocks cover those, no one can be preempted, and the
-step takes them all without visiting each request (the same batch, block for block: the golden
-fingerprints check it).
+After a fast-forwarded decode run, or a step in which every running request took part and each
+now decodes next (instance.py), the instance already knows phase A's outcome: the total context
+and the requests whose next token starts a block (`decode_next`). If the free blocks cover
+those, no one can be preempted, and the step takes them all without visiting each request (the
+same batch, block for block: the golden fingerprints check it).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Scheduler:
         self.decode_next: tuple[int, list[Seq]] | None = None
         """(total context, the requests among them whose next token starts a block) when
         every running request's next step is a decode: set by the instance after a decode
-        run, used and cleared by the next `schedule`, which then batches them all without
+        run or step, used and cleared by the next `schedule`, which then batches them all without
         visiting each one when the free blocks cover the needy ones (phase A could preempt
         no one); any change to `running` clears it."""
 
