@@ -144,17 +144,16 @@ class Instance:
         self.clock = end
         contiguous = 0
         caching, bs = self.sched.caching, self.sched.kv.block_size
-        # if every running request took part and each decodes next, phase A of the next step is
-        # known (`Scheduler.decode_next`): their context and those whose next token starts a block
-        known = len(seqs) == len(self.sched.running)
+        # if every running request takes part and each samples a token, phase A of the next
+        # step is known (`Scheduler.decode_next`): their context, those whose next token starts
+        # a block
+        known = not batch.partial and len(seqs) == len(self.sched.running)
         context, needy = 0, []
         for seq, n in zip(seqs, ntoks):
             seq.computed += n
             if caching and seq.computed >= seq.next_unit_end:
                 self.sched.kv.insert(seq)
-            if seq.computed != seq.prompt_tokens + seq.generated:  # a prefill chunk, not done
-                known = False
-            else:  # the step sampled a token
+            if seq.computed == seq.prompt_tokens + seq.generated:  # the step sampled a token
                 seq.generated += 1
                 last = seq.last_token
                 if last is None:
@@ -173,7 +172,7 @@ class Instance:
                     self.policy.on_tokens(seq, 1, end)
                 if seq.generated >= seq.stop:
                     self._finish(seq, end)
-                else:
+                elif known:
                     c = seq.computed
                     context += c + 1
                     if c == seq.blocks * bs:

@@ -129,6 +129,8 @@ class Scheduler:
                 C += total
             else:
                 batch.add_prefill(n, c)
+                if c + n < total:
+                    batch.partial = True
             budget -= n
             if budget <= 0:
                 break
@@ -192,6 +194,8 @@ class Scheduler:
                 batch.decode_context += total
             else:
                 batch.add_prefill(n, c)
+                if c + n < total:
+                    batch.partial = True
             budget -= n
             batch.changed = True
             if seq.first_scheduled is None:
@@ -218,15 +222,18 @@ class Scheduler:
 
 class Batch:
     """One step's work: the requests, their new-token counts, and the step's shape for the
-    step-time model (see `steptime/base.py`). `changed`: a request was admitted or preempted."""
+    step-time model (see `steptime/base.py`). `changed`: a request was admitted or preempted;
+    `partial`: a prefill chunk stops short of its prompt."""
 
-    __slots__ = ("seqs", "ntoks", "changed", "prefill_tokens", "prefill_pairs",
+    __slots__ = ("seqs", "ntoks", "changed", "partial", "prefill_tokens", "prefill_pairs",
                  "prefill_context", "num_decode", "decode_context")  # fmt: skip
 
     def __init__(self) -> None:
         self.seqs: list[Seq] = []
         self.ntoks: list[int] = []
         self.changed = False
+        self.partial = False  # a prefill chunk that does not finish its prompt (may be stale
+        # after `remove`: it only keeps the instance from learning phase A early)
         self.prefill_tokens = 0
         self.prefill_pairs = 0.0
         self.prefill_context = 0
