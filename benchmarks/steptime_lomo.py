@@ -112,7 +112,8 @@ def _rho(row: dict, configs: dict, mean_prompt: MeanPrompt) -> float:
             / decode_surrogate(configs[row["key"]], base, mean_prompt))  # fmt: skip
 
 
-def surrogate_itl(row: dict, configs: dict, knobs: dict[str, float], mean_prompt: MeanPrompt) -> float:
+def surrogate_itl(row: dict, configs: dict, knobs: dict[str, float],
+                  mean_prompt: MeanPrompt) -> float:  # fmt: skip
     """The surrogate's median ITL (seconds) of a default-knob row under `knobs`."""
     return _rho(row, configs, mean_prompt) * decode_surrogate(configs[row["key"]], knobs,
                                                                mean_prompt)  # fmt: skip

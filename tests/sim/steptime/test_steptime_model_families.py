@@ -90,11 +90,11 @@ def test_sliding_layers_counted_from_the_pattern():
     assert get_model("llama-4-scout").sliding_window == 8192
 
 
+PATTERN_9B = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
 NEMOTRON_9B = dict(num_hidden_layers=56, hidden_size=4480, num_attention_heads=40,
                    num_key_value_heads=8, head_dim=128, intermediate_size=15680,
-                   hybrid_override_pattern="M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-",
-                   mamba_num_heads=128, mamba_head_dim=80, ssm_state_size=128, n_groups=8,
-                   conv_kernel=4, vocab_size=131072)  # fmt: skip
+                   hybrid_override_pattern=PATTERN_9B, mamba_num_heads=128, mamba_head_dim=80,
+                   ssm_state_size=128, n_groups=8, conv_kernel=4, vocab_size=131072)  # fmt: skip
 
 
 def test_hybrid_blocks_state_and_kv_from_the_pattern():
@@ -110,9 +110,13 @@ def test_hybrid_blocks_state_and_kv_from_the_pattern():
     assert get_model("nemotron-nano-9b-v2").ssm_state_bytes == m.ssm_state_bytes  # the preset
 
 
-@pytest.mark.parametrize("pattern", ["M-*", "M-M-M-ME-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"])
-def test_hybrid_pattern_refused_naming_the_field(pattern):
-    with pytest.raises(ValueError, match="hf_config.hybrid_override_pattern: expected 56"):
+@pytest.mark.parametrize("pattern,why", [
+    ("M-*", "expected 56 characters"),
+    (PATTERN_9B.replace("-", "E", 1), "expected 56 characters"),  # MoE blocks: not modelled
+    (PATTERN_9B.replace("*", "M"), "no attention block"),
+])  # fmt: skip
+def test_hybrid_pattern_refused_naming_the_field(pattern, why):
+    with pytest.raises(ValueError, match=f"hf_config.hybrid_override_pattern: {why}"):
         spec_from_hf_config("n9", {**NEMOTRON_9B, "hybrid_override_pattern": pattern})
 
 

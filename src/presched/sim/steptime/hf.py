@@ -181,11 +181,15 @@ def _hybrid_spec(name: str, cfg: Mapping[str, Any], *, weight_dtype: str, kv_dty
     d = _field(cfg, "head_dim", h // H)
     inter = _field(cfg, "intermediate_size")
     n_mamba, n_attn, n_mlp = pattern.count("M"), pattern.count("*"), pattern.count("-")
+    if not n_attn:  # the KV cache, and so the engine's block count, needs attention layers
+        raise ValueError("hf_config.hybrid_override_pattern: no attention block ('*'); a "
+                         "pure state-space model is not modelled")  # fmt: skip
     ssm = 0.0
     mamba = 0
     if n_mamba:
         nH, hd = _field(cfg, "mamba_num_heads"), _field(cfg, "mamba_head_dim")
-        N, G, conv = _field(cfg, "ssm_state_size"), _field(cfg, "n_groups"), _field(cfg, "conv_kernel")
+        N, G = _field(cfg, "ssm_state_size"), _field(cfg, "n_groups")
+        conv = _field(cfg, "conv_kernel")
         inner, xbc = nH * hd, nH * hd + 2 * G * N
         mamba = h * (inner + xbc + nH) + xbc * conv + inner * h
         ssm = nH * hd * N * dtype_bytes(ssm_dtype) + (conv - 1) * xbc * dtype_bytes(weight_dtype)
