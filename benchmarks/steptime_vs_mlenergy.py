@@ -16,18 +16,22 @@ with ml-energy/data v0.3.1):
 - a saturated engine: every request is sent at t = 0 (request rate inf), `max_num_seqs = N`
   (per data-parallel rank: N / dp), `max_num_batched_tokens = 8192`, chunked prefill, FCFS; the
   KV cache is sized from the model and GPU like vLLM at `gpu_memory_utilization = 0.9`;
-- as many requests as ML.ENERGY sent: 1024 x num_request_repeats (`ml_energy_num_requests`,
-  from its sweeps files; x2 from N = 512 and x3 from 1536 where a sweep is not listed);
+- as many requests as ML.ENERGY sent: the task's num_requests (lm-arena-chat and
+  sourcegraph-fim 1024, gpqa 198) x num_request_repeats (`ml_energy_num_requests`, from its
+  sweep files: benchmarks/data/mlenergy_sweeps.json), with the task's max_tokens (4096, 2048,
+  32768); the multimodal tasks are refused naming `task`;
 - output lengths drawn (seeded) from that configuration's own output-length histogram, uniform
   within a bin;
-- prompt lengths from an assumption (ML.ENERGY publishes none for lm-arena-chat): lognormal,
-  sigma 1.0, median 150 tokens (mean ~250) by default, and median 500 (mean ~820) as the
-  sensitivity case; see `PROMPTS` and docs/steptime.md.
+- prompt lengths from an assumption per task (ML.ENERGY publishes none): lm-arena-chat
+  lognormal, sigma 1.0, median 150 tokens (mean ~250), and median 500 (mean ~820) as the
+  sensitivity case; gpqa median 250; sourcegraph-fim median 500; see `TASKS`, `PROMPTS` and
+  docs/steptime.md.
 
-Scoring is out of sample (steptime_lomo.py): per family (dense H100, dense B200, MoE), the
-roofline knobs are fitted on the family's other models and the simulator is run with them on
-the held-out model (leave one model out); the figures are the median |ITL error| per family
-(`steptime_median_itl_err_pct_dense`, `_b200`, `_moe`; `..._default`: today's default knobs).
+Scoring is out of sample (steptime_lomo.py): per family (dense or MoE models on one GPU), the
+roofline knobs are fitted on the family's other architectures and the simulator is run with
+them on the held-out one (leave one architecture out); the figures are the median |ITL error|
+(`steptime_median_itl_err_pct_dense`: dense H100, `_b200`: dense B200, `_moe`: every MoE
+family pooled; `..._default`: today's default knobs).
 
 The simulated run is then measured as ML.ENERGY measures it:
 
