@@ -202,6 +202,23 @@ def leave_one_model_out(
     return rows, folds
 
 
+def fit_families(default_rows: list[dict], configs: dict[str, MeasuredConfig],
+                 mean_prompt: MeanPrompt) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Per family, the knobs fitted on all of its architectures, by the folds' own procedure
+    (the set chosen by `select_knob_set`, then `fit_knobs`): what a fold would use for an
+    architecture the folder does not hold. Their out-of-sample error is the family's
+    leave-one-out figure."""
+    out = {}
+    for fam in sorted({r["family"] for r in default_rows}):
+        rows = [r for r in default_rows if r["family"] == fam]
+        chosen, inner = select_knob_set(rows, configs, mean_prompt)
+        out[fam] = {"knob_set": chosen, "knobs": fit_knobs(rows, configs, mean_prompt,
+                                                            KNOB_SETS[chosen]),
+                    "architectures": sorted({r[HELD_OUT] for r in rows}),
+                    "configurations": len(rows), "inner_median_abs_err_pct": inner}  # fmt: skip
+    return out
+
+
 def median_abs(rows: list[dict], key: str = "itl_err_pct") -> float:
     return float(np.median([abs(r[key]) for r in rows])) if rows else math.nan
 

@@ -267,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             lambda c: TASKS[c.task].prompts.mean,
             on_fold=lambda fam, m: progress.update(folds_task, description=f"lomo {fam}: {m}"),
             knob_set=args.knob_set)
+        family_knobs = lomo.fit_families(default_rows, by_key,
+                                         lambda c: TASKS[c.task].prompts.mean)  # fmt: skip
     wall = time.perf_counter() - t_start
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -284,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "expressible": expressible,
         "calibration": calib,
         "lomo_folds": folds,
+        "family_knobs": family_knobs,
         "figures": figures,
         "wall_s": wall,
         "rows": rows + lomo_rows,
@@ -300,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{wall:.0f} s)")
     for why in sorted(refused.values()):
         print(f"not expressible: {why}")
+    for fam, fit in family_knobs.items():  # presets.KNOB_PRESETS comes from these
+        print(f"family knobs {fam} ({fit['knob_set']}, {len(fit['architectures'])} "
+              f"architectures): " + ", ".join(f"{k} = {v:.4g}" for k, v in fit["knobs"].items()))
     if calib:
         print("calibrated on 8B: " + ", ".join(f"{k} = {v * 1e6:.1f} us"
                                                  for k, v in calib["knobs"].items()))

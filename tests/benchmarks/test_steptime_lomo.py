@@ -90,6 +90,20 @@ def test_out_of_sample_folds_never_train_on_the_held_out_model(quick_run):
     assert len(lomo) == len(default)
 
 
+def test_family_knobs_are_fitted_on_every_architecture_of_the_family(quick_run):
+    _, payload = quick_run
+    lomo = _load("steptime_lomo")
+    default = [r for r in payload["rows"] if r["variant"] == "default"]
+    fams = payload["family_knobs"]
+    assert set(fams) == {r["family"] for r in default}
+    for fam, fit in fams.items():
+        rows = [r for r in default if r["family"] == fam]
+        assert fit["architectures"] == sorted({r["architecture"] for r in rows})
+        assert fit["configurations"] == len(rows)
+        for k, (unit, lo, hi) in lomo.KNOB_RANGES.items():
+            assert lo - 1e-9 <= fit["knobs"][k] / unit <= hi + 1e-9, (fam, k)
+
+
 def test_context_per_request_is_length_biased():
     lomo = _load("steptime_lomo")
 

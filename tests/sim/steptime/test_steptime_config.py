@@ -95,3 +95,25 @@ def test_bad_configs_name_the_field(data, path, text):
         StepTimeConfig.model_validate(data)
     msg = format_validation_error(e.value, "steptime")
     assert any(line.startswith(f"{path}:") and text in line for line in msg.splitlines()), msg
+
+
+def test_knob_preset_fills_the_unset_knobs_and_reaches_the_model():
+    from presched.sim.steptime.presets import KNOB_PRESETS
+
+    preset = KNOB_PRESETS["mlenergy-moe-b200"]
+    cfg = StepTimeConfig(model="qwen3-30b-a3b", hardware="b200", knobs="mlenergy-moe-b200",
+                         step_overhead=1e-3)  # fmt: skip
+    assert cfg.step_overhead == 1e-3  # set by the config: kept
+    assert {k: getattr(cfg, k) for k in preset if k != "step_overhead"} == {
+        k: v for k, v in preset.items() if k != "step_overhead"}
+    ref = RooflineStepModel(get_model("qwen3-30b-a3b"), get_hardware("b200"),
+                            **(preset | {"step_overhead": 1e-3}))  # fmt: skip
+    assert build_step_model(cfg).step_time(*SHAPE) == ref.step_time(*SHAPE)
+    plain = StepTimeConfig(model="qwen3-30b-a3b", hardware="b200")  # no preset: the defaults
+    assert plain.memory_efficiency == 0.8 and plain.overhead_per_layer == 0.0
+
+
+def test_unknown_knob_preset_is_refused_naming_the_field():
+    with pytest.raises(ValidationError) as e:
+        StepTimeConfig.model_validate({"knobs": "moe"})
+    assert "knobs: unknown preset 'moe'; known: mlenergy-moe-b200, mlenergy-moe-h100" in str(e.value)

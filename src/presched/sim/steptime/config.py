@@ -5,8 +5,8 @@
                                   # or {name: x, hf_config: {<config.json fields>}}
     hardware: h100-sxm            # preset name (presets.HARDWARE_PRESETS) or an inline HardwareSpec
     tp: 1                         # tensor parallel; ep (expert parallel), dp (DP attention ranks)
-    compute_efficiency: 0.5       # roofline knobs (ignored by kind: fitted)
-    memory_efficiency: 0.8
+    compute_efficiency: 0.5       # roofline knobs (ignored by kind: fitted); or a named set
+    memory_efficiency: 0.8        # of them for what is unset: knobs: mlenergy-moe-h100
     step_overhead: 0.00068
     overhead_per_decode: 4.78e-5
 
@@ -41,6 +41,7 @@ from presched.sim.steptime.roofline import (
 from presched.sim.steptime.hf import HFModelSpec
 from presched.sim.steptime.presets import (
     HARDWARE_PRESETS,
+    KNOB_PRESETS,
     MODEL_PRESETS,
     get_hardware,
     get_model,
@@ -94,6 +95,12 @@ class StepTimeConfig(Config):
         "simulated engine is one rank, and its MoE layers see dp times its tokens (ranks "
         "balanced). Without experts, run dp independent instances instead.",
     )
+    knobs: str | None = Field(
+        default=None,
+        description="Roofline: a named set of knobs fitted on public measurements ("
+        + ", ".join(sorted(KNOB_PRESETS)) + "; presets.KNOB_PRESETS) for the knobs this "
+        "config leaves unset; None: the defaults (fitted on Llama-3.1-8B, one H100).",
+    )
     compute_efficiency: float = Field(
         default=DEFAULT_COMPUTE_EFFICIENCY,
         gt=0,
@@ -144,6 +151,18 @@ class StepTimeConfig(Config):
         description="Fitted: JSON file with the coefficients, as written by "
         "FittedStepModel.save / to_dict.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_knobs(cls, data: object) -> object:
+        """`knobs`: the preset's values for every knob the config does not set itself."""
+        if not isinstance(data, dict) or data.get("knobs") is None:
+            return data
+        name = data["knobs"]
+        if name not in KNOB_PRESETS:
+            raise ValueError(f"knobs: unknown preset {name!r}; known: "
+                             f"{', '.join(sorted(KNOB_PRESETS))}")  # fmt: skip
+        return KNOB_PRESETS[name] | data
 
     @field_validator("model", mode="before")
     @classmethod

@@ -227,6 +227,26 @@ def get_hardware(name: str) -> HardwareSpec:
         raise UnknownNameError(f"unknown hardware preset {name!r}; known: {known}") from None
 
 
+# Roofline knobs fitted on public measurements, one set per family (`StepTimeConfig.knobs`
+# fills in the knobs a config leaves unset). The default knobs were fitted on Llama-3.1-8B on one
+# H100 and miss mixture-of-experts deployments by a median 22 % (H100) and 40 % (B200) of
+# median ITL on ML.ENERGY's leaderboard (ml-energy/leaderboard 0cd52da, LLM tasks: 306 MoE
+# configurations, 7 architectures on H100 and 8 on B200). These are the knobs that
+# benchmarks/steptime_vs_mlenergy.py's leave-one-architecture-out folds fit, on every MoE
+# architecture of one GPU (its `family_knobs`, run of 2026-12-07); fitted so on all but
+# one, they miss that one by a median 18 % (H100) and 22 % (B200): docs/steptime.md. An
+# empirical calibration of vLLM 0.11's MoE serving on those GPUs, not physical constants
+# (B200's memory efficiency 0.46 is what its MoE decode steps reach, not what HBM3e can do).
+KNOB_PRESETS: dict[str, dict[str, float]] = {
+    "mlenergy-moe-h100": dict(step_overhead=0.0, overhead_per_decode=69.6e-6,
+                              memory_efficiency=1.0, collective_latency=29.7e-6,
+                              compute_efficiency=0.5, overhead_per_layer=80.1e-6),
+    "mlenergy-moe-b200": dict(step_overhead=0.0, overhead_per_decode=55.0e-6,
+                              memory_efficiency=0.459, collective_latency=29.4e-6,
+                              compute_efficiency=0.718, overhead_per_layer=0.0),
+}
+
+
 # Hugging Face model ids (as ML.ENERGY and vLLM name them) -> preset. Fine-tunes and
 # instruct/thinking/coder variants share their base model's config.json shape.
 HF_MODEL_IDS: dict[str, str] = {
