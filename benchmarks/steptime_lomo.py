@@ -60,6 +60,8 @@ FIGURE_OF_FAMILY = {"dense": ("dense-h100",), "b200": ("dense-b200",),
                     "moe": ("moe-h100", "moe-b200", "moe-h200"), "moe_h100": ("moe-h100",),
                     "moe_b200": ("moe-b200",)}  # fmt: skip
 """Figure suffix -> the families it pools (each configuration scored in its own family)."""
+PER_GPU_FIGURES = ("moe_h100", "moe_b200")
+"""Printed only when the folder holds that GPU's MoE runs (the others print nan when empty)."""
 HELD_OUT = "architecture"
 """What a fold holds out: every model of one architecture (rows' `architecture`: the presets of
 one shape and number format), so that no fold trains on a twin of its held-out model (Llama 3.1
@@ -228,8 +230,8 @@ def family_figures(default_rows: list[dict], lomo_rows: list[dict]) -> dict[str,
     counterparts (`..._default`, today's knobs, fitted on Llama-3.1-8B H100 only)."""
     out: dict[str, float] = {}
     for name, fams in FIGURE_OF_FAMILY.items():
-        if "_" in name and not any(r["family"] in fams for r in default_rows):
-            continue  # a per-GPU MoE figure for a GPU the folder does not have
+        if name in PER_GPU_FIGURES and not any(r["family"] in fams for r in default_rows):
+            continue
         out[f"steptime_median_itl_err_pct_{name}"] = median_abs(
             [r for r in lomo_rows if r["family"] in fams])
         out[f"steptime_median_itl_err_pct_{name}_default"] = median_abs(

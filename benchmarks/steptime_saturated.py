@@ -4,6 +4,7 @@ as ML.ENERGY sent them, one saturated engine, and its measurement with ML.ENERGY
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -257,7 +258,12 @@ def architecture(config: MeasuredConfig) -> str:
     """The model's shape and number formats, named by the presets that share it ("llama-3.1-70b
     = llama-3.3-70b"): fine-tunes of one architecture (Instruct / Thinking / Coder, Llama 3.1 /
     3.3, DeepSeek V3.1 / R1) step alike, so leave-one-model-out holds them out together."""
-    spec = MODEL_PRESETS[HF_MODEL_IDS[config.model_id]]
+    return _architecture(config.model_id)
+
+
+@functools.cache
+def _architecture(model_id: str) -> str:
+    spec = MODEL_PRESETS[HF_MODEL_IDS[model_id]]
     shape = spec.model_dump(exclude={"name"})
     same = sorted(n for n, m in MODEL_PRESETS.items() if m.model_dump(exclude={"name"}) == shape)
     return " = ".join(same) or spec.name

@@ -262,13 +262,14 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(run(c, v, calib["knobs"] if VARIANTS[v][1] else None))
                 progress.advance(task2)
         folds_task = progress.add_task("leave one model out", total=None)
+        def mean_prompt(c: MeasuredConfig) -> float:  # the task's assumption
+            return TASKS[c.task].prompts.mean
+
         lomo_rows, folds = lomo.leave_one_model_out(
-            default_rows, by_key, lambda c, k: run(c, "lomo", k),
-            lambda c: TASKS[c.task].prompts.mean,
+            default_rows, by_key, lambda c, k: run(c, "lomo", k), mean_prompt,
             on_fold=lambda fam, m: progress.update(folds_task, description=f"lomo {fam}: {m}"),
             knob_set=args.knob_set)
-        family_knobs = lomo.fit_families(default_rows, by_key,
-                                         lambda c: TASKS[c.task].prompts.mean)  # fmt: skip
+        family_knobs = lomo.fit_families(default_rows, by_key, mean_prompt)
     wall = time.perf_counter() - t_start
 
     args.out.mkdir(parents=True, exist_ok=True)

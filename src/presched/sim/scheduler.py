@@ -56,7 +56,8 @@ class Scheduler:
         every running request's next step is a decode: set by the instance after a decode
         run or step, used and cleared by the next `schedule`, which then batches them all without
         visiting each one when the free blocks cover the needy ones (phase A could preempt
-        no one); any change to `running` clears it."""
+        no one). `schedule` takes it before it admits or preempts anyone; a request finishing
+        outside it clears it."""
 
     def add(self, seq: Seq, now: float) -> None:
         # KV is needed for every token but the last one generated here (sampled, never fed back)
@@ -182,7 +183,6 @@ class Scheduler:
             waiting.pop()
             seq.status = RUNNING
             running.append(seq)
-            self.decode_next = None
             if caching and not seq.computed:
                 seq.cached_tokens += kv.acquire(seq, units, revive, total)
                 seq.computed = c
@@ -204,7 +204,6 @@ class Scheduler:
 
     def _preempt(self, seq: Seq, now: float) -> None:
         self.running.remove(seq)
-        self.decode_next = None
         self.kv.release(seq)
         seq.recomputed_tokens += seq.computed
         seq.computed = 0
