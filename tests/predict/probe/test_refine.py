@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import kendalltau
 
 from presched.predict import LEVELS, PREDICTORS, load_predictor
-from presched.predict.probe.refine import GENERATED
+from presched.predict.probe.refine import GENERATED, design
 from presched.workload.request import Request
 
 D = 8
@@ -41,6 +41,25 @@ def test_refine_ranks_remaining_lengths_and_its_quantiles_are_calibrated(fitted)
     assert np.abs(cover[:9] - np.array(LEVELS[:9])).max() < 0.05
     # a total-length estimate given L > g: never below g + 1
     assert (est.quantiles >= g[:, None] + 1 - 1e-9).all()
+
+
+def test_a_remaining_quantile_under_one_token_is_raised_to_g_plus_1():
+    # short remaining lengths (a few tokens): the conformal quantiles of L - g fall below 1
+    # token at the low levels; the total-length estimate given L > g still starts at g + 1
+    def short(n, seed):
+        rng = np.random.default_rng(seed)
+        S, P = rng.normal(size=(n, 4)), rng.normal(size=(n, 4))
+        g = rng.choice([16, 64], size=n).astype(float)
+        rem = np.maximum(np.round(np.exp(1.0 + 0.8 * S[:, 0] + 0.3 * rng.normal(size=n))), 1)
+        return S, P, g, g + rem
+
+    pred = PREDICTORS.create("probe-refine").fit_steps(*short(400, 0), *short(400, 1))
+    S, P, g, _ = short(200, 2)
+    q, _ = pred.head.quantiles(design(S, P, g))
+    assert (q < 1).any()  # the case at hand: the head's own remaining quantiles under 1 token
+    est = pred.predict_steps(S, P, g)
+    assert (est.quantiles >= g[:, None] + 1).all()
+    np.testing.assert_allclose(est.quantiles, g[:, None] + np.maximum(q, 1.0))
 
 
 def test_the_step_state_is_what_it_reads():

@@ -18,9 +18,10 @@ spread for every row (`spread` 'constant', the default here; 'adaptive' fits a r
 absolute in-sample residual, as `probe` does: on the engine's records of SmolLM2 that made
 E[L - g | L > g], what SRPT / MLFQ read, rank the remaining length at tau-b ~0 while mu ranked
 it at 0.28, docs/predictors/probe.md). The estimate is of the total length, g + remaining
-(quantiles >= g + 1), so that a driver can put it in place of `seq.estimate`; `rank_score` is
-the log remaining length. `predict(requests)` reads S and P from `Request.metadata` (keys of the
-`step` and `mean` FeatureSpecs) and g from `metadata["generated"]`.
+(the remaining quantiles floored at 1 token, so quantiles >= g + 1), so that a driver can put
+it in place of `seq.estimate`; `rank_score` is the log remaining length. `predict(requests)`
+reads S and P from `Request.metadata` (keys of the `step` and `mean` FeatureSpecs) and g from
+`metadata["generated"]`.
 
 `fit(requests, validation)` also takes the requests of the engine's records
 (`presched train -p probe-refine --from-log records.sqlite --param model=M --param layer=N`:
@@ -171,7 +172,7 @@ class ProbeRefine(Predictor):
         if not np.isfinite(X).all():
             raise ValueError("features: must be finite (NaN rows: states that were never read)")
         q, mu = self.head.quantiles(X)
-        total = g + q
+        total = g + np.maximum(q, 1.0)  # L > g: at least one more token (the conformal q may be < 1)
         return LengthEstimate(total, total[:, _MED], mu)
 
     def predict(self, requests: Sequence[Request]) -> LengthEstimate:
