@@ -100,3 +100,25 @@ def test_gittins_is_at_least_the_inverse_mean_remaining():
     est = LengthEstimate.from_quantiles(np.array([[20, 40, 60, 80, 100, 130, 170, 220, 300, 400, 700.0]]))[0]
     for g in (0, 50, 150, 400, 1000):
         assert est.gittins(g) >= 1 / est.mean_remaining(g) - 1e-12
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(1, 500), min_size=len(LEVELS), max_size=len(LEVELS)), st.floats(0, 20000))
+def test_quantile_remaining_is_at_least_one_token_and_monotone_in_p(qs, g):
+    # also once g is far past the predicted support (S(g) ~ 0: a request that outlived its
+    # estimate), where the tail's own quantile is read
+    est = LengthEstimate.from_quantiles(np.array([np.cumsum(qs)]))[0]
+    rem = [est.quantile_remaining(g, p) for p in (0.0, *LEVELS)]
+    assert min(rem) >= 1.0
+    assert all(b >= a - 1e-9 for a, b in zip(rem, rem[1:]))
+
+
+def test_quantile_remaining_beyond_the_support_is_the_tails():
+    est = LengthEstimate.from_quantiles(np.full((1, len(LEVELS)), 100.0))[0]  # predicted at 100
+    assert est.survival(150.0) < 1e-12  # still running at 150
+    assert [est.quantile_remaining(150.0, p) for p in (0.0, 0.1, 0.5, 0.6)] == [1.0, 1.0, 1.0, 1.0]
+    wide = LengthEstimate.from_quantiles(np.array([[5, 6, 7, 8, 10, 12, 15, 20, 30, 40, 80.0]]))[0]
+    tail = wide.dist.tail  # (80 - 40) / ln 5
+    assert wide.survival(5000.0) < 1e-12
+    assert wide.quantile_remaining(5000.0, 0.9) == pytest.approx(tail * np.log(10))
+    assert wide.quantile_remaining(5000.0, 0.01) == 1.0

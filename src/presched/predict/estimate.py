@@ -192,8 +192,8 @@ class Dist:
     def quantile_remaining(self, g: float, p: float) -> float:
         """The p-quantile of L - g given L > g: Q(1 - (1 - p) S(g)) - g (at least 1 token)."""
         s_g = self.survival(g)
-        if s_g <= 1e-12:
-            return self.tail * math.log(1 / (1 - p)) if p > 0 else 1.0
+        if s_g <= 1e-12:  # beyond the model's support: the tail's quantile, at least 1 token
+            return max(self.tail * math.log(1 / (1 - p)), 1.0)
         return max(self.quantile(min(1 - (1 - p) * s_g, 1 - 1e-12)) - g, 1.0)
 
     def gittins(self, g: float) -> float:
