@@ -23,11 +23,13 @@ from presched.workload.request import Request
 LEARN = {"min_group": 20, "refit_every": 40, "min_refit": 30, "holdout": 10}
 
 
-def write_records(path, start, n, ratio, rng, aborted_every=0, capped_every=0, prompts=False):
+def write_records(path, start, n, ratio, rng, aborted_every=0, capped_every=0, prompts=False, arrivals=None):
     """`n` engine records of requests whose answers are `ratio` x twice their prompt
-    (`prompts`: with the prompt text, as the plugin's store_prompts writes it)."""
+    (`prompts`: with the prompt text, as the plugin's store_prompts writes it); request i arrives
+    at `arrivals[i - start]` (default 1000 + i) and is freed 1 s later."""
     w = RecordWriter(path)
     for i in range(start, start + n):
+        arrival = 1000.0 + i if arrivals is None else float(arrivals[i - start])
         p = int(rng.integers(5, 200))
         out = max(1, round(2 * ratio * p * rng.lognormal(0, 0.2)))
         status, max_tokens = "FINISHED_STOPPED", 10_000
@@ -36,10 +38,10 @@ def write_records(path, start, n, ratio, rng, aborted_every=0, capped_every=0, p
         if aborted_every and i % aborted_every == 1:
             status = "FINISHED_ABORTED"
         vreq = SimpleNamespace(request_id=f"e{i}", prompt_token_ids=list(range(p)), max_tokens=max_tokens,
-                               arrival_time=1000.0 + i, num_output_tokens=out, num_preemptions=0,
+                               arrival_time=arrival, num_output_tokens=out, num_preemptions=0,
                                sampling_params=None)  # fmt: skip
         seq = EngineSeq(vreq)
-        seq.finish = 1001.0 + i
+        seq.finish = arrival + 1.0
         w.write(record_row(seq, status, "m", prompt=" ".join(["w"] * p) if prompts else None))
     w.close()
 
@@ -73,6 +75,21 @@ def test_engine_records_teach_the_learner_and_raise_its_alarm(tmp_path):
     w.write({"id": "f", "ts": 2001.0, "status": 500, "prompt_tokens": 4})
     w.close()
     assert feed(learner, path, after=last, batch=1) == (92, {"ok": 0, "length": 0, "cancelled": 0, "failed": 1, "skipped": 1})
+
+
+def test_rows_in_completion_order_are_capped_on_their_arrival_clock(tmp_path):
+    # 400 requests arriving over 20 s, freed in another order (the records' order): their `ts`
+    # (arrival) steps back and forth, and the tenant's cap still holds over the 20 s
+    rng = np.random.default_rng(0)
+    arrival = np.sort(rng.uniform(0, 20, 400)) + 1.7e9
+    freed = np.argsort(arrival + rng.uniform(0.1, 5.0, 400))
+    path = tmp_path / "records.sqlite"
+    write_records(path, 0, 400, 1.0, rng, arrivals=arrival[freed])
+    learner = OnlineLearner(trained(), OnlineConfig(enabled=True, refit_every=0, tenant_rate=2.0, tenant_burst=10),
+                            background=False)  # fmt: skip
+    assert feed(learner, path)[1]["ok"] == 400
+    cap = 10 + 2.0 * (arrival.max() - arrival.min())
+    assert learner.counts["learned"] <= cap + 1 and learner.counts["capped"] >= 400 - cap - 1
 
 
 def test_row_status_maps_what_a_row_teaches():

@@ -12,7 +12,9 @@ an output length is a label (`ok`), or a lower bound when a length limit cut it 
 predicts each row's request (in batches, again after a refit) just before it observes it: the model scored is the
 learner's own, not whatever predicted the request in the engine (the records' `pred_*` columns
 are left alone), so the recalibration and the drift alarm measure the learner's model on the
-engine's answers. The rate caps run on the rows' own clock (`ts`). Rows without prompt text
+engine's answers. The rate caps run on the rows' own clock (`ts`, the arrival time: it steps
+back and forth in completion order, and a bucket's clock only moves forward, so a tenant gets at
+most burst + rate x the span of its rows' `ts`). Rows without prompt text
 (the plugin's `store_prompts` off) still recalibrate and move the alarm, but never join the
 refit buffer (the learner refits on rows with prompt text only).
 

@@ -1,7 +1,12 @@
 """Per-tenant caps on how fast the learner takes labels: a token bucket per tenant on a clock
 the caller passes (wall clock in the gateway, the stream's clock in benchmarks), so one tenant
 replaying a burst of odd answers cannot move the calibration or fill the refit buffer alone.
-At most `max_tenants` buckets are kept (least recently seen forgotten: bounded memory)."""
+At most `max_tenants` buckets are kept (least recently seen forgotten: bounded memory).
+
+A bucket's clock only moves forward: a `now` earlier than the last one seen refills nothing (rows
+fed in completion order but stamped with their arrival times, as `presched learn` feeds them,
+step back and forth), so a tenant is granted at most `burst + rate * span` labels over any span
+of its clock, whatever the order the times come in."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ class TenantCaps:
         else:
             self._buckets.move_to_end(tenant)
             b[0] = min(self.burst, b[0] + max(0.0, now - b[1]) * self.rate)
-            b[1] = now
+            b[1] = max(b[1], now)
         if b[0] >= 1.0:
             b[0] -= 1.0
             return True
