@@ -98,6 +98,20 @@ def test_xargs_quantiles_and_mean_q90():
     assert est.mean == pytest.approx(100.0, rel=0.05)
 
 
+@pytest.mark.parametrize("mean,q90", [(180.0, 150.0), (150.9, 60.0), (100.0, 100.0)])
+def test_a_q90_at_or_below_the_mean_is_a_heavy_tailed_log_normal(mean, q90):
+    # a heavy upper tail (what `presched serve` sends for an estimate with a far q99) puts the
+    # mean above q90: only sigma = 1.2816 + sqrt(...) > 2.56 fits, not a point mass at the mean
+    q = lognormal_quantiles(mean, q90)
+    sigma = (math.log(q[LEVELS.index(0.9)]) - math.log(q[LEVELS.index(0.5)])) / 1.2816
+    assert sigma > 2.56
+    assert q[LEVELS.index(0.9)] == pytest.approx(q90, rel=1e-3)
+    assert math.exp(math.log(q[LEVELS.index(0.5)]) + sigma**2 / 2) == pytest.approx(mean, rel=1e-3)
+    est = from_xargs({"presched_pred_mean": mean, "presched_pred_q90": q90})
+    assert est.quantile(0.9) == pytest.approx(q90, rel=1e-3)
+    assert est.quantile(0.1) < q90 / 10  # spread out, not ~the mean at every level
+
+
 @pytest.mark.parametrize("xargs,field", [
     ({"presched_quantiles": [1, 2]}, "presched_quantiles"),
     ({"presched_quantiles": [1] * 10 + ["x"]}, "presched_quantiles[10]"),

@@ -9,9 +9,10 @@ reaches the engine as `sampling_params.extra_args`):
                                                                              # serve` sends today
 
 The first is the full `LengthEstimate` row (at `predict.estimate.LEVELS`). The second (mean and,
-optionally, q90) becomes a log-normal with that mean and q90 (sigma 1 without q90). Values that
-are not finite positive numbers make the request count as having no prediction (`bad_xargs` in
-the plugin's counters); the request is still served.
+optionally, q90) becomes a log-normal with that mean and q90 (sigma 1 without q90; a q90 at or
+below the mean, a heavy tail, gets sigma > 2.56). Values that are not finite positive numbers
+make the request count as having no prediction (`bad_xargs` in the plugin's counters); the
+request is still served.
 
 Without one, the predictor given at start (`PluginConfig.predictor`, e.g. text-gbm from
 `presched train`) predicts from the prompt text, decoded from the prompt token ids with the
@@ -58,14 +59,19 @@ def _num(field: str, v: Any) -> float:
 
 
 def lognormal_quantiles(mean: float, q90: float | None) -> list[float]:
-    """Quantiles at LEVELS of the log-normal with this mean and q90 (the smaller of the two
-    sigmas that fit). Without q90: sigma 1. A q90 above mean * e^0.821, the largest any
-    log-normal of this mean has, gets that largest (sigma 1.2816)."""
+    """Quantiles at LEVELS of the log-normal with this mean and q90: the smaller of the two
+    sigmas that fit when q90 > mean, the only positive one (> 2.5632, a heavy tail) when
+    q90 <= mean. Without q90: sigma 1. A q90 above mean * e^0.821, the largest any log-normal
+    of this mean has, gets that largest (sigma 1.2816)."""
     sigma = 1.0
     if q90 is not None:
         d = math.log(q90 / mean)  # = 1.2816 sigma - sigma^2 / 2
         disc = 1.2816**2 - 2 * d
-        sigma = 1.2816 - math.sqrt(disc) if disc >= 0 else 1.2816
+        if disc < 0:
+            sigma = 1.2816
+        else:  # roots 1.2816 -/+ sqrt(disc); the smaller is <= 0 when q90 <= mean
+            r = math.sqrt(disc)
+            sigma = 1.2816 - r if 1.2816 - r > 0 else 1.2816 + r
         sigma = max(sigma, 1e-3)
     mu = math.log(mean) - sigma**2 / 2
     return [math.exp(mu + sigma * _Z[p]) for p in LEVELS]
