@@ -92,6 +92,16 @@ def test_rows_in_completion_order_are_capped_on_their_arrival_clock(tmp_path):
     assert learner.counts["learned"] <= cap + 1 and learner.counts["capped"] >= 400 - cap - 1
 
 
+def test_a_batch_never_outgrows_the_predictions_the_learner_remembers(tmp_path):
+    path = tmp_path / "records.sqlite"
+    write_records(path, 0, 512, 1.0, np.random.default_rng(2))
+    learner = OnlineLearner(trained(), OnlineConfig(enabled=True, refit_every=0, tenant_rate=1e9, max_pending=100,
+                                                    window=1000), background=False)  # fmt: skip
+    assert feed(learner, path, batch=256) == (512, {"ok": 512, "length": 0, "cancelled": 0, "failed": 0, "skipped": 0})
+    assert learner.counts["learned"] == 512 and learner.counts["unpredicted"] == 0
+    assert learner.conformal.pool.n == 512  # every row scored by the recalibration
+
+
 def test_row_status_maps_what_a_row_teaches():
     assert row_status(200, 12, "stop", 100) == "ok"
     assert row_status(200, 100, "length", 100) == "length"

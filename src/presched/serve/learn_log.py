@@ -9,14 +9,14 @@ for the engine's records is the order requests were freed), read-only, while the
 (WAL). Each row teaches what the gateway's live path teaches (`serve/learn.py`): status 200 with
 an output length is a label (`ok`), or a lower bound when a length limit cut it (`is_censored`:
 `length`); status 499 (`cancelled`) and any other status (`failed`) teach nothing. The learner
-predicts each row's request (in batches, again after a refit) just before it observes it: the model scored is the
-learner's own, not whatever predicted the request in the engine (the records' `pred_*` columns
-are left alone), so the recalibration and the drift alarm measure the learner's model on the
-engine's answers. The rate caps run on the rows' own clock (`ts`, the arrival time: it steps
-back and forth in completion order, and a bucket's clock only moves forward, so a tenant gets at
-most burst + rate x the span of its rows' `ts`). Rows without prompt text
-(the plugin's `store_prompts` off) still recalibrate and move the alarm, but never join the
-refit buffer (the learner refits on rows with prompt text only).
+predicts each row's request (in batches of at most `max_pending`, again after a refit) just
+before it observes it: the model scored is the learner's own, not whatever predicted the request
+in the engine (the records' `pred_*` columns are left alone), so the recalibration and the drift
+alarm measure the learner's model on the engine's answers. The rate caps run on the rows' own
+clock (`ts`, the arrival time: it steps back and forth in completion order, and a bucket's clock
+only moves forward, so a tenant gets at most burst + rate x the span of its rows' `ts`). Rows
+without prompt text (the plugin's `store_prompts` off) still recalibrate and move the alarm, but
+never join the refit buffer (the learner refits on rows with prompt text only).
 
 The position (the last rowid learned, and the log's path) is kept beside the learner's state in
 `log-position.json`, written after the state (a crash in between learns those rows again).
@@ -59,7 +59,11 @@ def _int(v: Any) -> int | None:
 
 def feed(learner: Any, path: str | Path, after: int = 0, batch: int = 256) -> tuple[int, dict[str, int]]:
     """Teach `learner` the rows of the log at `path` with rowid > `after`; returns (the last
-    rowid read, rows by what they taught: ok / length / cancelled / failed / skipped)."""
+    rowid read, rows by what they taught: ok / length / cancelled / failed / skipped). Rows are
+    read, predicted and observed `batch` at a time, never more than the learner remembers
+    predictions for (`max_pending`: a prediction forgotten before its row is observed would leave
+    the row unscored)."""
+    batch = max(1, min(batch, learner.cfg.max_pending))
     conn, path = connect_ro(path)
     try:
         cur = conn.execute(f"SELECT {_COLS} FROM {TABLE} WHERE rowid > ? ORDER BY rowid", (after,))
