@@ -137,3 +137,19 @@ def test_a_crash_while_saving_leaves_the_last_state(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", real)
     back = OnlineLearner.resume(str(tmp_path), cfg(), background=False)
     assert back.counts["learned"] == 100 and len(back.buffer) == 100
+
+
+def test_a_change_from_the_first_completion_is_forgotten_from_there():
+    # answers spread far wider than predicted from the very first completion: the coverage band
+    # raises the alarm at 100 completions with its change point at 0 (before the first one), so
+    # all 100 rows are post-change and the recalibration keeps them all (not only min_group)
+    learner = OnlineLearner(base(100), cfg(alarm_window=100, min_group=50), background=False)
+    rng = np.random.default_rng(2)
+    for i in range(300):
+        r = Request(id=f"x{i}", prompt=f"p{i}", prompt_tokens=10, model="m")
+        learner.predict([r])
+        learner.observe(r, max(1, int(100 * np.exp(rng.normal(0, 3.0)))), now=0.0)
+        if learner.alarm.alarms:
+            break
+    assert learner.alarm.alarms == [100] and learner.alarm.changes == [0]
+    assert learner.conformal.pool.n == 100 and learner.conformal.groups["m"].n == 100

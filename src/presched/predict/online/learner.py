@@ -158,7 +158,7 @@ class OnlineLearner:
         """Forget the recalibration rows before the change; on the first alarm of a drift (not
         one raised again while it is still on), start the refit schedule over from it."""
         a = self.alarm
-        after = a.count - (a.change_at or a.count)
+        after = a.count - (a.change_at if a.change_at is not None else a.count)
         for g in list(self.conformal.groups):
             self.conformal.forget(g, max(self.cfg.min_group, after))
         if self.cfg.refit_on_alarm and first:
