@@ -162,6 +162,16 @@ def test_alpha_none_is_chosen_on_held_out_fit_rows():
         PREDICTORS.create("probe-refine", alpha="big")
 
 
+@pytest.mark.parametrize("name,extra", [("probe", {}), ("egtp", {}), ("draft-probe", {"model": "draft-x"}),
+                                        ("probe-refine", {}), ("self-report", {})])  # fmt: skip
+@pytest.mark.parametrize("floor", [0, 0.0, -1.0, float("nan"), float("inf")])
+def test_a_sigma_floor_that_is_not_positive_is_refused_at_construction(name, extra, floor):
+    # a floor of 0 let the adaptive spread ridge predict <= 0 for a calibration row, and fit
+    # crashed in the conformal step ("scale: expected 20 finite positive values")
+    with pytest.raises(ValueError, match=rf"^{name}: parameter 'sigma_floor' must be a positive number"):
+        PREDICTORS.create(name, sigma_floor=floor, **extra)
+
+
 def test_a_saved_probe_keeps_the_alpha_it_chose(fitted, tmp_path):
     back = load_predictor(fitted.save(tmp_path / "p.npz"))
     assert back.head.alpha == fitted.head.alpha is not None

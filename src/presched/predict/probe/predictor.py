@@ -52,6 +52,15 @@ def check_alpha(name: str, alpha: Any) -> None:
                          f"from {ALPHAS} on held-out fit rows), got {alpha!r}")  # fmt: skip
 
 
+def check_sigma_floor(name: str, sigma_floor: Any) -> None:
+    """ValueError unless `sigma_floor` is a finite positive number: the conformal step divides
+    by the spread, and a spread ridge may predict <= 0 for a row."""
+    if (isinstance(sigma_floor, bool) or not isinstance(sigma_floor, (int, float))
+            or not 0 < sigma_floor < float("inf")):  # fmt: skip
+        raise ValueError(f"{name}: parameter 'sigma_floor' must be a positive number (the smallest "
+                         f"spread in log space), got {sigma_floor!r}")  # fmt: skip
+
+
 SPREADS = ("adaptive", "constant")
 """`RidgeHead` spreads: a ridge on the absolute residual, or one spread for every row."""
 
@@ -170,6 +179,7 @@ class HiddenStateProbe(Predictor):
         super().__init__(**checked_params(self.name, DEFAULTS, params, nullable=("model_dir",)))
         check_alpha(self.name, self.params["alpha"])
         check_spread(self.name, self.params["spread"])
+        check_sigma_floor(self.name, self.params["sigma_floor"])
         self._featurizer: Any = None
         self.spec: FeatureSpec | None = None
 

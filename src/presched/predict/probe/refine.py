@@ -43,7 +43,14 @@ import numpy as np
 
 from presched.predict.base import PREDICTORS, Predictor, checked_params
 from presched.predict.estimate import LengthEstimate
-from presched.predict.probe.predictor import _MED, RidgeHead, check_alpha, check_pairs, check_spread
+from presched.predict.probe.predictor import (
+    _MED,
+    RidgeHead,
+    check_alpha,
+    check_pairs,
+    check_sigma_floor,
+    check_spread,
+)
 from presched.predict.probe.spec import FeatureSpec
 from presched.workload.request import Request
 
@@ -77,6 +84,7 @@ class ProbeRefine(Predictor):
         super().__init__(**checked_params(self.name, DEFAULTS, params))
         check_alpha(self.name, self.params["alpha"])
         check_spread(self.name, self.params["spread"])
+        check_sigma_floor(self.name, self.params["sigma_floor"])
         self.hidden: int | None = None
 
     def specs(self, hidden: int) -> tuple[FeatureSpec, FeatureSpec]:
