@@ -153,3 +153,32 @@ def test_a_change_from_the_first_completion_is_forgotten_from_there():
             break
     assert learner.alarm.alarms == [100] and learner.alarm.changes == [0]
     assert learner.conformal.pool.n == 100 and learner.conformal.groups["m"].n == 100
+
+
+class TrainingSetMedian(type(PREDICTORS.create("model-median"))):
+    """model-median that records the answers each refit trains on."""
+
+    fits: list[list[int]] = []
+
+    def fit(self, requests, validation=None):
+        TrainingSetMedian.fits.append([r.output_tokens for r in requests])
+        return super().fit(requests, validation)
+
+
+def test_the_refit_after_an_alarm_waits_for_min_refit_post_change_rows():
+    b = TrainingSetMedian().fit(reqs(300, 100, start=10**6, seed=9))
+    TrainingSetMedian.fits.clear()
+    learner = OnlineLearner(b, OnlineConfig(enabled=True, tenant_rate=1e9, tenant_burst=10**9, anchor_rows=0),
+                            background=False)  # defaults: min_refit 250 (a refit at 250, then 500 later)
+    stream = reqs(600, 100, seed=3) + reqs(400, 1000, start=600, seed=4)  # answers 10x longer from 600
+    fits_at = []
+    for r in stream:
+        learner.predict([r])
+        before = len(TrainingSetMedian.fits)
+        learner.observe(r, r.output_tokens, now=0.0)
+        fits_at += [learner.alarm.count] * (len(TrainingSetMedian.fits) - before)
+    alarm, change = learner.alarm.alarms[0], learner.alarm.changes[0]
+    assert 600 < alarm < 650 and 570 <= change <= 600
+    after = [n for n, at in zip(TrainingSetMedian.fits, fits_at) if at >= alarm]
+    assert fits_at[1] == change + 250  # the schedule restarted from the change point
+    assert len(after[0]) > 150 and np.mean(np.array(after[0]) >= 300) > 0.85  # on what followed it

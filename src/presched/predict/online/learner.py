@@ -15,11 +15,11 @@ What one completion does (`observe`, on the caller's thread, O(levels) plus an a
 
 Refits: after `min_refit` labelled completions, then after twice as many each time up to one
 every `refit_every` (a doubling schedule: early models while little is known, O(log n) refits),
-and the schedule starts over after a drift alarm (training then on what followed the change). A
-fresh instance of the base predictor's class, with its parameters, is fitted on the buffer minus
-its last `holdout` rows (at most a quarter) plus up to `anchor_rows` rows sampled from the
-original training data (never more than the recent rows: traffic is at least half), on a background
-thread (never the caller's: the gateway's event loop only pays `observe`). The held-out recent
+and the schedule starts over from the change point after a drift alarm (the next refit
+`min_refit` rows after the change, training then on what followed it). A fresh instance of the
+base predictor's class, with its parameters, is fitted on the buffer minus its last `holdout`
+rows (at most a quarter) plus up to `anchor_rows` rows sampled from the original training data
+(never more than the recent rows: traffic is at least half), on a background thread (never the caller's: the gateway's event loop only pays `observe`). The held-out recent
 rows then seed a new recalibration for the new model, and the model, its recalibration and the
 `version` are swapped in at once under a lock; predictions made by an older version are not
 scored against the new one (counted `stale`). `save` / `resume` (`state.py`) keep all of it.
@@ -156,14 +156,18 @@ class OnlineLearner:
 
     def _on_alarm(self, first: bool) -> None:
         """Forget the recalibration rows before the change; on the first alarm of a drift (not
-        one raised again while it is still on), start the refit schedule over from it."""
+        one raised again while it is still on), start the refit schedule over from it: the rows
+        since the change count as the rows since the last refit, and the interval is min_refit,
+        so the next refit comes min_refit rows after the change (at once if it is that far back)
+        and trains on what followed it."""
         a = self.alarm
         after = a.count - (a.change_at if a.change_at is not None else a.count)
         for g in list(self.conformal.groups):
             self.conformal.forget(g, max(self.cfg.min_group, after))
         if self.cfg.refit_on_alarm and first:
-            self._since_change = min(after, len(self.buffer))
-            self._interval = min(self._interval, self.cfg.min_refit)
+            self._since_change = min(max(0, after - 1), len(self.buffer))  # this row joins it next
+            self._since_refit = self._since_change
+            self._interval = self.cfg.min_refit
 
     def _refit_due(self) -> bool:
         c = self.cfg
