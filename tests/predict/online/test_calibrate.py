@@ -71,3 +71,20 @@ def test_groups_pool_and_forget():
     arrays, values = oc.state()
     back = OnlineConformal.from_state(arrays, values)
     assert np.allclose(back.offsets("a"), oc.offsets("a")) and np.allclose(back.offsets("b"), oc.offsets("b"))
+
+
+def test_forget_before_keeps_each_groups_rows_since_the_stamp_also_after_a_round_trip():
+    oc = OnlineConformal(LEVELS, window=100, min_group=1, every=1)
+    q = np.full(len(LEVELS), 100.0)
+    for t in range(40):  # a: every stamp; b: every 4th; the change comes at stamp 30
+        length = 100.0 if t < 30 else 1000.0
+        oc.add("a", q, length, stamp=t)
+        if t % 4 == 0:
+            oc.add("b", q, length, stamp=t)
+    back = OnlineConformal.from_state(*oc.state())
+    for c in (oc, back):
+        c.forget_before(30, min_keep=2)
+        assert c.groups["a"].n == 10 and c.groups["b"].n == 2 and c.pool.n == 10 + 2  # b: 32, 36
+        assert np.allclose(c.offsets("a"), np.log(10)) and np.allclose(c.offsets("b"), np.log(10))
+    oc.forget_before(39, min_keep=5)
+    assert oc.groups["a"].n == 5 and oc.groups["b"].n == 2  # at least min_keep, of what there is

@@ -182,3 +182,28 @@ def test_the_refit_after_an_alarm_waits_for_min_refit_post_change_rows():
     after = [n for n, at in zip(TrainingSetMedian.fits, fits_at) if at >= alarm]
     assert fits_at[1] == change + 250  # the schedule restarted from the change point
     assert len(after[0]) > 150 and np.mean(np.array(after[0]) >= 300) > 0.85  # on what followed it
+
+
+def test_an_alarm_leaves_each_group_only_its_own_rows_since_the_change():
+    # four served models, equal traffic; every answer 10x longer from completion 1200 on: each
+    # group keeps its own rows since the change point (min_group 1: no floor), none from before
+    models = ("a", "b", "c", "d")
+    rng = np.random.default_rng(0)
+    b = PREDICTORS.create("model-median").fit([r for m in models for r in reqs(300, 100, start=10**6, model=m)])
+    learner = OnlineLearner(b, cfg(min_group=1, alarm_band=0.9), background=False)
+    for i in range(2000):
+        m = models[i % 4]
+        r = Request(id=f"x{i}", prompt_tokens=10, model=m)
+        learner.predict([r])
+        learner.observe(r, max(1, int((100 if i < 1200 else 1000) * np.exp(rng.normal(0, 0.5)))), now=0.0)
+        if learner.alarm.alarms:
+            break
+    change = learner.alarm.changes[0]  # completions 1..change came before it
+    assert 1150 < change <= 1200 < i < 1250
+    for k, m in enumerate(models):
+        scores, _ = learner.conformal.groups[m].rows()
+        since = sum(1 for j in range(change, i + 1) if j % 4 == k)  # row j is completion j + 1
+        assert len(scores) == since
+        pre = np.arange(change, i + 1)[np.arange(change, i + 1) % 4 == k] < 1200
+        assert np.array_equal(scores[:, 5] < np.log(10) / 2, pre)  # only the true pre-change rows look it
+    assert learner.conformal.pool.n == i + 1 - change

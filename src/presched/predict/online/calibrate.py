@@ -25,8 +25,12 @@ Scores live per group (the served model, or model and tenant) in ring buffers of
 a group with fewer than `min_group` rows borrows the pooled offsets of all groups, and the pool
 with fewer than `min_group` rows leaves the base's quantiles unchanged. Offsets are recomputed
 every `every` new rows of a group (amortised cost: one sort per level per `every` completions).
-`forget(group)` drops a group's rows older than the last `keep` (the drift alarm calls it so
-recalibration restarts from the rows after the change instead of averaging across it).
+Each row carries the caller's `stamp` (the learner's: how many completions the drift alarm had
+seen when the row came). `forget_before(stamp, min_keep)` keeps, in each group and in the pool,
+the rows stamped `stamp` or later, and at least the last `min_keep` (the learner calls it on a
+drift alarm so that recalibration restarts from the rows after the change instead of averaging
+across it; each group keeps its own rows since the change, whatever the other groups' traffic).
+`forget(group, keep)` keeps a group's (and the pool's) last `keep` rows.
 """
 
 from __future__ import annotations
@@ -65,33 +69,43 @@ class _Ring:
     def __init__(self, window: int, n_levels: int) -> None:
         self.scores = np.zeros((window, n_levels))
         self.censored = np.zeros(window, dtype=bool)
+        self.stamps = np.zeros(window, dtype=np.int64)
         self.n = 0
         self.next = 0
         self.since = 0  # rows added since the offsets were last computed
         self.offsets: np.ndarray | None = None
 
-    def add(self, score: np.ndarray, censored: bool) -> None:
+    def add(self, score: np.ndarray, censored: bool, stamp: int = 0) -> None:
         w = self.scores.shape[0]
         self.scores[self.next] = score
         self.censored[self.next] = censored
+        self.stamps[self.next] = stamp
         self.next = (self.next + 1) % w
         self.n = min(self.n + 1, w)
         self.since += 1
 
-    def rows(self) -> tuple[np.ndarray, np.ndarray]:
+    def _order(self) -> np.ndarray | slice:
         w = self.scores.shape[0]
-        if self.n < w:
-            return self.scores[: self.n], self.censored[: self.n]
-        idx = (np.arange(w) + self.next) % w  # oldest first
+        return slice(0, self.n) if self.n < w else (np.arange(w) + self.next) % w  # oldest first
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray]:
+        idx = self._order()
         return self.scores[idx], self.censored[idx]
 
+    def rows_since(self, stamp: int) -> int:
+        """Rows stamped `stamp` or later (stamps never decrease: the newest rows)."""
+        return int(np.count_nonzero(self.stamps[self._order()] >= stamp))
+
     def keep_last(self, keep: int) -> None:
-        s, c = self.rows()
-        s, c = s[len(s) - min(keep, len(s)):].copy(), c[len(c) - min(keep, len(c)):].copy()
+        idx = self._order()
+        s, c, t = self.scores[idx], self.censored[idx], self.stamps[idx]
+        k = len(s) - min(keep, len(s))
+        s, c, t = s[k:].copy(), c[k:].copy(), t[k:].copy()
         self.scores[:] = 0
         self.censored[:] = False
+        self.stamps[:] = 0
         self.n = self.next = len(s)
-        self.scores[: self.n], self.censored[: self.n] = s, c
+        self.scores[: self.n], self.censored[: self.n], self.stamps[: self.n] = s, c, t
         self.next %= self.scores.shape[0]
         self.offsets = None
         self.since = self.n
@@ -107,17 +121,18 @@ class OnlineConformal:
         self.pool = _Ring(window, len(self.levels))
 
     def add(self, group: str, base_q: np.ndarray, length: float, censored: bool = False,
-            log_q: np.ndarray | None = None) -> None:  # fmt: skip
+            log_q: np.ndarray | None = None, stamp: int = 0) -> None:  # fmt: skip
         """One completion: `base_q` the base predictor's quantiles for it (or `log_q`, their
-        logs, precomputed), `length` its true length (or, `censored`, the length it was cut at)."""
+        logs, precomputed), `length` its true length (or, `censored`, the length it was cut at);
+        `stamp` the caller's clock for `forget_before` (never decreasing)."""
         if log_q is None:
             log_q = np.log(np.maximum(base_q, 1.0))
         score = math.log(max(length, 1.0)) - log_q
         ring = self.groups.get(group)
         if ring is None:
             ring = self.groups[group] = _Ring(self.window, len(self.levels))
-        ring.add(score, censored)
-        self.pool.add(score, censored)
+        ring.add(score, censored, stamp)
+        self.pool.add(score, censored, stamp)
 
     def _offsets(self, ring: _Ring) -> np.ndarray | None:
         if ring.n < self.min_group:
@@ -148,6 +163,12 @@ class OnlineConformal:
             self.groups[group].keep_last(keep)
         self.pool.keep_last(keep)
 
+    def forget_before(self, stamp: int, min_keep: int) -> None:
+        """Keep, in each group and in the pool, its rows stamped `stamp` or later, and at least
+        its last `min_keep`."""
+        for ring in [*self.groups.values(), self.pool]:
+            ring.keep_last(max(min_keep, ring.rows_since(stamp)))
+
     # --- persistence ---------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, np.ndarray], dict]:
         names = sorted(self.groups)
@@ -155,6 +176,7 @@ class OnlineConformal:
         for i, ring in enumerate([self.pool, *(self.groups[n] for n in names)]):
             s, c = ring.rows()
             arrays[f"cal{i}_scores"], arrays[f"cal{i}_censored"] = s, c
+            arrays[f"cal{i}_stamps"] = ring.stamps[ring._order()]
         return arrays, {"levels": list(self.levels), "window": self.window, "min_group": self.min_group,
                         "every": self.every, "groups": names}  # fmt: skip
 
@@ -164,7 +186,8 @@ class OnlineConformal:
         rings = [oc.pool]
         for name in values["groups"]:
             rings.append(oc.groups.setdefault(name, _Ring(oc.window, len(oc.levels))))
-        for i, ring in enumerate(rings):
-            for s, c in zip(arrays[f"cal{i}_scores"], arrays[f"cal{i}_censored"]):
-                ring.add(s, bool(c))
+        for i, ring in enumerate(rings):  # a state saved before stamps existed: all 0 (the oldest)
+            stamps = arrays.get(f"cal{i}_stamps", np.zeros(len(arrays[f"cal{i}_censored"]), dtype=np.int64))
+            for s, c, t in zip(arrays[f"cal{i}_scores"], arrays[f"cal{i}_censored"], stamps):
+                ring.add(s, bool(c), int(t))
         return oc

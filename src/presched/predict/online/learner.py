@@ -136,7 +136,7 @@ class OnlineLearner:
             elif rec.version != self.version:
                 self.counts["stale"] += 1
             else:
-                self.conformal.add(rec.group, None, length, censored, log_q=rec.log_q)
+                self.conformal.add(rec.group, None, length, censored, log_q=rec.log_q, stamp=self.alarm.count)
                 raised = self.alarm.active
                 if not censored and self.alarm.add(rec.cal_q, length, rec.cal_q[_I90]):
                     self._on_alarm(first=not raised)
@@ -161,9 +161,9 @@ class OnlineLearner:
         so the next refit comes min_refit rows after the change (at once if it is that far back)
         and trains on what followed it."""
         a = self.alarm
-        after = a.count - (a.change_at if a.change_at is not None else a.count)
-        for g in list(self.conformal.groups):
-            self.conformal.forget(g, max(self.cfg.min_group, after))
+        change = a.change_at if a.change_at is not None else a.count
+        after = a.count - change
+        self.conformal.forget_before(change, self.cfg.min_group)  # rows are stamped with alarm.count
         if self.cfg.refit_on_alarm and first:
             self._since_change = min(max(0, after - 1), len(self.buffer))  # this row joins it next
             self._since_refit = self._since_change
@@ -199,8 +199,9 @@ class OnlineLearner:
         new.fit(train, validation=hold)
         est = new.predict(hold)
         conf = self._new_conformal()
+        now = self.alarm.count  # the held-out rows are the newest: stamped as if one completion each
         for i, r in enumerate(hold):
-            conf.add(self.group(r), est.quantiles[i], float(r.output_tokens))
+            conf.add(self.group(r), est.quantiles[i], float(r.output_tokens), stamp=max(0, now - (len(hold) - i)))
         with self._lock:
             self.base, self.conformal = new, conf
             self.version += 1
