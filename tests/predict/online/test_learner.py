@@ -207,3 +207,16 @@ def test_an_alarm_leaves_each_group_only_its_own_rows_since_the_change():
         pre = np.arange(change, i + 1)[np.arange(change, i + 1) % 4 == k] < 1200
         assert np.array_equal(scores[:, 5] < np.log(10) / 2, pre)  # only the true pre-change rows look it
     assert learner.conformal.pool.n == i + 1 - change
+
+
+def test_per_tenant_groups_are_bounded_and_the_least_recent_fall_back_to_the_pool():
+    learner = OnlineLearner(base(100), cfg(per_tenant=True, max_groups=50, min_group=10), background=False)
+    serve(learner, reqs(30, 1000, tenant="steady"))  # a tenant with 10x longer answers: its own offsets
+    for i in range(2000):  # then one-off tenants answered as predicted, the steady one now and then
+        serve(learner, reqs(1, 100, start=1000 + i, tenant=f"user-{i}"))
+        if i % 40 == 0:
+            serve(learner, reqs(1, 1000, start=10**5 + i, tenant="steady"))
+    assert len(learner.conformal.groups) == 50  # bounded memory: 2,001 tenants seen
+    probe = {t: learner.predict(reqs(1, 100, start=10**6, tenant=t)).quantiles[0] for t in ("steady", "user-0", "new")}
+    assert np.allclose(probe["user-0"], probe["new"])  # forgotten: the pooled offsets, as a tenant never seen
+    assert probe["steady"][LEVELS.index(0.5)] > 3 * probe["new"][LEVELS.index(0.5)]  # kept: recently completed

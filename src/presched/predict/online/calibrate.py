@@ -23,7 +23,9 @@ largest score seen (a lower bound of the true offset: the best the data supports
 
 Scores live per group (the served model, or model and tenant) in ring buffers of `window` rows;
 a group with fewer than `min_group` rows borrows the pooled offsets of all groups, and the pool
-with fewer than `min_group` rows leaves the base's quantiles unchanged. Offsets are recomputed
+with fewer than `min_group` rows leaves the base's quantiles unchanged. At most `max_groups`
+groups are kept (memory: `window` x levels floats each): a new group beyond that drops the one
+whose last row is the oldest, whose requests then use the pooled offsets (and start it again). Offsets are recomputed
 every `every` new rows of a group (amortised cost: one sort per level per `every` completions).
 Each row carries the caller's `stamp` (the learner's: how many completions the drift alarm had
 seen when the row came). `forget_before(stamp, min_keep)` keeps, in each group and in the pool,
@@ -36,6 +38,7 @@ across it; each group keeps its own rows since the change, whatever the other gr
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -112,12 +115,13 @@ class _Ring:
 
 
 class OnlineConformal:
-    def __init__(self, levels: Sequence[float], window: int = 500, min_group: int = 50, every: int = 25) -> None:
-        if window < 2 or min_group < 1 or every < 1:
-            raise ValueError("window must be >= 2, min_group and every >= 1")
+    def __init__(self, levels: Sequence[float], window: int = 500, min_group: int = 50, every: int = 25,
+                 max_groups: int = 1000) -> None:  # fmt: skip
+        if window < 2 or min_group < 1 or every < 1 or max_groups < 1:
+            raise ValueError("window must be >= 2, min_group, every and max_groups >= 1")
         self.levels = tuple(float(v) for v in levels)
-        self.window, self.min_group, self.every = window, min_group, every
-        self.groups: dict[str, _Ring] = {}
+        self.window, self.min_group, self.every, self.max_groups = window, min_group, every, max_groups
+        self.groups: OrderedDict[str, _Ring] = OrderedDict()  # least recently added to first
         self.pool = _Ring(window, len(self.levels))
 
     def add(self, group: str, base_q: np.ndarray, length: float, censored: bool = False,
@@ -131,6 +135,10 @@ class OnlineConformal:
         ring = self.groups.get(group)
         if ring is None:
             ring = self.groups[group] = _Ring(self.window, len(self.levels))
+            if len(self.groups) > self.max_groups:
+                self.groups.popitem(last=False)
+        else:
+            self.groups.move_to_end(group)
         ring.add(score, censored, stamp)
         self.pool.add(score, censored, stamp)
 
@@ -171,22 +179,22 @@ class OnlineConformal:
 
     # --- persistence ---------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, np.ndarray], dict]:
-        names = sorted(self.groups)
+        names = list(self.groups)  # least recently added to first
         arrays = {}
         for i, ring in enumerate([self.pool, *(self.groups[n] for n in names)]):
             s, c = ring.rows()
             arrays[f"cal{i}_scores"], arrays[f"cal{i}_censored"] = s, c
             arrays[f"cal{i}_stamps"] = ring.stamps[ring._order()]
         return arrays, {"levels": list(self.levels), "window": self.window, "min_group": self.min_group,
-                        "every": self.every, "groups": names}  # fmt: skip
+                        "every": self.every, "max_groups": self.max_groups, "groups": names}  # fmt: skip
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], values: dict) -> "OnlineConformal":
-        oc = cls(values["levels"], values["window"], values["min_group"], values["every"])
-        rings = [oc.pool]
-        for name in values["groups"]:
-            rings.append(oc.groups.setdefault(name, _Ring(oc.window, len(oc.levels))))
-        for i, ring in enumerate(rings):  # a state saved before stamps existed: all 0 (the oldest)
+        oc = cls(values["levels"], values["window"], values["min_group"], values["every"], values.get("max_groups", 1000))
+        names = values["groups"]  # least recently added to first: beyond max_groups, the oldest go
+        rings = [(0, oc.pool)] + [(1 + j, oc.groups.setdefault(names[j], _Ring(oc.window, len(oc.levels))))
+                                  for j in range(max(0, len(names) - oc.max_groups), len(names))]  # fmt: skip
+        for i, ring in rings:  # a state saved before stamps existed: all 0 (the oldest)
             stamps = arrays.get(f"cal{i}_stamps", np.zeros(len(arrays[f"cal{i}_censored"]), dtype=np.int64))
             for s, c, t in zip(arrays[f"cal{i}_scores"], arrays[f"cal{i}_censored"], stamps):
                 ring.add(s, bool(c), int(t))

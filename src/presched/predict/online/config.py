@@ -16,6 +16,7 @@ class OnlineConfig(Config):
     min_group: int = Field(50, ge=1, description="A group (model, or model and tenant) with fewer completions uses the pooled offsets of all groups.")
     recalibrate_every: int = Field(25, ge=1, description="Recompute a group's offsets after this many new completions of it.")
     per_tenant: bool = Field(False, description="Calibrate per (model, tenant) instead of per model.")
+    max_groups: int = Field(1000, ge=1, description="Calibration groups kept (each holds `window` scores per quantile level: ~50 KB at window 500, ~50 MB for 1000 groups); beyond it the group completed least recently is forgotten and its requests use the pooled offsets.")
     alarm_k: float = Field(0.25, gt=0, description="Drift alarm: CUSUM allowance k on the standardised PIT (standard deviations; half the smallest shift worth catching).")
     alarm_h: float = Field(18.0, gt=0, description="Drift alarm: CUSUM threshold h (1 false alarm in 100,000 simulated calibrated completions at k=0.25, h=18).")
     alarm_window: int = Field(200, ge=10, description="Drift alarm: completions in the rolling coverage window.")

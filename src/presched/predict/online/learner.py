@@ -83,7 +83,7 @@ class OnlineLearner:
 
     def _new_conformal(self) -> OnlineConformal:
         c = self.cfg
-        return OnlineConformal(LEVELS, c.window, c.min_group, c.recalibrate_every)
+        return OnlineConformal(LEVELS, c.window, c.min_group, c.recalibrate_every, c.max_groups)
 
     def group(self, r: Request) -> str:
         return f"{r.model}|{r.tenant}" if self.cfg.per_tenant else str(r.model)
