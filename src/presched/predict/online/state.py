@@ -2,11 +2,14 @@
 
 A state folder holds `online.npz` (the commit point: a JSON header with the version, counters,
 drift alarm and the names of the other two files, and the recalibration scores as arrays), the
-base model `base-v{version}.npz` (the ordinary `.npz` of `presched train`) and the refit buffer
-`buffer-{n}.jsonl` (the generic schema). Each file is written under a temporary name in the same
-folder and moved into place with `os.replace` (atomic on POSIX), the model and the buffer before
-the header that names them, so a crash at any moment leaves either the old state or the new one
-complete; files no header names any more are deleted after the header is replaced.
+base model `base-v{version}-{n}.npz` (the ordinary `.npz` of `presched train`) and the refit buffer
+`buffer-{n}.jsonl` (the generic schema), `n` numbering the saves. Each save writes both files
+afresh under names no file in the folder has (never one the live header names, nor one left by
+a save that crashed), each under a temporary name first and moved into place with `os.replace`
+(atomic on POSIX), then the header that names them, the same way; so a crash at any moment
+leaves either the old state or the new one complete. Files no header names any more (and a
+crashed save's leftovers) are deleted after the header is replaced. Saves in one process run one
+at a time.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,6 +32,8 @@ from presched.workload.request import Request
 
 HEADER = "online.npz"
 FORMAT = 1
+_OURS = ("base-v", "buffer-", ".tmp-base-v", ".tmp-buffer-", f".tmp-{HEADER}")
+_SAVING = threading.Lock()
 
 
 def _replace(tmp: Path, final: Path) -> None:
@@ -36,33 +42,38 @@ def _replace(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)
 
 
+def _fresh(folder: Path, n: int, version: int) -> int:
+    """The first save number from `n` on whose file names are not taken in `folder`."""
+    while (folder / f"buffer-{n}.jsonl").exists() or (folder / f"base-v{version}-{n}.npz").exists():
+        n += 1
+    return n
+
+
 def save_state(learner: Any, folder: str | Path) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with learner._lock:
-        base, version = learner.base, learner.version
-        cal_arrays, cal_values = learner.conformal.state()
-        alarm = learner.alarm.state()
-        counts = dict(learner.counts)
-        pairs = list(learner.buffer)
-        saves = counts.get("saves", 0) + 1
-        learner.counts["saves"] = saves
-    model = folder / f"base-v{version}.npz"
-    if not model.exists():
-        tmp = base.save(folder / f".tmp-base-v{version}.npz")
-        _replace(tmp, model)
-    buf = folder / f"buffer-{saves}.jsonl"
-    buffer = [dataclasses.replace(r, output_tokens=n, output_samples=()) for r, n in pairs]
-    _replace(save_generic(buffer, folder / f".tmp-buffer-{saves}.jsonl"), buf)
-    header = {"format": FORMAT, "version": version, "model": model.name, "buffer": buf.name, "counts": counts,
-              "alarm": alarm, "conformal": cal_values}  # fmt: skip
-    tmp = folder / ".tmp-online.npz"
-    with open(tmp, "wb") as f:
-        np.savez(f, __header__=np.array(json.dumps(header)), **cal_arrays)
-    _replace(tmp, folder / HEADER)
-    for old in folder.iterdir():
-        if old.name not in (HEADER, model.name, buf.name) and (old.name.startswith(("base-v", "buffer-"))):
-            old.unlink(missing_ok=True)
+    with _SAVING:
+        with learner._lock:
+            base, version = learner.base, learner.version
+            cal_arrays, cal_values = learner.conformal.state()
+            alarm = learner.alarm.state()
+            pairs = list(learner.buffer)
+            n = learner.counts["saves"] = _fresh(folder, learner.counts["saves"] + 1, version)
+            counts = dict(learner.counts)
+        model = folder / f"base-v{version}-{n}.npz"
+        _replace(base.save(folder / f".tmp-{model.name}"), model)
+        buf = folder / f"buffer-{n}.jsonl"
+        buffer = [dataclasses.replace(r, output_tokens=k, output_samples=()) for r, k in pairs]
+        _replace(save_generic(buffer, folder / f".tmp-{buf.name}"), buf)
+        header = {"format": FORMAT, "version": version, "model": model.name, "buffer": buf.name, "counts": counts,
+                  "alarm": alarm, "conformal": cal_values}  # fmt: skip
+        tmp = folder / f".tmp-{HEADER}"
+        with open(tmp, "wb") as f:
+            np.savez(f, __header__=np.array(json.dumps(header)), **cal_arrays)
+        _replace(tmp, folder / HEADER)
+        for old in folder.iterdir():  # what no header names now, and what crashed saves left
+            if old.name not in (HEADER, model.name, buf.name) and old.name.startswith(_OURS):
+                old.unlink(missing_ok=True)
     return folder / HEADER
 
 

@@ -1,0 +1,94 @@
+"""Saving and resuming an `OnlineLearner` (`state.py`): crashes while saving, what a resumed
+learner keeps (the refit schedule) and what it takes from the config it is resumed with."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from presched.predict import PREDICTORS
+from presched.predict.online import OnlineConfig, OnlineLearner
+from presched.predict.online.state import HEADER
+from presched.workload.request import Request
+
+
+def reqs(n, median, start=0, tenant="default", model="m", seed=0):  # as in test_learner.py
+    rng = np.random.default_rng(seed)
+    y = np.maximum(1, median * np.exp(rng.normal(0, 0.8, n))).astype(int)
+    return [Request(id=f"r{start + i}", prompt=f"p{start + i}", prompt_tokens=10, model=model, tenant=tenant,
+                    output_tokens=int(v)) for i, v in enumerate(y)]  # fmt: skip
+
+
+def base(median=100):
+    return PREDICTORS.create("model-median").fit(reqs(300, median, start=10**6, seed=9))
+
+
+def serve(learner, stream, now=0.0):
+    learner.predict(stream)
+    for r in stream:
+        learner.observe(r, r.output_tokens, now=now)
+
+
+def cfg(**kw):
+    return OnlineConfig(enabled=True, refit_every=0, tenant_rate=1e9, tenant_burst=10**9, **kw)
+
+
+def header(folder):
+    with np.load(folder / HEADER) as z:
+        return json.loads(str(z["__header__"]))
+
+
+@pytest.fixture
+def crash_on_header(monkeypatch):
+    """os.replace that fails when it would move the header into place (a crash just before)."""
+    real = os.replace
+
+    def replace(src, dst):
+        if str(dst).endswith("online.npz"):
+            raise OSError("crash before the header")
+        real(src, dst)
+
+    def crash(fn, *args):
+        monkeypatch.setattr(os, "replace", replace)
+        try:
+            with pytest.raises(OSError, match="crash before the header"):
+                fn(*args)
+        finally:
+            monkeypatch.setattr(os, "replace", real)
+
+    return crash
+
+
+def test_a_crash_while_saving_a_resumed_learner_leaves_the_last_state(tmp_path, crash_on_header):
+    learner = OnlineLearner(base(100), cfg(), background=False)
+    serve(learner, reqs(100, 300))
+    learner.save(str(tmp_path))
+    learner = OnlineLearner.resume(str(tmp_path), cfg(), background=False)  # a restart
+    serve(learner, reqs(100, 300, start=1000))
+    crash_on_header(learner.save, str(tmp_path))
+    back = OnlineLearner.resume(str(tmp_path), cfg(), background=False)
+    assert back.counts["learned"] == 100 and len(back.buffer) == 100  # the first save, whole
+    assert [r.id for r, _ in back.buffer] == [r.id for r in reqs(100, 300)]
+
+
+def test_a_model_left_by_a_crashed_save_is_never_taken_for_the_running_one(tmp_path, crash_on_header):
+    rcfg = OnlineConfig(enabled=True, refit_every=100, min_refit=100, holdout=20, anchor_rows=0,
+                        tenant_rate=1e9, tenant_burst=10**9)  # fmt: skip
+    learner = OnlineLearner(base(100), rcfg, background=False)
+    learner.save(str(tmp_path))  # version 1
+    serve(learner, reqs(100, 5000, seed=1))  # a refit: version 2, answers ~5000
+    assert learner.version == 2
+    crash_on_header(learner.save, str(tmp_path))  # version 2's model written, never committed
+    learner = OnlineLearner.resume(str(tmp_path), rcfg, background=False)  # back at version 1
+    serve(learner, reqs(100, 20, seed=2))  # another version 2, answers ~20
+    probe = reqs(1, 20, start=99_999)
+    live = learner.base.predict(probe).point[0]
+    learner.save(str(tmp_path))
+    back = OnlineLearner.resume(str(tmp_path), rcfg, background=False)
+    assert back.version == 2 and live < 100
+    assert np.isclose(back.base.predict(probe).point[0], live)
+    named = header(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([HEADER, named["model"], named["buffer"]])
