@@ -180,6 +180,9 @@ class Picker:
         if n_prompt > self.cfg.max_prompt_tokens:
             raise Refusal(413, f"prompt: {n_prompt} tokens exceed the limit of {self.cfg.max_prompt_tokens}",
                           param="prompt")  # fmt: skip
+        why = self.predict.text_refusal(text) if self.predict is not None else None
+        if why is not None:  # a text predictor cannot read it (token ids, no text): 400, as `presched serve`
+            raise Refusal(400, why, param="prompt")
         req, target = new_request(body, chat, n_prompt, tenant, text,
                                   slo_ttft=slo.ttft_s, slo_tpot=slo.tpot_s, slo_e2e=slo.e2e_s)  # fmt: skip
         if subset is not None and not any(b.name in subset for b in self.gw.backends if b.healthy):

@@ -8,7 +8,10 @@
 What a predictor may read of a `Request`: `prompt` (text; may be None for trace-only data),
 `prompt_tokens`, `model` (the served model: one predictor serves many models, conditioned on it),
 `tenant`, `max_tokens`, `metadata`. It must never read `output_tokens` / `output_samples` in
-`predict`: those are the labels, read only by `fit` through `training_targets`.
+`predict`: those are the labels, read only by `fit` through `training_targets`. A predictor that
+cannot predict a request without prompt text says so (`needs_text = True`; `check_requests(...,
+need_text=True)` raises on such a request): the gateway and the endpoint picker read it
+(`reads_text`) and refuse a request without text (`has_text`) with 400 before predicting it.
 
 Saved models are a single `.npz` file (numpy arrays + one JSON header, no pickle): the header
 names the predictor, its parameters and `FORMAT_VERSION`; loading a file of another format
@@ -69,6 +72,8 @@ def checked_params(name: str, defaults: dict[str, Any], given: dict[str, Any],
 class Predictor(ABC):
     name: ClassVar[str] = "base"
     oracle: ClassVar[bool] = False
+    needs_text: ClassVar[bool] = False
+    """True: `predict` raises on a request without prompt text (`has_text` false)."""
 
     def __init__(self, **params: Any) -> None:
         self.params = params
@@ -186,11 +191,25 @@ def training_targets(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarra
     return t, np.isfinite(t)
 
 
+def has_text(prompt: str | None) -> bool:
+    """Whether a prompt has text a text predictor can read (not None, not only whitespace)."""
+    return prompt is not None and bool(prompt.strip())
+
+
+def reads_text(pred: Any) -> bool:
+    """Whether `pred` needs prompt text (`Predictor.needs_text`); a wrapper that is no
+    `Predictor` (the online learner) answers for the model it wraps (its `base`)."""
+    if isinstance(pred, Predictor):
+        return pred.needs_text
+    base = getattr(pred, "base", None)
+    return reads_text(base) if base is not None and base is not pred else False
+
+
 def check_requests(requests: Sequence[Request], need_text: bool = False) -> None:
     """Clear errors for input a predictor cannot use (empty batch, missing prompt text)."""
     if len(requests) == 0:
         raise ValueError("requests: empty")
     if need_text:
         for r in requests:
-            if r.prompt is None or not r.prompt.strip():
+            if not has_text(r.prompt):
                 raise ValueError(f"request {r.id!r}: field 'prompt' is empty; this predictor reads prompt text")

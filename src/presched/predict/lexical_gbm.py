@@ -86,6 +86,7 @@ def clairvoyant_features(texts: Sequence[str]) -> np.ndarray:
 @PREDICTORS.register("lexical-gbm")
 class LexicalGBM(Predictor):
     name = "lexical-gbm"
+    needs_text = True
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params("lexical-gbm", DEFAULTS, params))

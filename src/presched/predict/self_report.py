@@ -62,6 +62,7 @@ class SelfReport(Predictor):
 
     name = "self-report"
     needs_serving_model = True  # needs a live model: left out of text-only evaluations
+    needs_text = True  # it asks the model about the prompt's text
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params(self.name, DEFAULTS, params, nullable=("base_url", "model")))

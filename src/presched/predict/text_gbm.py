@@ -132,6 +132,7 @@ def _lgb_params(p: dict[str, Any], seed: int) -> dict[str, Any]:
 @PREDICTORS.register("text-gbm")
 class TextGBM(Predictor):
     name = "text-gbm"
+    needs_text = True
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params("text-gbm", DEFAULTS, params))

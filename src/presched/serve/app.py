@@ -5,7 +5,8 @@ backends' bytes out.
     GET  /v1/models, /health, /metrics
 
 For each generation request: authenticate (401) -> read and check the body (400 naming the
-field, 413 when too large) -> count prompt tokens (413 over the limit) -> rate limit (429) ->
+field, 413 when too large) -> count prompt tokens (413 over the limit; 400 naming `prompt` when
+the predictor reads text and the prompt has none) -> rate limit (429) ->
 predict its length -> `Gateway.accept` (429 when the queue is full, 503 when no backend is up)
 -> wait for a slot -> send upstream -> relay the backend's bytes unchanged -> `Gateway.finish`,
 one log row, metrics. From `accept` on, every request ends with a response or an error and one
@@ -243,6 +244,9 @@ class GatewayApp:
         if n_prompt > self.cfg.max_prompt_tokens:
             raise _Done(error_response(413, f"prompt: {n_prompt} tokens exceed the limit of "
                                        f"{self.cfg.max_prompt_tokens}", param="prompt"))  # fmt: skip
+        why = self.predict.text_refusal(text) if self.predict is not None else None
+        if why is not None:  # a text predictor cannot read it (token ids, no text): 400, not a 500
+            raise _Done(error_response(400, why, param="prompt"))
         wait = self.tenants.allow(tenant)
         if wait is not None:
             raise _Done(error_response(429, f"tenant {tenant!r} is over its rate limit",

@@ -9,6 +9,14 @@ are batch-first (a LightGBM call costs about the same for 1 row as for 50), so t
 not predict per request: the requests that ask in the same event-loop turn form one batch, and
 those that ask while a batch is being predicted form the next one. Under load this amortises the
 predictor's fixed cost; when idle it adds one loop turn and a thread hand-off (microseconds).
+When the predictor raises on a batch, each of its requests is predicted again on its own (same
+worker call), so a request it cannot predict fails alone and no other client gets its error.
+
+A predictor that reads prompt text (`predict.base.reads_text`: text-gbm, lexical-gbm, the
+encoders, self-report) cannot predict a request without any (token ids, chat content null, a
+blank prompt): `text_refusal` says so, and both fronts (the gateway's app, the endpoint picker)
+refuse such a request with 400 naming `prompt` before predicting it, as the gateway refuses a
+request an oracle policy cannot read (400 naming `ignore_eos`).
 
 Served models the predictor was not fitted on (`presched.predict.served_models`; names match
 canonically, `org/name` = `org--name`) are predicted with its documented fallback, counted per
@@ -25,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from presched.predict.base import has_text, reads_text
 from presched.predict.served_models import ServedModels, fallback_note
 from presched.workload.request import Request
 
@@ -32,6 +41,11 @@ logger = logging.getLogger(__name__)
 MAX_MODEL_LABELS = 32
 """Distinct model names counted by name in `unknown_models` (clients choose the name: bound the
 metric's label set); later ones are counted as "other"."""
+
+
+class _WrongCount(ValueError):
+    """The predictor returned another number of estimates than it was asked for (a broken
+    predictor: the whole batch fails, as predicting its requests one by one would not help)."""
 
 
 class Worker:
@@ -64,6 +78,17 @@ class PredictBatcher:
         self.known = ServedModels.of(predictor)
         self.unknown_models: collections.Counter[str] = collections.Counter()
         """Requests predicted for a served model the predictor was not fitted on, by model."""
+        self.reads_text = reads_text(predictor)
+
+    def text_refusal(self, prompt: str | None) -> str | None:
+        """Why a request whose prompt text is `prompt` (None: sent as token ids) cannot be
+        predicted, or None when it can: the message of the 400 (param `prompt`) both fronts send."""
+        if not self.reads_text or has_text(prompt):
+            return None
+        base = getattr(self.predictor, "base", self.predictor)  # the online learner's model
+        name = getattr(base, "name", type(base).__name__)
+        return (f"prompt: this gateway's length predictor ({name}) reads prompt text, and this request has "
+                "none (token ids, no text content, or only whitespace); send the prompt as text")
 
     async def estimate(self, request: Request):
         """The request's `RequestEstimate` (raises what the predictor raised)."""
@@ -80,24 +105,29 @@ class PredictBatcher:
 
     async def _drain(self) -> None:
         """Predict batches until none is pending (started on the turn after the first ask).
-        Every request of a batch gets its estimate or an exception: a predictor that returns
-        the wrong number of estimates fails the whole batch (ValueError), and a drain that is
-        cancelled (shutdown) cancels the requests it was predicting."""
+        Every request of a batch gets its estimate or an exception: when the predictor raises on
+        the batch, each request is predicted again on its own and gets its own result (so one
+        request the predictor cannot read fails alone); a predictor that returns the wrong
+        number of estimates fails the whole batch (ValueError); a drain that is cancelled
+        (shutdown) cancels the requests it was predicting."""
         batch: list[tuple[Request, asyncio.Future]] = []
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
-                self.calls += 1
                 self.predicted += len(batch)
                 try:
-                    est = await self.worker.run(self._predict, [r for r, _ in batch])
+                    est = await self.worker.run(self._predict_each, [r for r, _ in batch])
                 except Exception as e:  # noqa: BLE001 - handed to every waiting request
                     for _, fut in batch:
                         if not fut.done():
                             fut.set_exception(e)
                     continue
                 for (_, fut), e in zip(batch, est):
-                    if not fut.done():
+                    if fut.done():
+                        continue
+                    if isinstance(e, Exception):
+                        fut.set_exception(e)
+                    else:
                         fut.set_result(e)
         finally:
             self._draining = None
@@ -105,19 +135,49 @@ class PredictBatcher:
                 if not fut.done():
                     fut.cancel()
 
+    def _predict_each(self, requests: list[Request]) -> list:
+        """One estimate, or the exception predicting it raised, per request, in order (on the
+        worker thread): the batch in one call; if the predictor raises on it, each request
+        alone. Raises when the predictor returns the wrong number of estimates."""
+        requests = self._resolve(requests)
+        try:
+            self.calls += 1
+            return self._call(requests)
+        except Exception as e:  # noqa: BLE001 - decided per request below
+            if len(requests) == 1 or isinstance(e, _WrongCount):
+                raise
+        out: list = []
+        for r in requests:
+            try:
+                self.calls += 1
+                out.append(self._call([r])[0])
+            except Exception as e:  # noqa: BLE001 - this request's own error
+                if isinstance(e, _WrongCount):
+                    raise
+                out.append(e)
+        return out
+
     def _predict(self, requests: list[Request]) -> list:
-        """One estimate per request, in order (on the worker thread, or inline: see above)."""
+        """One estimate per request, in order (inline: see above); raises what the predictor raised."""
+        return self._call(self._resolve(requests))
+
+    def _resolve(self, requests: list[Request]) -> list[Request]:
+        """The requests with their model names matched to the fitted ones (unseen ones counted)."""
         if self.known is not None:
             requests, unknown = self.known.resolve(requests)
             if unknown:
                 self._count_unknown(requests, set(unknown))
+        return requests
+
+    def _call(self, requests: list[Request]) -> list:
+        """One `predict` call: one estimate per request, in order."""
         t = time.perf_counter()
         est = self.predictor.predict(requests)
         dt = time.perf_counter() - t
         self.call_s = dt if self.call_s is None else 0.8 * self.call_s + 0.2 * dt
         if len(est) != len(requests):
-            raise ValueError(f"the predictor returned {len(est)} estimates for "
-                             f"{len(requests)} requests")  # fmt: skip
+            raise _WrongCount(f"the predictor returned {len(est)} estimates for "
+                              f"{len(requests)} requests")  # fmt: skip
         return [est[i] for i in range(len(requests))]
 
     def _count_unknown(self, requests: list[Request], unknown: set[str]) -> None:

@@ -114,6 +114,7 @@ def _holdout(keys: list[str], fraction: float) -> np.ndarray:
 
 class EncoderPredictor(Predictor):
     name = "encoder-base"
+    needs_text = True
     loss_name = "?"
 
     def __init__(self, **params: Any) -> None:
