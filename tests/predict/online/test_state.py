@@ -92,3 +92,21 @@ def test_a_model_left_by_a_crashed_save_is_never_taken_for_the_running_one(tmp_p
     assert np.isclose(back.base.predict(probe).point[0], live)
     named = header(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([HEADER, named["model"], named["buffer"]])
+
+
+def test_a_learner_resumed_between_batches_refits_as_one_never_stopped(tmp_path):
+    rcfg = OnlineConfig(enabled=True, refit_every=2000, min_refit=250, holdout=50, tenant_rate=1e9,
+                        tenant_burst=10**9, anchor_rows=0)  # fmt: skip
+    batches = [reqs(100, 300 if b < 5 else 900, start=b * 100, seed=b) for b in range(10)]
+    steady = OnlineLearner(base(100), rcfg, background=False)
+    for stream in batches:
+        serve(steady, stream)
+    assert steady.counts["refits"] == 3 and steady.alarm.alarms  # alarms restart the schedule on the way
+    learner = OnlineLearner(base(100), rcfg, background=False)
+    for stream in batches:  # saved and resumed between batches (`presched learn` run now and then)
+        serve(learner, stream)
+        learner.save(str(tmp_path))
+        learner = OnlineLearner.resume(str(tmp_path), rcfg, background=False)
+    assert learner.counts["refits"] == 3 and learner.version == steady.version
+    probe = reqs(20, 300, start=50_000)
+    assert np.allclose(learner.predict(probe).quantiles, steady.predict(probe).quantiles)

@@ -1,7 +1,8 @@
 """Saving and resuming an `OnlineLearner`, atomically.
 
 A state folder holds `online.npz` (the commit point: a JSON header with the version, counters,
-drift alarm and the names of the other two files, and the recalibration scores as arrays), the
+drift alarm, refit schedule and the names of the other two files, and the recalibration scores as
+arrays), the
 base model `base-v{version}-{n}.npz` (the ordinary `.npz` of `presched train`) and the refit buffer
 `buffer-{n}.jsonl` (the generic schema), `n` numbering the saves. Each save writes both files
 afresh under names no file in the folder has (never one the live header names, nor one left by
@@ -58,6 +59,8 @@ def save_state(learner: Any, folder: str | Path) -> Path:
             cal_arrays, cal_values = learner.conformal.state()
             alarm = learner.alarm.state()
             pairs = list(learner.buffer)
+            schedule = {"since_refit": learner._since_refit, "interval": learner._interval,
+                        "since_change": learner._since_change}  # fmt: skip
             n = learner.counts["saves"] = _fresh(folder, learner.counts["saves"] + 1, version)
             counts = dict(learner.counts)
         model = folder / f"base-v{version}-{n}.npz"
@@ -66,7 +69,7 @@ def save_state(learner: Any, folder: str | Path) -> Path:
         buffer = [dataclasses.replace(r, output_tokens=k, output_samples=()) for r, k in pairs]
         _replace(save_generic(buffer, folder / f".tmp-{buf.name}"), buf)
         header = {"format": FORMAT, "version": version, "model": model.name, "buffer": buf.name, "counts": counts,
-                  "alarm": alarm, "conformal": cal_values}  # fmt: skip
+                  "alarm": alarm, "conformal": cal_values, "schedule": schedule}  # fmt: skip
         tmp = folder / f".tmp-{HEADER}"
         with open(tmp, "wb") as f:
             np.savez(f, __header__=np.array(json.dumps(header)), **cal_arrays)
@@ -94,4 +97,9 @@ def load_state(cls: type, folder: str | Path, cfg: OnlineConfig, anchor: Sequenc
     learner.alarm = DriftAlarm.from_state(header["alarm"])
     learner.counts.update(header["counts"])
     learner.buffer.extend((r, int(r.output_tokens)) for r in load_generic(folder / header["buffer"]))
+    sched = header.get("schedule")  # the refit schedule (a state saved before it was kept: restarted)
+    if sched is not None:
+        learner._since_refit = int(sched["since_refit"])
+        learner._interval = int(sched["interval"])
+        learner._since_change = None if sched["since_change"] is None else int(sched["since_change"])
     return learner
