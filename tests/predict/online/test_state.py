@@ -110,3 +110,37 @@ def test_a_learner_resumed_between_batches_refits_as_one_never_stopped(tmp_path)
     assert learner.counts["refits"] == 3 and learner.version == steady.version
     probe = reqs(20, 300, start=50_000)
     assert np.allclose(learner.predict(probe).quantiles, steady.predict(probe).quantiles)
+
+
+def test_a_learner_resumed_with_other_settings_runs_on_them(tmp_path):
+    old = cfg()
+    new = cfg(alarm_h=40.0, alarm_window=150, alarm_band=0.2, window=100, min_group=10, recalibrate_every=5)
+    calm, shifted = reqs(300, 100, seed=5), reqs(300, 400, start=1000, seed=6)  # then 4x longer answers
+    learner = OnlineLearner(base(100), old, background=False)
+    serve(learner, calm)
+    learner.save(str(tmp_path))
+    back = OnlineLearner.resume(str(tmp_path), new, background=False)
+    ref = OnlineLearner(base(100), new, background=False)  # the same stream, on the new settings throughout
+    serve(ref, calm)
+    assert not learner.alarm.alarms and not ref.alarm.alarms
+    for r in shifted:
+        for lr in (back, ref):
+            lr.predict([r])
+            lr.observe(r, r.output_tokens, now=0.0)
+    assert ref.alarm.alarms and back.alarm.alarms == ref.alarm.alarms
+    probe = reqs(20, 400, start=50_000)
+    assert np.allclose(back.predict(probe).quantiles, ref.predict(probe).quantiles)
+    assert back.conformal.groups["m"].n == ref.conformal.groups["m"].n <= 100
+
+
+def test_a_state_of_other_quantile_levels_is_refused_naming_the_field(tmp_path):
+    learner = OnlineLearner(base(100), cfg(), background=False)
+    serve(learner, reqs(50, 100))
+    learner.save(str(tmp_path))
+    with np.load(tmp_path / HEADER) as z:
+        saved = {k: z[k] for k in z.files}
+    h = json.loads(str(saved["__header__"]))
+    h["conformal"]["levels"] = h["conformal"]["levels"][:-1]
+    np.savez(tmp_path / HEADER, **{**saved, "__header__": np.array(json.dumps(h))})
+    with pytest.raises(ValueError, match="'levels'"):
+        OnlineLearner.resume(str(tmp_path), cfg(), background=False)

@@ -189,8 +189,13 @@ class OnlineConformal:
                         "every": self.every, "max_groups": self.max_groups, "groups": names}  # fmt: skip
 
     @classmethod
-    def from_state(cls, arrays: dict[str, np.ndarray], values: dict) -> "OnlineConformal":
-        oc = cls(values["levels"], values["window"], values["min_group"], values["every"], values.get("max_groups", 1000))
+    def from_state(cls, arrays: dict[str, np.ndarray], values: dict, window: int | None = None,
+                   min_group: int | None = None, every: int | None = None,
+                   max_groups: int | None = None) -> "OnlineConformal":  # fmt: skip
+        """The saved rows; the parameters given (the caller's config) replace the saved ones: each
+        ring keeps its newest `window` rows, and only the `max_groups` groups added to last."""
+        oc = cls(values["levels"], window or values["window"], min_group or values["min_group"],
+                 every or values["every"], max_groups or values.get("max_groups", 1000))  # fmt: skip
         names = values["groups"]  # least recently added to first: beyond max_groups, the oldest go
         rings = [(0, oc.pool)] + [(1 + j, oc.groups.setdefault(names[j], _Ring(oc.window, len(oc.levels))))
                                   for j in range(max(0, len(names) - oc.max_groups), len(names))]  # fmt: skip

@@ -120,9 +120,16 @@ class DriftAlarm:
                 "alarms": self.alarms, "changes": self.changes, "change_at": self.change_at, "active": self.active, "calm": self._calm}  # fmt: skip
 
     @classmethod
-    def from_state(cls, v: dict) -> "DriftAlarm":
-        d = cls(v["k"], v["h"], v["window"], v["level"], v["band"], v["min_samples"])
-        d.covered.extend(v["covered"])
+    def from_state(cls, v: dict, k: float | None = None, h: float | None = None, window: int | None = None,
+                   level: float | None = None, band: float | None = None) -> "DriftAlarm":  # fmt: skip
+        """The saved alarm; the parameters given (the caller's config) replace the saved ones. The
+        data are the state's: the CUSUM sums, counts and change points as saved, the coverage
+        window its newest `window` entries (none when `level` changed: they scored another level)."""
+        p = {"k": k, "h": h, "window": window, "level": level, "band": band}
+        p = {name: v[name] if x is None else x for name, x in p.items()}
+        d = cls(p["k"], p["h"], p["window"], p["level"], p["band"], v["min_samples"])
+        if p["level"] == v["level"]:
+            d.covered.extend(v["covered"])
         d._hits = sum(d.covered)
         d.up, d.down, d._up_zero, d._down_zero = v["up"], v["down"], v["up_zero"], v["down_zero"]
         d.count, d.alarms, d.changes, d.change_at = v["count"], list(v["alarms"]), list(v["changes"]), v["change_at"]

@@ -1,16 +1,23 @@
 """Saving and resuming an `OnlineLearner`, atomically.
 
 A state folder holds `online.npz` (the commit point: a JSON header with the version, counters,
-drift alarm, refit schedule and the names of the other two files, and the recalibration scores as
-arrays), the
-base model `base-v{version}-{n}.npz` (the ordinary `.npz` of `presched train`) and the refit buffer
-`buffer-{n}.jsonl` (the generic schema), `n` numbering the saves. Each save writes both files
-afresh under names no file in the folder has (never one the live header names, nor one left by
-a save that crashed), each under a temporary name first and moved into place with `os.replace`
-(atomic on POSIX), then the header that names them, the same way; so a crash at any moment
-leaves either the old state or the new one complete. Files no header names any more (and a
-crashed save's leftovers) are deleted after the header is replaced. Saves in one process run one
-at a time.
+drift alarm, refit schedule and the names of the other two files, and the recalibration scores
+as arrays), the base model `base-v{version}-{n}.npz` (the ordinary `.npz` of `presched train`)
+and the refit buffer `buffer-{n}.jsonl` (the generic schema), `n` numbering the saves. Each save
+writes both files afresh under names no file in the folder has (never one the live header names,
+nor one left by a save that crashed), each under a temporary name first and moved into place with
+`os.replace` (atomic on POSIX), then the header that names them, the same way; so a crash at any
+moment leaves either the old state or the new one complete. Files no header names any more (and
+a crashed save's leftovers) are deleted after the header is replaced. Saves in one process run
+one at a time.
+
+Resuming takes the data from the state and every setting from the config it is given (a gateway's
+`learn:` or `presched learn --set` changed since the save applies at once): the recalibration's
+windows keep their newest `window` rows, and at most `max_groups` groups; the alarm keeps its
+sums, change points and the newest `alarm_window` coverage entries (none if `alarm_level`
+changed); the buffer its newest `buffer` rows; the refit interval is brought within `min_refit`
+and `refit_every`. A state whose groups were keyed the other way (`per_tenant` changed) keeps only
+the pooled rows. A state of other quantile levels is refused, naming the field.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from presched.predict.base import load_predictor
+from presched.predict.estimate import LEVELS
 from presched.predict.online.calibrate import OnlineConformal
 from presched.predict.online.config import OnlineConfig
 from presched.predict.online.drift import DriftAlarm
@@ -59,6 +67,7 @@ def save_state(learner: Any, folder: str | Path) -> Path:
             cal_arrays, cal_values = learner.conformal.state()
             alarm = learner.alarm.state()
             pairs = list(learner.buffer)
+            per_tenant = learner.cfg.per_tenant  # how the groups are keyed
             schedule = {"since_refit": learner._since_refit, "interval": learner._interval,
                         "since_change": learner._since_change}  # fmt: skip
             n = learner.counts["saves"] = _fresh(folder, learner.counts["saves"] + 1, version)
@@ -69,7 +78,7 @@ def save_state(learner: Any, folder: str | Path) -> Path:
         buffer = [dataclasses.replace(r, output_tokens=k, output_samples=()) for r, k in pairs]
         _replace(save_generic(buffer, folder / f".tmp-{buf.name}"), buf)
         header = {"format": FORMAT, "version": version, "model": model.name, "buffer": buf.name, "counts": counts,
-                  "alarm": alarm, "conformal": cal_values, "schedule": schedule}  # fmt: skip
+                  "alarm": alarm, "conformal": cal_values, "schedule": schedule, "per_tenant": per_tenant}  # fmt: skip
         tmp = folder / f".tmp-{HEADER}"
         with open(tmp, "wb") as f:
             np.savez(f, __header__=np.array(json.dumps(header)), **cal_arrays)
@@ -91,15 +100,23 @@ def load_state(cls: type, folder: str | Path, cfg: OnlineConfig, anchor: Sequenc
         arrays = {k: z[k] for k in z.files if k != "__header__"}
     if header.get("format") != FORMAT:
         raise ValueError(f"{path}: online state format {header.get('format')}, this presched reads {FORMAT}")
-    learner = cls(load_predictor(folder / header["model"]), cfg, anchor, background)
+    if tuple(header["conformal"]["levels"]) != tuple(LEVELS):
+        raise ValueError(f"{path}: field 'levels': the state's quantile levels {header['conformal']['levels']} "
+                         f"are not this presched's {list(LEVELS)}")  # fmt: skip
+    c = cfg
+    learner = cls(load_predictor(folder / header["model"]), c, anchor, background)
     learner.version = int(header["version"])
-    learner.conformal = OnlineConformal.from_state(arrays, header["conformal"])
-    learner.alarm = DriftAlarm.from_state(header["alarm"])
+    learner.conformal = OnlineConformal.from_state(arrays, header["conformal"], c.window, c.min_group,
+                                                   c.recalibrate_every, c.max_groups)  # fmt: skip
+    if header.get("per_tenant", c.per_tenant) != c.per_tenant:  # groups keyed the other way: the pool's rows only
+        learner.conformal.groups.clear()
+    learner.alarm = DriftAlarm.from_state(header["alarm"], c.alarm_k, c.alarm_h, c.alarm_window, c.alarm_level, c.alarm_band)
     learner.counts.update(header["counts"])
     learner.buffer.extend((r, int(r.output_tokens)) for r in load_generic(folder / header["buffer"]))
     sched = header.get("schedule")  # the refit schedule (a state saved before it was kept: restarted)
     if sched is not None:
         learner._since_refit = int(sched["since_refit"])
-        learner._interval = int(sched["interval"])
+        interval = max(int(sched["interval"]), c.min_refit)  # within this config's bounds
+        learner._interval = min(interval, max(c.refit_every, c.min_refit)) if c.refit_every else interval
         learner._since_change = None if sched["since_change"] is None else int(sched["since_change"])
     return learner
