@@ -15,6 +15,8 @@ endpoint's work released, the prediction error tracked, one log row.
 `close` is the one place a request ends: a stream that the proxy closes early (the client left,
 the endpoint died, the proxy gave up) ends there with 499 and still frees its slot and writes
 its row; an endpoint the proxy could not reach shows as Envoy's 503 on the response headers.
+A message out of order (a second `request_headers`) is answered 500 without deciding again: a
+request admitted on the stream ends then, with 500, and the stream's later messages are ignored.
 The body modes are the ones Envoy names in the stream's first message (`protocol_config`), else
 the configured `envoy_body_mode`'s (`protocol.CONFIGURED_MODES`).
 
@@ -46,6 +48,8 @@ class Exchange:
         self.adm: Admission | None = None
         self.tap: ResponseTap | None = None
         self.closed = False
+        self.got_headers = False
+        self.refused = False  # answered 500 for a message out of order: the rest is ignored
         self.request_mode, self.response_mode = P.CONFIGURED_MODES[picker.cfg.envoy_body_mode]
 
     @property
@@ -55,7 +59,12 @@ class Exchange:
 
     async def on(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         kind = msg.WhichOneof("request")
+        if self.refused:  # the stream broke the protocol and was answered: nothing more is read
+            return []
         if kind == "request_headers":
+            if self.got_headers:
+                return self._out_of_order(kind)
+            self.got_headers = True
             modes = P.announced_modes(msg)
             if modes is not None:
                 self.request_mode, self.response_mode = modes
@@ -104,6 +113,21 @@ class Exchange:
             self.close()
             return [P.trailers("response")]
         return []
+
+    def _out_of_order(self, kind: str) -> list[pb.ProcessingResponse]:
+        """A message the stream cannot carry now (a second `request_headers`: one stream is one
+        request): answered 500 naming it, never decided again; a request already admitted on
+        the stream ends here (500, its slot freed, its row written), and the stream's later
+        messages are not read."""
+        self.refused = self.decided = True
+        msg = f"ext_proc protocol error: a second {kind} message on one stream (a stream carries one request)"
+        if self.adm is not None:
+            msg += f"; request {self.adm.seq.id} ends here"
+        _log.warning("%s", msg)
+        if self.adm is not None and not self.adm.ended:
+            self.adm.out.status, self.adm.out.error, self.adm.out.kind = 500, msg, "server_error"
+            self.close()
+        return [P.immediate(500, msg, "server_error")]
 
     # --- the request ------------------------------------------------------------------------
     async def _decide(self, with_body: bool) -> list[pb.ProcessingResponse]:
