@@ -17,7 +17,9 @@ from presched.engine.plugin.records import RecordWriter, record_row
 from presched.engine.plugin.seq import EngineSeq
 from presched.predict.base import PREDICTORS
 from presched.predict.online import OnlineConfig, OnlineLearner
-from presched.serve.learn_log import feed, read_position, row_status
+from presched.predict.online.state import HEADER
+from presched.serve import cli
+from presched.serve.learn_log import POSITION, feed, read_position, row_status
 from presched.workload.request import Request
 
 LEARN = {"min_group": 20, "refit_every": 40, "min_refit": 30, "holdout": 10}
@@ -133,6 +135,49 @@ def test_presched_learn_resumes_and_reads_only_new_rows(tmp_path):
     assert "10 new rows (ok 10)" in r.stdout
     back = OnlineLearner.resume(str(state), OnlineConfig(enabled=True), background=False)
     assert back.counts["learned"] == 50 and read_position(state, path) == 50
-    assert json.loads((state / "log-position.json").read_text())["rowid"] == 50
+    assert back.position == {"log": str(path.resolve()), "rowid": 50}  # in the state's header
+    assert not (state / "log-position.json").exists()
     r = learn("--set", "alarm_h=-1")
     assert r.returncode == 2 and "learn.alarm_h" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_presched_learn_stopped_mid_pass_learns_each_row_once(tmp_path, monkeypatch):
+    # the learner saves within a pass (after its refit at 250 rows, every save_every=500 rows);
+    # Ctrl-C at row 550 leaves that save, and the next run resumes after the last row it holds
+    path, state, model = tmp_path / "records.sqlite", tmp_path / "state", tmp_path / "model.npz"
+    trained().save(model)
+    write_records(path, 0, 600, 1.0, np.random.default_rng(3), prompts=True)
+    args = {"from_log": path, "state": state, "predictor": model, "set_": ["tenant_rate=1e9"], "follow": None}
+    observe, calls = OnlineLearner.observe, []
+
+    def ctrl_c_at_row_550(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 550:
+            raise KeyboardInterrupt
+        return observe(self, *a, **k)
+
+    monkeypatch.setattr(OnlineLearner, "observe", ctrl_c_at_row_550)
+    cli.learn(**args)  # returns quietly on Ctrl-C
+    monkeypatch.setattr(OnlineLearner, "observe", observe)
+    mid = OnlineLearner.resume(str(state), OnlineConfig(enabled=True), background=False)
+    assert mid.counts["learned"] == 500 and read_position(state, path) == 500  # every row teaches: rowid = rows
+    cli.learn(**args)
+    back = OnlineLearner.resume(str(state), OnlineConfig(enabled=True), background=False)
+    assert back.counts["learned"] == 600 and read_position(state, path) == 600
+
+
+def test_a_state_saved_with_a_position_file_beside_it_is_resumed_from_that_file(tmp_path):
+    # an older presched kept the position in log-position.json, its header had none
+    path, state = tmp_path / "records.sqlite", tmp_path / "state"
+    write_records(path, 0, 30, 1.0, np.random.default_rng(4))
+    learner = OnlineLearner(trained(), OnlineConfig(enabled=True, tenant_rate=1e9), background=False)
+    feed(learner, path, batch=20)
+    learner.save(str(state))
+    with np.load(state / HEADER) as z:
+        saved = {k: z[k] for k in z.files}
+    header = json.loads(str(saved["__header__"]))
+    assert header.pop("position") == {"log": str(path.resolve()), "rowid": 30}
+    np.savez(state / HEADER, **{**saved, "__header__": np.array(json.dumps(header))})
+    assert read_position(state, path) == 0
+    (state / POSITION).write_text(json.dumps({"log": str(path.resolve()), "rowid": 20}))
+    assert read_position(state, path) == 20 and read_position(state, tmp_path / "other.sqlite") == 0

@@ -132,10 +132,10 @@ def gateway_server(app, cfg: ServeConfig):
 
 def learn(
     from_log: Path = typer.Option(..., "--from-log", help="A request log in the gateway's schema: the gateway's log.path, or the engine plugin's records file (its `records` option; `python -m presched.engine.launch --records FILE`). Read-only; may be written meanwhile."),
-    state: Path = typer.Option(..., "--state", help="The learner's state folder (a gateway's learn.state_dir reads it): resumed when it holds a learner, saved after each pass, with the last row learned (log-position.json)."),
+    state: Path = typer.Option(..., "--state", help="The learner's state folder (a gateway's learn.state_dir reads it): resumed when it holds a learner; saved after each pass and within one (every save_every rows, after each refit), each save naming the last row it holds, so a run stopped anywhere resumes after it."),
     predictor: Optional[Path] = typer.Option(None, "--predictor", "-m", help="The model to start from (a file from `presched train`) when --state holds no learner yet."),
     set_: list[str] = typer.Option([], "--set", "-s", metavar="FIELD=VALUE", help="Set a learn: field (OnlineConfig; `presched config` lists them), e.g. --set refit_every=1000."),
-    follow: Optional[float] = typer.Option(None, "--follow", metavar="SECONDS", help="Keep reading the rows appended to the log, every SECONDS, until interrupted (Ctrl-C; each pass is saved as it ends)."),
+    follow: Optional[float] = typer.Option(None, "--follow", metavar="SECONDS", help="Keep reading the rows appended to the log, every SECONDS, until interrupted (Ctrl-C; each pass is saved as it ends, and the next run resumes after the last row saved)."),
 ) -> None:
     """Teach the online learner from a request log (the engine plugin's records or the
     gateway's log): recalibration, drift alarm and refits, as `presched serve --learn` does live;
@@ -146,7 +146,7 @@ def learn(
 
     from presched.config import UserError, apply_overrides, format_validation_error
     from presched.predict.online import OnlineConfig, OnlineLearner
-    from presched.serve.learn_log import feed, read_position, write_position
+    from presched.serve.learn_log import POSITION, feed, read_position
     from presched.serve.log_format import LogFileError
 
     data = apply_overrides({"enabled": True}, {}, set_, "refit_every=1000")
@@ -179,8 +179,8 @@ def learn(
                 after, counts = feed(learner, from_log, after)
             except LogFileError as e:
                 raise UserError(f"--from-log: {e}") from None
-            learner.save(str(state))
-            write_position(state, from_log, after)
+            learner.save(str(state))  # the position with it (learner.position, set by feed)
+            (state / POSITION).unlink(missing_ok=True)  # an older presched's position file: superseded
             s = learner.status()
             out.print(f"{sum(counts.values()):,} new rows ({', '.join(f'{k} {n:,}' for k, n in counts.items() if n) or 'none'}); "
                       f"predictor version {s['predictor_version']}, drift alarm {'RAISED' if s['drift_alarm'] else 'off'} "
@@ -188,5 +188,5 @@ def learn(
             if follow is None:
                 break
             time.sleep(follow)
-    except KeyboardInterrupt:  # the state and position of the last whole pass are saved
+    except KeyboardInterrupt:  # the last save (a pass's end, or one within it) names the last row it holds
         return

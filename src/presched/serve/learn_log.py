@@ -18,8 +18,12 @@ only moves forward, so a tenant gets at most burst + rate x the span of its rows
 without prompt text (the plugin's `store_prompts` off) still recalibrate and move the alarm, but
 never join the refit buffer (the learner refits on rows with prompt text only).
 
-The position (the last rowid learned, and the log's path) is kept beside the learner's state in
-`log-position.json`, written after the state (a crash in between learns those rows again).
+The position (the log's path and the last rowid learned) is part of the learner's state: `feed`
+hands each row's position to `observe`, which records it with what the row taught, so every save
+(the end of a pass, and those within one: every `save_every` rows, after each refit) names the
+last row it holds, written atomically with it; a run stopped anywhere (Ctrl-C, a crash) resumes
+after that row and learns no row twice. `read_position` reads it from the state's header; a
+state saved before the header held it falls back to the `log-position.json` kept beside it then.
 What reads the state: a gateway with `learn.state_dir` set to the same folder resumes the
 learner (recalibration, alarm, refitted model). The engine plugin does not: it loads the `.npz`
 model it was started with and has no learner of its own.
@@ -29,7 +33,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +40,7 @@ from presched.serve.log_format import TABLE, connect_ro
 from presched.serve.log_read import is_censored
 from presched.workload.request import Request
 
-POSITION = "log-position.json"
+POSITION = "log-position.json"  # where an older presched kept the position (read, never written)
 _COLS = "rowid, id, ts, tenant, model, status, prompt_tokens, max_tokens, output_tokens, finish_reason, prompt"
 
 
@@ -64,21 +67,27 @@ def feed(learner: Any, path: str | Path, after: int = 0, batch: int = 256) -> tu
     predictions for (`max_pending`: a prediction forgotten before its row is observed would leave
     the row unscored)."""
     batch = max(1, min(batch, learner.cfg.max_pending))
+    log = _log_id(path)
     conn, path = connect_ro(path)
     try:
         cur = conn.execute(f"SELECT {_COLS} FROM {TABLE} WHERE rowid > ? ORDER BY rowid", (after,))
         counts = {"ok": 0, "length": 0, "cancelled": 0, "failed": 0, "skipped": 0}
         while rows := cur.fetchmany(batch):  # bounded memory on a large file
             after = rows[-1][0]
-            _teach(learner, rows, counts)
+            _teach(learner, log, rows, counts)
+            learner.position = {"log": log, "rowid": after}  # skipped rows too (they teach nothing)
     finally:
         conn.close()
     return after, counts
 
 
-def _teach(learner: Any, rows: list[tuple], counts: dict[str, int]) -> None:
+def _log_id(path: str | Path) -> str:
+    return str(Path(path).resolve())
+
+
+def _teach(learner: Any, log: str, rows: list[tuple], counts: dict[str, int]) -> None:
     chunk, reqs = [], []
-    for _rowid, rid, ts, tenant, model, status, p_tok, max_tok, o_tok, finish, prompt in rows:
+    for rowid, rid, ts, tenant, model, status, p_tok, max_tok, o_tok, finish, prompt in rows:
         o_tok, p_tok, max_tok = _int(o_tok), _int(p_tok), _int(max_tok)
         kind = row_status(status, o_tok, finish, max_tok)
         now = float(ts) if isinstance(ts, (int, float)) and math.isfinite(ts) else None
@@ -88,34 +97,34 @@ def _teach(learner: Any, rows: list[tuple], counts: dict[str, int]) -> None:
         req = Request(id=str(rid), prompt_tokens=max(p_tok or 1, 1), model=model or "", tenant=tenant or "default",
                       prompt=prompt if isinstance(prompt, str) else None,
                       max_tokens=max_tok if max_tok and max_tok > 0 else None)  # fmt: skip
-        chunk.append((req, kind, o_tok, now))
+        chunk.append((req, kind, o_tok, now, rowid))
         if kind in ("ok", "length"):
             reqs.append(req)
     version = learner.version
     if reqs:
         learner.predict(reqs)  # remembered by id until observed
-    for i, (req, kind, o_tok, now) in enumerate(chunk):
+    for i, (req, kind, o_tok, now, rowid) in enumerate(chunk):
         counts[kind] += 1
-        learner.observe(req, o_tok if kind in ("ok", "length") else None, status=kind, now=now)
+        learner.observe(req, o_tok if kind in ("ok", "length") else None, status=kind, now=now,
+                        position={"log": log, "rowid": rowid})  # fmt: skip
         if learner.version != version:  # a refit was swapped in: predict the rest with it
             version = learner.version
-            rest = [r for r, k, _, _ in chunk[i + 1:] if k in ("ok", "length")]
+            rest = [r for r, k, *_ in chunk[i + 1:] if k in ("ok", "length")]
             if rest:
                 learner.predict(rest)
 
 
 def read_position(state: str | Path, log: str | Path) -> int:
-    """The last rowid learned from `log` (0 if none, or if the position is of another log)."""
-    p = Path(state) / POSITION
-    if not p.exists():
+    """The last rowid of `log` that the learner saved in `state` holds (0 if none, or if its
+    position is of another log)."""
+    from presched.predict.online.state import read_header
+
+    header = read_header(state)
+    if header is None:
         return 0
-    pos = json.loads(p.read_text(encoding="utf-8"))
-    return int(pos["rowid"]) if pos.get("log") == str(Path(log).resolve()) else 0
-
-
-def write_position(state: str | Path, log: str | Path, rowid: int) -> None:
-    folder = Path(state)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".tmp-{POSITION}"
-    tmp.write_text(json.dumps({"log": str(Path(log).resolve()), "rowid": rowid}), encoding="utf-8")
-    os.replace(tmp, folder / POSITION)
+    if "position" in header:
+        pos = header["position"]
+    else:  # saved before the header held it: the position file written beside the state then
+        p = Path(state) / POSITION
+        pos = json.loads(p.read_text(encoding="utf-8")) if p.exists() else None
+    return int(pos["rowid"]) if isinstance(pos, dict) and pos.get("log") == _log_id(log) else 0

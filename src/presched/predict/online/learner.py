@@ -76,6 +76,7 @@ class OnlineLearner:
         self._since_refit = 0  # labelled completions buffered since the last refit (or change)
         self._interval = c.min_refit  # refit when _since_refit reaches it; doubles up to refit_every
         self._since_change: int | None = None  # rows buffered since the last drift alarm's change
+        self.position: Any = None  # the caller's mark of the last completion observed (saved with the state)
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="presched-learn") if background else None
         self._job: Future | None = None
@@ -116,21 +117,25 @@ class OnlineLearner:
         return None if rec is None else rec.version
 
     # --- learning -----------------------------------------------------------------------------
-    def observe(self, request: Request, length: float | None, status: str = "ok", now: float | None = None) -> bool:
+    def observe(self, request: Request, length: float | None, status: str = "ok", now: float | None = None,
+                position: Any = None) -> bool:  # fmt: skip
         """One completed request: `length` its output tokens (from usage), `status` one of
-        ok / length (cut by max_tokens: censored) / failed / cancelled. True if learned from."""
+        ok / length (cut by max_tokens: censored) / failed / cancelled. True if learned from.
+        `position` (JSON-able: where the caller read this completion; `presched learn`: the log
+        and the row) becomes `self.position` together with what the completion teaches (under the
+        lock a save takes), so a saved state names the last completion it holds."""
         if status not in STATUSES:
             raise ValueError(f"field 'status': expected one of {STATUSES}, got {status!r}")
         with self._lock:
             rec = self._pending.pop(request.id, None)
         if status in ("failed", "cancelled") or length is None or not length >= 1 or not math.isfinite(length):
-            self.counts["ignored"] += 1
-            return False
+            return self._taught_nothing("ignored", position)
         if not self.caps.take(request.tenant, time.monotonic() if now is None else now):
-            self.counts["capped"] += 1
-            return False
+            return self._taught_nothing("capped", position)
         censored = status == "length"
         with self._lock:
+            if position is not None:
+                self.position = position
             if rec is None:
                 self.counts["unpredicted"] += 1
             elif rec.version != self.version:
@@ -153,6 +158,13 @@ class OnlineLearner:
         if self.cfg.state_dir and self.counts["learned"] % self.cfg.save_every == 0:
             self._submit(self.save, self.cfg.state_dir)
         return True
+
+    def _taught_nothing(self, kind: str, position: Any) -> bool:
+        with self._lock:
+            self.counts[kind] += 1
+            if position is not None:
+                self.position = position
+        return False
 
     def _on_alarm(self, first: bool) -> None:
         """Forget the recalibration rows before the change; on the first alarm of a drift (not

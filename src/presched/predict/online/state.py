@@ -1,15 +1,16 @@
 """Saving and resuming an `OnlineLearner`, atomically.
 
 A state folder holds `online.npz` (the commit point: a JSON header with the version, counters,
-drift alarm, refit schedule and the names of the other two files, and the recalibration scores
-as arrays), the base model `base-v{version}-{n}.npz` (the ordinary `.npz` of `presched train`)
-and the refit buffer `buffer-{n}.jsonl` (the generic schema), `n` numbering the saves. Each save
-writes both files afresh under names no file in the folder has (never one the live header names,
-nor one left by a save that crashed), each under a temporary name first and moved into place with
-`os.replace` (atomic on POSIX), then the header that names them, the same way; so a crash at any
-moment leaves either the old state or the new one complete. Files no header names any more (and
-a crashed save's leftovers) are deleted after the header is replaced. Saves in one process run
-one at a time.
+drift alarm, refit schedule, the caller's position (`OnlineLearner.position`: `presched learn`'s
+log and last row, written with the state it describes) and the names of the other two files, and
+the recalibration scores as arrays), the base model `base-v{version}-{n}.npz` (the ordinary
+`.npz` of `presched train`) and the refit buffer `buffer-{n}.jsonl` (the generic schema), `n`
+numbering the saves. Each save writes both files afresh under names no file in the folder has
+(never one the live header names, nor one left by a save that crashed), each under a temporary
+name first and moved into place with `os.replace` (atomic on POSIX), then the header that names
+them, the same way; so a crash at any moment leaves either the old state or the new one
+complete. Files no header names any more (and a crashed save's leftovers) are deleted after the
+header is replaced. Saves in one process run one at a time.
 
 Resuming takes the data from the state and every setting from the config it is given (a gateway's
 `learn:` or `presched learn --set` changed since the save applies at once): the recalibration's
@@ -68,6 +69,7 @@ def save_state(learner: Any, folder: str | Path) -> Path:
             alarm = learner.alarm.state()
             pairs = list(learner.buffer)
             per_tenant = learner.cfg.per_tenant  # how the groups are keyed
+            position = learner.position  # the caller's mark of the last completion this state holds
             schedule = {"since_refit": learner._since_refit, "interval": learner._interval,
                         "since_change": learner._since_change}  # fmt: skip
             n = learner.counts["saves"] = _fresh(folder, learner.counts["saves"] + 1, version)
@@ -78,7 +80,7 @@ def save_state(learner: Any, folder: str | Path) -> Path:
         buffer = [dataclasses.replace(r, output_tokens=k, output_samples=()) for r, k in pairs]
         _replace(save_generic(buffer, folder / f".tmp-{buf.name}"), buf)
         header = {"format": FORMAT, "version": version, "model": model.name, "buffer": buf.name, "counts": counts,
-                  "alarm": alarm, "conformal": cal_values, "schedule": schedule, "per_tenant": per_tenant}  # fmt: skip
+                  "alarm": alarm, "conformal": cal_values, "schedule": schedule, "per_tenant": per_tenant, "position": position}  # fmt: skip
         tmp = folder / f".tmp-{HEADER}"
         with open(tmp, "wb") as f:
             np.savez(f, __header__=np.array(json.dumps(header)), **cal_arrays)
@@ -89,17 +91,27 @@ def save_state(learner: Any, folder: str | Path) -> Path:
     return folder / HEADER
 
 
-def load_state(cls: type, folder: str | Path, cfg: OnlineConfig, anchor: Sequence[Request], background: bool) -> Any:
-    """The learner saved in `folder`, or None when there is no state there yet."""
-    folder = Path(folder)
-    path = folder / HEADER
+def read_header(folder: str | Path) -> dict | None:
+    """The header of the state saved in `folder` (None when there is none yet)."""
+    path = Path(folder) / HEADER
     if not path.exists():
         return None
     with np.load(path, allow_pickle=False) as z:
         header = json.loads(str(z["__header__"]))
-        arrays = {k: z[k] for k in z.files if k != "__header__"}
     if header.get("format") != FORMAT:
         raise ValueError(f"{path}: online state format {header.get('format')}, this presched reads {FORMAT}")
+    return header
+
+
+def load_state(cls: type, folder: str | Path, cfg: OnlineConfig, anchor: Sequence[Request], background: bool) -> Any:
+    """The learner saved in `folder`, or None when there is no state there yet."""
+    folder = Path(folder)
+    path = folder / HEADER
+    header = read_header(folder)
+    if header is None:
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files if k != "__header__"}
     if tuple(header["conformal"]["levels"]) != tuple(LEVELS):
         raise ValueError(f"{path}: field 'levels': the state's quantile levels {header['conformal']['levels']} "
                          f"are not this presched's {list(LEVELS)}")  # fmt: skip
@@ -112,6 +124,7 @@ def load_state(cls: type, folder: str | Path, cfg: OnlineConfig, anchor: Sequenc
         learner.conformal.groups.clear()
     learner.alarm = DriftAlarm.from_state(header["alarm"], c.alarm_k, c.alarm_h, c.alarm_window, c.alarm_level, c.alarm_band)
     learner.counts.update(header["counts"])
+    learner.position = header.get("position")
     learner.buffer.extend((r, int(r.output_tokens)) for r in load_generic(folder / header["buffer"]))
     sched = header.get("schedule")  # the refit schedule (a state saved before it was kept: restarted)
     if sched is not None:
