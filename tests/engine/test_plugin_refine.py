@@ -84,3 +84,24 @@ def test_a_raising_model_is_counted_and_the_estimates_are_kept(refine_file):
     assert eng.apply(["bad", "good"], {"bad": bad, "good": good}) == 0
     assert (eng.errors, bad.estimate, good.estimate) == (1, "kept", "kept")
     assert eng.apply(["good"], {"good": good}) == 1  # still serving
+
+
+def test_a_refined_estimate_is_what_remains_given_l_above_g_for_the_policies(refine_file):
+    # the policies read E[L - g | L > g] and quantiles of L - g (schedule/lengths.py) off
+    # seq.estimate: after a refine at g, that is probe-refine's remaining-length distribution,
+    # with no mass left at L <= g
+    from presched.predict import LengthEstimate
+    from presched.schedule.lengths import remaining
+
+    eng = _refine(refine_file)
+    seqs = {"a": _seq(4, seed=6), "b": _seq(16, seed=7)}
+    assert eng.apply(["a", "b"], seqs) == 2
+    for seq in seqs.values():
+        g = float(seq.features_step_g)
+        seq.generated = seq.features_step_g
+        est = seq.estimate
+        assert est.lower == g + 1 and est.survival(g) == 1.0
+        rem = LengthEstimate.from_quantiles(est.quantiles[None] - g)[0]  # L - g, from 1 token
+        assert remaining("mean")(seq) == pytest.approx(rem.mean, rel=1e-9)
+        for stat, p in (("q10", 0.1), ("median", 0.5), ("q90", 0.9)):
+            assert remaining(stat)(seq) == pytest.approx(max(rem.quantile(p), 1.0), rel=1e-9)

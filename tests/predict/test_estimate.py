@@ -122,3 +122,45 @@ def test_quantile_remaining_beyond_the_support_is_the_tails():
     assert wide.survival(5000.0) < 1e-12
     assert wide.quantile_remaining(5000.0, 0.9) == pytest.approx(tail * np.log(10))
     assert wide.quantile_remaining(5000.0, 0.01) == 1.0
+
+
+REM = np.array([[3, 5, 8, 12, 17, 23, 31, 42, 60, 80, 140.0]])  # a remaining-length distribution
+
+
+@pytest.mark.parametrize("g", [16.0, 64.0, 256.0])
+def test_a_lower_bound_of_g_plus_1_is_the_remaining_distribution_shifted_by_g(g):
+    # an estimate of the total length given L > g (probe-refine's): no mass at L <= g, and every
+    # statistic of L - g | L > g is the remaining-length distribution's own (whose support
+    # starts at 1 token), as if it had been predicted at g = 0
+    total = LengthEstimate.from_quantiles(REM + g, lower=np.array([g + 1]))[0]
+    rem = LengthEstimate.from_quantiles(REM)[0]
+    assert total.lower == g + 1 and total.survival(g) == 1.0 and total.survival(g + 1) == 1.0
+    assert total.quantile(0.0) == g + 1
+    assert total.mean_remaining(g) == pytest.approx(rem.mean, rel=1e-12)
+    assert total.mean == pytest.approx(g + rem.mean, rel=1e-12)
+    for p in (0.05, *LEVELS, 0.995):
+        assert total.quantile_remaining(g, p) == pytest.approx(rem.quantile(p), rel=1e-12)
+        assert total.survival(g + rem.quantile(p)) == pytest.approx(1 - p, abs=1e-12)
+    assert total.gittins(g) == pytest.approx(rem.gittins(0.0), rel=1e-12)
+    # without it the CDF starts at 1 token: ~10 % of the mass at L <= g
+    assert LengthEstimate.from_quantiles(REM + g)[0].survival(g) < 0.95
+
+
+def test_lower_is_kept_by_rows_concat_and_the_batch_methods_and_raises_the_quantiles():
+    a = LengthEstimate.from_quantiles(REM + 64, lower=np.array([65.0]))
+    b = exp_estimate(300.0)  # lower 1 by default
+    both = LengthEstimate.concat([a, b])
+    np.testing.assert_array_equal(both.lower, [65.0, 1.0])
+    assert both[0].lower == 65.0 and both[1].lower == 1.0
+    np.testing.assert_allclose(both.survival(64.0), [1.0, b.survival(64.0)[0]])
+    np.testing.assert_allclose(both.mean_remaining(64.0), [both[0].mean_remaining(64.0), b.mean_remaining(64.0)[0]])
+    np.testing.assert_allclose(both.quantile(0.05), [both[0].quantile(0.05), b.quantile(0.05)[0]])
+    assert both.quantile(0.05)[0] > 65.0
+    # quantiles and point below the lower bound are raised to it; lower below 1 token is 1
+    low = LengthEstimate(REM, np.array([2.0]), np.array([0.0]), lower=np.array([10.0]))
+    assert low.quantiles.min() == 10.0 and low.point[0] == 10.0 and low[0].survival(9.9) == 1.0
+    assert LengthEstimate.from_quantiles(REM, lower=np.array([0.0])).lower[0] == 1.0
+    with pytest.raises(ValueError, match="lower: expected 1 finite values"):
+        LengthEstimate.from_quantiles(REM, lower=np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="lower: expected 1 finite values"):
+        LengthEstimate.from_quantiles(REM, lower=np.array([np.nan]))

@@ -6,11 +6,15 @@ A prediction is a distribution, not a number. Each row (one request) holds:
   non-decreasing in j (enforced at construction);
 - `point[i]`: the predictor's point estimate (its best single guess, e.g. a mean or median);
 - `rank_score[i]`: a score whose order is the predicted order of lengths (larger = longer);
-  rankers (ListMLE) set only this meaningfully; others use `point`.
+  rankers (ListMLE) set only this meaningfully; others use `point`;
+- `lower[i]`: the smallest length the row allows (the first knot of its CDF): 1 token unless
+  given; an estimate of the total length given L > g (probe-refine) has g + 1. Quantiles and
+  point are raised to at least `lower` at construction.
 
 From the quantiles, the distribution is the piecewise-linear CDF through the knots
-(q_j, LEVELS[j]), with mass below LEVELS[0] spread uniformly on [1, q_0] and mass above
-LEVELS[-1] on an exponential tail through the last two knots (exact for exponential tails). That gives
+(lower, 0) and (q_j, LEVELS[j]), with mass below LEVELS[0] spread uniformly on [lower, q_0]
+(survival 1 below `lower`) and mass above LEVELS[-1] on an exponential tail through the last
+two knots (exact for exponential tails). That gives
 `survival(x) = P(L > x)`, `quantile(p)` at any level, and `mean_remaining(g) = E[L - g | L > g]`
 (what SRPT-style policies need as a request generates).
 `estimate[i]` is a one-request view (`RequestEstimate`) to attach to a running request
@@ -41,6 +45,7 @@ class LengthEstimate:
     quantiles: np.ndarray
     point: np.ndarray
     rank_score: np.ndarray
+    lower: np.ndarray | None = None  # None: 1 token for every row
 
     def __post_init__(self) -> None:
         q = np.asarray(self.quantiles, dtype=float)
@@ -53,42 +58,53 @@ class LengthEstimate:
             raise ValueError(f"point and rank_score must have {n} entries")
         if not (np.isfinite(q).all() and np.isfinite(point).all()):
             raise ValueError("quantiles and point must be finite")
-        q = np.maximum.accumulate(np.maximum(q, 1.0), axis=1)  # monotone, >= 1 token
+        if self.lower is None:
+            lower = np.ones(n)
+        else:
+            lower = np.asarray(self.lower, dtype=float).reshape(-1)
+            if lower.shape != (n,) or not np.isfinite(lower).all():
+                raise ValueError(f"lower: expected {n} finite values (the smallest length of each row)")
+            lower = np.maximum(lower, 1.0)
+        q = np.maximum.accumulate(np.maximum(q, lower[:, None]), axis=1)  # monotone, >= lower
         object.__setattr__(self, "quantiles", q)
-        object.__setattr__(self, "point", np.maximum(point, 1.0))
+        object.__setattr__(self, "point", np.maximum(point, lower))
         object.__setattr__(self, "rank_score", rank)
+        object.__setattr__(self, "lower", lower)
 
     @classmethod
-    def from_quantiles(cls, quantiles: np.ndarray, point: np.ndarray | None = None) -> "LengthEstimate":
-        """Point defaults to the median; rank score to the point."""
+    def from_quantiles(cls, quantiles: np.ndarray, point: np.ndarray | None = None,
+                       lower: np.ndarray | None = None) -> "LengthEstimate":  # fmt: skip
+        """Point defaults to the median; rank score to the point; lower to 1 token."""
         q = np.asarray(quantiles, dtype=float)
         p = q[:, LEVELS.index(0.5)] if point is None else np.asarray(point, dtype=float)
-        return cls(q, p, p)
+        return cls(q, p, p, lower)
 
     def __len__(self) -> int:
         return self.quantiles.shape[0]
 
     def __getitem__(self, i: int) -> "RequestEstimate":
-        return RequestEstimate(self.quantiles[i], float(self.point[i]), float(self.rank_score[i]))
+        return RequestEstimate(self.quantiles[i], float(self.point[i]), float(self.rank_score[i]),
+                               float(self.lower[i]))  # fmt: skip
 
     def quantile(self, p: float) -> np.ndarray:
         """The p-quantile of each row (linear between knots; tails as in the module doc)."""
-        return np.array([_quantile(row, p) for row in self.quantiles])
+        return np.array([_quantile(row, lo, p) for row, lo in zip(self.quantiles, self.lower)])
 
     def survival(self, x: float | np.ndarray) -> np.ndarray:
         """P(L > x) for each row (x scalar, or one value per row)."""
         x = np.broadcast_to(np.asarray(x, dtype=float), (len(self),))
-        return np.array([_survival(row, xi) for row, xi in zip(self.quantiles, x)])
+        return np.array([_survival(row, lo, xi) for row, lo, xi in zip(self.quantiles, self.lower, x)])
 
     def mean_remaining(self, generated: float | np.ndarray) -> np.ndarray:
         """E[L - g | L > g] for each row: expected tokens still to come after g were generated."""
         g = np.broadcast_to(np.asarray(generated, dtype=float), (len(self),))
-        return np.array([_mean_remaining(row, gi) for row, gi in zip(self.quantiles, g)])
+        return np.array([_mean_remaining(row, lo, gi) for row, lo, gi in zip(self.quantiles, self.lower, g)])
 
     @classmethod
     def concat(cls, parts: list["LengthEstimate"]) -> "LengthEstimate":
         return cls(np.vstack([p.quantiles for p in parts]), np.concatenate([p.point for p in parts]),
-                   np.concatenate([p.rank_score for p in parts]))  # fmt: skip
+                   np.concatenate([p.rank_score for p in parts]),
+                   np.concatenate([p.lower for p in parts]))  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,10 +116,11 @@ class RequestEstimate:
     quantiles: np.ndarray
     point: float
     rank_score: float
+    lower: float = 1.0  # the smallest length allowed (g + 1 for an estimate given L > g)
 
     @cached_property
     def dist(self) -> "Dist":
-        return Dist(self.quantiles)
+        return Dist(self.quantiles, self.lower)
 
     @property
     def mean(self) -> float:
@@ -127,14 +144,18 @@ class RequestEstimate:
 
 
 class Dist:
-    """The distribution behind one row of quantiles: CDF knots (x_j, F_j) from (1 token, 0)
-    through every (q_j, LEVELS[j]), linear in between, exponential tail of mean excess `tail`
-    beyond the last knot. Right-continuous: where knots coincide the CDF jumps."""
+    """The distribution behind one row of quantiles: CDF knots (x_j, F_j) from (lower, 0)
+    (`lower` 1 token unless given; survival 1 below it) through every (q_j, LEVELS[j]), quantiles
+    below `lower` raised to it, linear in between, exponential tail of mean excess `tail` beyond
+    the last knot. Right-continuous: where knots coincide the CDF jumps."""
 
     __slots__ = ("xs", "fs", "ss", "tail", "suffix")
 
-    def __init__(self, q) -> None:
-        xs = [1.0, *(q.tolist() if isinstance(q, np.ndarray) else map(float, q))]
+    def __init__(self, q, lower: float = 1.0) -> None:
+        lo = float(lower)
+        xs = [lo, *(q.tolist() if isinstance(q, np.ndarray) else map(float, q))]
+        if xs[1] < lo:  # quantiles are non-decreasing: raise the ones below `lower`
+            xs = [v if v > lo else lo for v in xs]
         self.xs, self.fs, self.ss = xs, _FS, _SS  # the level lists are shared, never mutated
         # exponential tail through the last two knots: for S(x) = c e^{-x/m},
         # q99 - q95 = m ln((1 - 0.95) / (1 - 0.99))
@@ -231,13 +252,13 @@ class Dist:
 
 
 # --- vectorised forms over rows (LengthEstimate) ----------------------------------------------------
-def _survival(q: np.ndarray, x: float) -> float:
-    return Dist(q).survival(x)
+def _survival(q: np.ndarray, lower: float, x: float) -> float:
+    return Dist(q, lower).survival(x)
 
 
-def _quantile(q: np.ndarray, p: float) -> float:
-    return Dist(q).quantile(p)
+def _quantile(q: np.ndarray, lower: float, p: float) -> float:
+    return Dist(q, lower).quantile(p)
 
 
-def _mean_remaining(q: np.ndarray, g: float) -> float:
-    return Dist(q).mean_remaining(g)
+def _mean_remaining(q: np.ndarray, lower: float, g: float) -> float:
+    return Dist(q, lower).mean_remaining(g)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import kendalltau
 
-from presched.predict import LEVELS, PREDICTORS, load_predictor
+from presched.predict import LEVELS, PREDICTORS, LengthEstimate, load_predictor
 from presched.predict.probe.refine import GENERATED, design
 from presched.workload.request import Request
 
@@ -60,6 +60,24 @@ def test_a_remaining_quantile_under_one_token_is_raised_to_g_plus_1():
     est = pred.predict_steps(S, P, g)
     assert (est.quantiles >= g[:, None] + 1).all()
     np.testing.assert_allclose(est.quantiles, g[:, None] + np.maximum(q, 1.0))
+
+
+def test_the_estimate_given_l_above_g_puts_no_mass_at_or_below_g(fitted):
+    # the distribution starts at g + 1 (L > g), so what SRPT / MLFQ / quantile stats read off it,
+    # L - g | L > g, is the head's remaining-length distribution and calibrated as it is (with
+    # the CDF from 1 token, ~10 % of the mass sat at L <= g: mean_remaining inflated 2-5 %,
+    # quantile_remaining(g, 0.1) covering ~15 %)
+    S, P, g, L = _steps(2000, 2)
+    est = fitted.predict_steps(S, P, g)
+    rem = L - g
+    np.testing.assert_array_equal(est.lower, g + 1)
+    assert (est.survival(g) == 1.0).all()
+    for p in (0.1, 0.2, 0.5, 0.9):
+        qr = np.array([est[i].quantile_remaining(g[i], p) for i in range(len(g))])
+        np.testing.assert_allclose(qr, np.maximum(est.quantile(p) - g, 1.0), rtol=1e-9)
+        assert np.mean(rem <= qr) == pytest.approx(p, abs=0.03)
+    own = LengthEstimate.from_quantiles(est.quantiles - g[:, None]).mean_remaining(0.0)
+    np.testing.assert_allclose(est.mean_remaining(g), own, rtol=1e-9)
 
 
 def test_the_step_state_is_what_it_reads():

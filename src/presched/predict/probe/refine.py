@@ -18,9 +18,10 @@ spread for every row (`spread` 'constant', the default here; 'adaptive' fits a r
 absolute in-sample residual, as `probe` does: on the engine's records of SmolLM2 that made
 E[L - g | L > g], what SRPT / MLFQ read, rank the remaining length at tau-b ~0 while mu ranked
 it at 0.28, docs/predictors/probe.md). The estimate is of the total length, g + remaining
-(the remaining quantiles floored at 1 token, so quantiles >= g + 1), so that a driver can put
-it in place of `seq.estimate`; `rank_score` is the log remaining length. `predict(requests)`
-reads S and P from `Request.metadata` (keys of the `step` and `mean` FeatureSpecs) and g from
+(the remaining quantiles floored at 1 token, so quantiles >= g + 1; `lower` g + 1, so the CDF
+starts there and no mass sits at L <= g), so that a driver can put it in place of
+`seq.estimate`; `rank_score` is the log remaining length. `predict(requests)` reads S and P
+from `Request.metadata` (keys of the `step` and `mean` FeatureSpecs) and g from
 `metadata["generated"]`.
 
 `fit(requests, validation)` also takes the requests of the engine's records
@@ -181,7 +182,8 @@ class ProbeRefine(Predictor):
             raise ValueError("features: must be finite (NaN rows: states that were never read)")
         q, mu = self.head.quantiles(X)
         total = g + np.maximum(q, 1.0)  # L > g: at least one more token (the conformal q may be < 1)
-        return LengthEstimate(total, total[:, _MED], mu)
+        # L > g, so L >= g + 1: the CDF starts there, no mass at L <= g (survival(g) = 1)
+        return LengthEstimate(total, total[:, _MED], mu, lower=g[:, 0] + 1)
 
     def predict(self, requests: Sequence[Request]) -> LengthEstimate:
         self.check_fitted()
