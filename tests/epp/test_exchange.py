@@ -24,13 +24,16 @@ _MODE = processing_mode_pb2.ProcessingMode
 BODY = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2}).encode()
 
 
-def headers_msg(eos: bool = False, announce: bool = True) -> pb.ProcessingRequest:
+MODES = {"buffered": (_MODE.BUFFERED, _MODE.STREAMED), "full-duplex": (_MODE.FULL_DUPLEX_STREAMED, _MODE.FULL_DUPLEX_STREAMED)}
+
+
+def headers_msg(eos: bool = False, announce: bool = True, mode: str = "buffered") -> pb.ProcessingRequest:
     hdrs = [(":method", "POST"), (":path", "/v1/completions"), ("content-type", "application/json")]
     m = pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
         base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hdrs]), end_of_stream=eos))  # fmt: skip
     if announce:
-        m.protocol_config.CopyFrom(pb.ProtocolConfiguration(request_body_mode=_MODE.BUFFERED,
-                                                            response_body_mode=_MODE.STREAMED))  # fmt: skip
+        req, resp = MODES[mode]
+        m.protocol_config.CopyFrom(pb.ProtocolConfiguration(request_body_mode=req, response_body_mode=resp))
     return m
 
 
@@ -38,8 +41,10 @@ def body_msg(raw: bytes) -> pb.ProcessingRequest:
     return pb.ProcessingRequest(request_body=pb.HttpBody(body=raw, end_of_stream=True))
 
 
-def process(port: int, msgs: list) -> list[pb.ProcessingResponse]:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+def process(port: int, msgs, big: bool = False) -> list[pb.ProcessingResponse]:
+    """The picker's answers to `msgs`; `big`: the client takes messages of up to 64 MiB each way."""
+    opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)] if big else []
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=opts) as ch:
         return list(pb_grpc.ExternalProcessorStub(ch).Process(iter(msgs), timeout=20))
 
 

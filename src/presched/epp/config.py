@@ -86,6 +86,7 @@ class EppConfig(Config):
     max_prompt_tokens: int = Field(32_768, ge=1, description="Longer prompts get 413.")
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="Larger request bodies get 413 (in 'buffered' mode from Envoy itself: the Envoy of `presched epp --envoy-port` sets its buffer limit to this; the picker accepts gRPC messages of this size plus 1 MiB).")
     envoy_body_mode: Literal["buffered", "full-duplex"] = Field("buffered", description="How the Envoy of `presched epp --envoy-port` sends bodies over ext_proc (epp/envoy.py BODY_MODES): 'buffered': the request body BUFFERED (one message; trailers SKIP), the response STREAMED: fewer messages per request; 'full-duplex': GIE's standard FULL_DUPLEX_STREAMED both ways (request trailers SEND). The picker answers in the mode Envoy announces in each stream's protocol_config, so a gateway configured either way works; this mode is assumed when Envoy announces none.")
+    max_event_bytes: int = Field(2**20, ge=1024, le=2**30, description="Largest server-sent event of a streamed response (up to its blank line), which the picker holds whole to read it; a stream with a larger one ends with an error event (502) and is logged as failed, as `presched serve` does. gRPC messages to Envoy may carry this much more than a body.")
     max_response_bytes: int = Field(64 * 2**20, ge=1024, description="A non-streaming response larger than this is passed on but not parsed for usage.")
     fallbacks: int = Field(2, ge=0, le=16, description="Fallback endpoints listed after the primary in the destination header and the envoy.lb metadata (GIE's fallback list); the Envoy that `presched epp --envoy-port` runs retries that many times, each to the next listed endpoint.")
     health_interval_s: float = Field(2.0, gt=0, description="Seconds between health checks (GET /health) of each endpoint.")
@@ -151,5 +152,5 @@ class EppConfig(Config):
             tenants=[TenantConfig(name=t.name, api_key=f"unused:{t.name}", weight=t.weight) for t in self.tenants],
             max_queue=self.max_queue, max_prompt_tokens=self.max_prompt_tokens, retries=self.fallbacks,
             send_prediction=self.send_prediction, health_interval_s=self.health_interval_s,
-            log=self.log,
+            max_event_bytes=self.max_event_bytes, log=self.log,
         )  # fmt: skip

@@ -126,18 +126,25 @@ BODY_MODES = {
 GRPC_SLACK_BYTES = 2**20  # a gRPC message carries a whole body plus the picker's additions
 
 
+def answer_limit(max_body_bytes: int, max_event_bytes: int) -> int:
+    """The largest gRPC message the picker sends: the answer to one response chunk (at most a
+    body message) carries the event it completes, held back up to `max_event_bytes`."""
+    return max_body_bytes + GRPC_SLACK_BYTES + max_event_bytes
+
+
 def ext_proc_filter(failure_mode_allow: bool = False, message_timeout_s: float = 600.0,
                     cluster: str = "epp", modes: dict | None = None, body_mode: str = "buffered",
-                    max_body_bytes: int = 8 * 2**20) -> dict:  # fmt: skip
+                    max_body_bytes: int = 8 * 2**20, max_event_bytes: int = 2**20) -> dict:  # fmt: skip
     """The ext_proc filter that asks the picker (gRPC cluster `cluster`): processing mode
     `BODY_MODES[body_mode]`, `modes` overriding its fields; Envoy accepts messages from the
-    picker of up to `max_body_bytes` plus `GRPC_SLACK_BYTES` (a rewritten whole body)."""
+    picker of up to `answer_limit` (a rewritten whole body, or a response chunk with the
+    event it completes)."""
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
             "grpc_service": {"envoy_grpc": {"cluster_name": cluster,
-                                            "max_receive_message_length": max_body_bytes + GRPC_SLACK_BYTES},
+                                            "max_receive_message_length": answer_limit(max_body_bytes, max_event_bytes)},
                              "timeout": f"{message_timeout_s:g}s"},
             "failure_mode_allow": failure_mode_allow,
             "message_timeout": f"{message_timeout_s:g}s",
@@ -154,7 +161,7 @@ def bootstrap(listen_port: int, epp_port: int, admin_port: int,
               baselines: dict[str, tuple[int, str]] | None = None,
               endpoints: list[str] | None = None, fallbacks: int = 2,
               dest_header: str = DEST_HEADER, body_mode: str = "buffered",
-              max_body_bytes: int = 8 * 2**20) -> dict:  # fmt: skip
+              max_body_bytes: int = 8 * 2**20, max_event_bytes: int = 2**20) -> dict:  # fmt: skip
     """Envoy's bootstrap: listener `listen_port` is the GIE path (ext_proc in `body_mode` -> the
     picker at `epp_host:epp_port` -> `gie_cluster` over `endpoints`, `fallbacks` retries to the
     next listed endpoint on a connect failure or reset; its buffer limit `max_body_bytes`, the
@@ -162,7 +169,7 @@ def bootstrap(listen_port: int, epp_port: int, admin_port: int,
     listeners {name: (port, lb_policy)} over the same `endpoints` (ROUND_ROBIN, LEAST_REQUEST)
     for comparisons."""
     ext_proc = ext_proc_filter(failure_mode_allow, message_timeout_s, body_mode=body_mode,
-                               max_body_bytes=max_body_bytes)  # fmt: skip
+                               max_body_bytes=max_body_bytes, max_event_bytes=max_event_bytes)  # fmt: skip
     retry = {"retry_on": RETRY_ON, "num_retries": fallbacks,
              "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"}}  # fmt: skip
     listeners = [_listener("gie", listen_port, "gie_pool", [ext_proc], host, retry, max_body_bytes)]

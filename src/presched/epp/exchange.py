@@ -9,8 +9,10 @@ body (until end of stream) -> admit: predict, tenant, route or queue (a refusal 
 ImmediateResponse) -> released: the destination header / metadata (primary + fallbacks) and the
 rewritten body (include_usage, the prediction), on the held headers' answer and as a streamed
 body (FULL_DUPLEX_STREAMED) or in the body's answer (BUFFERED) -> response headers
-(status, the endpoint that served it) -> response body (usage counted, passed on) -> end: the
-endpoint's work released, the prediction error tracked, one log row.
+(status, the endpoint that served it) -> response body (usage counted, passed on; a stream with
+an event over `max_event_bytes` is cut: an error event, the request ended with 502 at once, the
+rest of the endpoint's bytes dropped) -> end: the endpoint's work released, the prediction error
+tracked, one log row.
 
 `close` is the one place a request ends: a stream that the proxy closes early (the client left,
 the endpoint died, the proxy gave up) ends there with 499 and still frees its slot and writes
@@ -97,8 +99,8 @@ class Exchange:
         if kind == "response_body":
             rb = msg.response_body
             data = self.tap.chunk(rb.body, rb.end_of_stream) if self.tap is not None else rb.body
-            if rb.end_of_stream:
-                self.close()
+            if rb.end_of_stream or (self.tap is not None and self.tap.failed):
+                self.close()  # a cut stream (an event over max_event_bytes) ends now, with 502
             if self.response_mode == P.DUPLEX:
                 return [P.body("response", data, rb.end_of_stream)]
             return [P.chunk_answer("response", data, rb.body)]
@@ -147,7 +149,8 @@ class Exchange:
         seq = self.adm.seq
         gw = self.picker.gw
         self.tap = ResponseTap(seq, self.adm.out, bool(self.adm.body.get("stream")), injected, gw.now,
-                               self.picker.cfg.max_response_bytes, gw.tokens)  # fmt: skip
+                               self.picker.cfg.max_response_bytes, gw.tokens,
+                               max_event_bytes=self.picker.cfg.max_event_bytes)  # fmt: skip
         dest = self.picker.cfg.destination_header
         if self.buffered:
             return [P.route_body(dest, dests, extra, payload) if with_body else P.route_headers(dest, dests, extra)]

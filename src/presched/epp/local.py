@@ -116,7 +116,7 @@ class LocalStack:
                            failure_mode_allow=self.failure_mode_allow, baselines=base,
                            endpoints=[e.address for e in cfg.endpoints], fallbacks=cfg.fallbacks,
                            dest_header=cfg.destination_header, body_mode=cfg.envoy_body_mode,
-                           max_body_bytes=cfg.max_body_bytes)  # fmt: skip
+                           max_body_bytes=cfg.max_body_bytes, max_event_bytes=cfg.max_event_bytes)  # fmt: skip
         path = E.write_bootstrap(self.workdir / "envoy.json", boot)
         self.envoy_log = self.workdir / "envoy.log"
         self.envoy = E.start_envoy(path, self.envoy_log, base_id=self.ports["admin"])

@@ -20,7 +20,7 @@ from presched.epp import protocol as P
 from presched.epp.config import EppConfig
 from presched.epp.core import Picker
 from presched.epp.endpoints import Pool, initial_endpoints
-from presched.epp.envoy import GRPC_SLACK_BYTES
+from presched.epp.envoy import GRPC_SLACK_BYTES, answer_limit
 from presched.epp.exchange import Exchange
 
 _log = logging.getLogger("presched.epp")
@@ -49,8 +49,9 @@ class EppServer:
         self.processor = Processor(self.picker)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         limit = cfg.max_body_bytes + GRPC_SLACK_BYTES  # a BUFFERED body comes in one message
+        sent = answer_limit(cfg.max_body_bytes, cfg.max_event_bytes)  # one chunk's answer: + a held event
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                               ("grpc.max_send_message_length", limit)])  # fmt: skip
+                                               ("grpc.max_send_message_length", sent)])  # fmt: skip
         pb_grpc.add_ExternalProcessorServicer_to_server(self.processor, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port(f"{cfg.host}:{cfg.port}")
