@@ -30,8 +30,8 @@ def test_prefix_affinity_sends_a_shared_prefix_to_the_backend_that_got_it(asgi_s
     seen = []
     route = gw.router.route
 
-    def spy(seq, instances, now):
-        i = route(seq, instances, now)
+    def spy(seq, instances, now, allowed=None):
+        i = route(seq, instances, now, allowed)
         seen.append((seq.request, i))
         return i
 

@@ -144,11 +144,16 @@ class Gateway(PolicyFaults):
         if not ok:
             raise GatewayError(503, "no healthy backend serves model "
                                f"{seq.request.model!r}" + (" (others failed this request)" if seq.tried else ""))  # fmt: skip
+        if seq.routed >= 0 and self.backends[seq.routed] not in ok:
+            self._route_done(seq, finished=False)  # the router's record leaves a backend it cannot use
         if seq.routed < 0:
-            seq.routed = self.router.route(seq, self.backends, now)
+            # the router chooses among the candidates only, so its records (prefixes sent, work)
+            # are of the backend the request actually goes to
+            seq.routed = self.router.route(seq, self.backends, now, [b.index for b in ok])
         b = self.backends[seq.routed]
-        if b not in ok:  # the router chose a backend that is down or failed it: least loaded
-            b = min(ok, key=lambda x: (x.num_outstanding, x.index))
+        if b not in ok:
+            raise RuntimeError(f"router {self.cfg.router!r} chose backend {seq.routed}, not one of "
+                               f"the candidates {[x.index for x in ok]}")  # fmt: skip
         seq.instance = b.index
         if seq.released is None or seq.released.done():  # a moved request keeps its waiter
             seq.released = asyncio.get_running_loop().create_future()

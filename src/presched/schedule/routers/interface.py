@@ -1,9 +1,13 @@
 """The routing interface: which engine instance gets a new request.
 
 Like policies, routers are pure logic shared by the simulator and the gateway. The driver calls
-`route(seq, instances, now)` once per arrival with a view of each instance and sends the request
-to the returned index; `on_finish` tells the router a request completed there, `on_cancel`
-that it left there unfinished (the gateway: cancelled, failed, or moved to another backend).
+`route(seq, instances, now, allowed)` once per arrival with a view of each instance and sends the
+request to the returned index; `on_finish` tells the router a request completed there,
+`on_cancel` that it left there unfinished (the gateway: cancelled, failed, or moved to another
+backend). A router keeps its per-instance state (work, prefixes sent) by position in
+`instances`, so a driver passes the same list every time; `allowed` restricts the choice to some
+positions (the gateway: the healthy backends serving the request's model that have not failed
+it), so the router records the request where it is actually sent.
 
 An instance view has: `index`, `num_waiting`, `num_running`, `num_outstanding`,
 `kv_free_fraction`, and `outstanding()` (iterator over its unfinished requests' seqs).
@@ -48,8 +52,10 @@ class Router(ABC):
         self.params: PolicyParams = parse(type(self).Params, params)
 
     @abstractmethod
-    def route(self, seq: SeqView, instances: Sequence[InstanceView], now: float) -> int:
-        """Index (into `instances`) of the instance that gets `seq`. Ties: lowest index."""
+    def route(self, seq: SeqView, instances: Sequence[InstanceView], now: float,
+              allowed: Sequence[int] | None = None) -> int:  # fmt: skip
+        """Index (into `instances`) of the instance that gets `seq`, one of `allowed` (positions
+        in ascending order, at least one; None: every instance). Ties: lowest index."""
 
     def on_finish(self, seq: SeqView, instance: int, now: float) -> None:
         """A request routed to `instance` finished."""
@@ -59,6 +65,11 @@ class Router(ABC):
         there, or the gateway moved it to another instance, which routes it again): drop what
         is kept for it. Its `generated` is no true length (do not learn from it). Default:
         ignore (routers without per-request state)."""
+
+
+def positions(instances: Sequence[InstanceView], allowed: Sequence[int] | None) -> Sequence[int]:
+    """The positions a router may choose from: `allowed`, or every instance."""
+    return range(len(instances)) if allowed is None else allowed
 
 
 ROUTERS: Registry[Router] = Registry("router")

@@ -43,7 +43,7 @@ from pydantic import Field
 
 from presched.schedule.lengths import remaining
 from presched.schedule.params import LengthStat, PolicyParams
-from presched.schedule.routers.interface import ROUTERS, Router
+from presched.schedule.routers.interface import ROUTERS, Router, positions
 
 
 class LeastWorkParams(PolicyParams):
@@ -57,8 +57,8 @@ class LeastRequests(Router):
     name = "least-requests"
     needs_progress = False
 
-    def route(self, seq, instances, now) -> int:
-        return min(range(len(instances)), key=lambda i: instances[i].num_outstanding)
+    def route(self, seq, instances, now, allowed=None) -> int:
+        return min(positions(instances, allowed), key=lambda i: instances[i].num_outstanding)
 
 
 @ROUTERS.register("least-work")
@@ -112,8 +112,8 @@ class LeastWork(Router):
             w += self.cost(s) - (0.0 if a is None else a[0] + a[1] * mean)
         return w
 
-    def route(self, seq, instances, now) -> int:
-        i = min(range(len(instances)), key=lambda i: self.work(instances[i], i))
+    def route(self, seq, instances, now, allowed=None) -> int:
+        i = min(positions(instances, allowed), key=lambda i: self.work(instances[i], i))
         self.routed(seq, i)
         return i
 

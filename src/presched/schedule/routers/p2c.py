@@ -1,9 +1,10 @@
 """`p2c-work`: power of d choices on predicted work (Mitzenmacher, "The Power of Two Choices in
 Randomized Load Balancing", IEEE TPDS 2001).
 
-Per arrival, sample `d` distinct instances uniformly (seeded RNG) and send the request to the one
-with the least predicted outstanding work, `work(i)` of `least-work` (expected remaining tokens
-with progressive refinement, plus weighted prefill; see `least_work.py`). Ties: lowest index.
+Per arrival, sample `d` distinct instances uniformly (seeded RNG; among the `allowed` ones) and
+send the request to the one with the least predicted outstanding work, `work(i)` of `least-work`
+(expected remaining tokens with progressive refinement, plus weighted prefill; see
+`least_work.py`). Ties: lowest index.
 
 Why: it reads the load of d instances instead of all N (O(d x running) per route), and with stale
 load reports (a gateway polling its engines) it avoids the herding of least-work, which sends
@@ -22,7 +23,7 @@ from typing import Any
 
 from pydantic import Field
 
-from presched.schedule.routers.interface import ROUTERS
+from presched.schedule.routers.interface import ROUTERS, positions
 from presched.schedule.routers.least_work import LeastWork, LeastWorkParams
 
 
@@ -43,9 +44,9 @@ class PowerOfChoicesWork(LeastWork):
         self.d = self.params.d
         self._rng = random.Random(self.params.seed)
 
-    def route(self, seq, instances, now) -> int:
-        n = len(instances)
-        choices = range(n) if n <= self.d else sorted(self._rng.sample(range(n), self.d))
+    def route(self, seq, instances, now, allowed=None) -> int:
+        cand = positions(instances, allowed)  # sampled among the allowed instances
+        choices = cand if len(cand) <= self.d else sorted(self._rng.sample(cand, self.d))
         i = min(choices, key=lambda i: self.work(instances[i], i))
         self.routed(seq, i)
         return i

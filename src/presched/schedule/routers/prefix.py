@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import Field
 
 from presched.schedule.params import PolicyParams
-from presched.schedule.routers.interface import ROUTERS, Router
+from presched.schedule.routers.interface import ROUTERS, Router, positions
 from presched.schedule.routers.least_work import LeastWork, LeastWorkParams
 from presched.schedule.routers.prefix_index import PrefixIndex
 
@@ -81,15 +81,16 @@ class PrefixAffinity(Router):
         super().__init__(**params)
         self.index = PrefixIndex(self.params.capacity_tokens, self.params.max_blocks)
 
-    def route(self, seq, instances, now) -> int:
+    def route(self, seq, instances, now, allowed=None) -> int:
         hashes, bt = _hashes(seq)
         n = len(instances)
+        cand = positions(instances, allowed)
         match = self.index.match(hashes, n) if hashes else [0] * n
-        best = max(match)
+        best = max(match[i] for i in cand)
         if best == 0 or best * bt < self.params.min_match * seq.prompt_tokens:
-            i = min(range(n), key=lambda i: instances[i].num_outstanding)
+            i = min(cand, key=lambda i: instances[i].num_outstanding)
         else:
-            best_at = [i for i in range(n) if match[i] == best]
+            best_at = [i for i in cand if match[i] == best]
             i = min(best_at, key=lambda i: instances[i].num_outstanding)
         if hashes:
             self.index.add(i, hashes, bt)
@@ -107,30 +108,32 @@ class PrefixWork(LeastWork):
         super().__init__(**params)
         self.index = PrefixIndex(self.params.capacity_tokens, self.params.max_blocks)
 
-    def scores(self, seq, instances) -> list[float]:
-        """Each instance's weighted score for `seq` (see the module doc)."""
+    def scores(self, seq, instances, allowed=None) -> list[float]:
+        """The weighted score for `seq` of each instance of `allowed` (None: all), in that order
+        (see the module doc; work and queue are normalized over those instances)."""
         p = self.params
-        n = len(instances)
+        cand = positions(instances, allowed)
         hashes, bt = _hashes(seq)
-        total = [0.0] * n
+        total = [0.0] * len(cand)
         if p.prefix_weight and hashes:
-            match = self.index.match(hashes, n)
-            for i in range(n):
-                total[i] += p.prefix_weight * min(1.0, match[i] * bt / seq.prompt_tokens)
+            match = self.index.match(hashes, len(instances))
+            for k, i in enumerate(cand):
+                total[k] += p.prefix_weight * min(1.0, match[i] * bt / seq.prompt_tokens)
         if p.work_weight:
-            for i, s in enumerate(_spread([self.work(instances[i], i) for i in range(n)])):
-                total[i] += p.work_weight * s
+            for k, s in enumerate(_spread([self.work(instances[i], i) for i in cand])):
+                total[k] += p.work_weight * s
         if p.queue_weight:
-            for i, s in enumerate(_spread([float(inst.num_waiting) for inst in instances])):
-                total[i] += p.queue_weight * s
+            for k, s in enumerate(_spread([float(instances[i].num_waiting) for i in cand])):
+                total[k] += p.queue_weight * s
         if p.kv_weight:
-            for i, inst in enumerate(instances):
-                total[i] += p.kv_weight * inst.kv_free_fraction
+            for k, i in enumerate(cand):
+                total[k] += p.kv_weight * instances[i].kv_free_fraction
         return total
 
-    def route(self, seq, instances, now) -> int:
-        total = self.scores(seq, instances)
-        i = max(range(len(instances)), key=lambda i: (total[i], -i))
+    def route(self, seq, instances, now, allowed=None) -> int:
+        cand = positions(instances, allowed)
+        total = self.scores(seq, instances, cand)
+        i = cand[max(range(len(cand)), key=lambda k: (total[k], -k))]
         self.routed(seq, i)
         hashes, bt = _hashes(seq)
         if hashes:

@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import Field
 
 from presched.schedule.lengths import total
-from presched.schedule.routers.interface import ROUTERS
+from presched.schedule.routers.interface import ROUTERS, positions
 from presched.schedule.routers.least_work import LeastWork, LeastWorkParams
 
 
@@ -85,23 +85,24 @@ class ShortLong(LeastWork):
             insort(self._sorted, x)
         return x > self.threshold()
 
-    def route(self, seq, instances, now) -> int:
-        n = [inst.num_outstanding for inst in instances]
+    def route(self, seq, instances, now, allowed=None) -> int:
+        cand = positions(instances, allowed)
+        n = [instances[j].num_outstanding for j in cand]
         if self.is_long(seq):
             nlong = self._nlong
-            i = self._least(instances, [(nlong[j], k) for j, k in enumerate(n)])
+            i = self._least(instances, cand, [(nlong[j], k) for j, k in zip(cand, n)])
             self._long.add(seq)
             nlong[i] += 1
         else:
-            i = self._least(instances, n)
+            i = self._least(instances, cand, n)
         self.routed(seq, i)
         return i
 
-    def _least(self, instances, keys) -> int:
-        """The index with the smallest key; ties: least predicted work, then lowest index
-        (work is read only on ties)."""
+    def _least(self, instances, cand, keys) -> int:
+        """The position of `cand` with the smallest key (`keys` aligned with `cand`); ties: least
+        predicted work, then lowest index (work is read only on ties)."""
         best = min(keys)
-        tied = [i for i, k in enumerate(keys) if k == best]
+        tied = [i for i, k in zip(cand, keys) if k == best]
         if len(tied) == 1:
             return tied[0]
         return min(tied, key=lambda i: self.work(instances[i], i))
