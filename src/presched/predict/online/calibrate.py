@@ -25,8 +25,10 @@ Scores live per group (the served model, or model and tenant) in ring buffers of
 a group with fewer than `min_group` rows borrows the pooled offsets of all groups, and the pool
 with fewer than `min_group` rows leaves the base's quantiles unchanged. At most `max_groups`
 groups are kept (memory: `window` x levels floats each): a new group beyond that drops the one
-whose last row is the oldest, whose requests then use the pooled offsets (and start it again). Offsets are recomputed
-every `every` new rows of a group (amortised cost: one sort per level per `every` completions).
+whose last row is the oldest, whose requests then use the pooled offsets (and start it again).
+Offsets are recomputed every `every` new rows of a group (amortised cost: one sort per level per
+`every` completions).
+
 Each row carries the caller's `stamp` (the learner's: how many completions the drift alarm had
 seen when the row came). `forget_before(stamp, min_keep)` keeps, in each group and in the pool,
 the rows stamped `stamp` or later, and at least the last `min_keep` (the learner calls it on a

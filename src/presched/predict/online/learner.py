@@ -19,10 +19,11 @@ and the schedule starts over from the change point after a drift alarm (the next
 `min_refit` rows after the change, training then on what followed it). A fresh instance of the
 base predictor's class, with its parameters, is fitted on the buffer minus its last `holdout`
 rows (at most a quarter) plus up to `anchor_rows` rows sampled from the original training data
-(never more than the recent rows: traffic is at least half), on a background thread (never the caller's: the gateway's event loop only pays `observe`). The held-out recent
-rows then seed a new recalibration for the new model, and the model, its recalibration and the
-`version` are swapped in at once under a lock; predictions made by an older version are not
-scored against the new one (counted `stale`). `save` / `resume` (`state.py`) keep all of it.
+(never more than the recent rows: traffic is at least half), on a background thread (never the
+caller's: the gateway's event loop only pays `observe`). The held-out recent rows then seed a new
+recalibration for the new model, and the model, its recalibration and the `version` are swapped
+in at once under a lock; predictions made by an older version are not scored against the new one
+(counted `stale`). `save` / `resume` (`state.py`) keep all of it, the refit schedule included.
 """
 
 from __future__ import annotations

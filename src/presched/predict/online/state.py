@@ -122,7 +122,8 @@ def load_state(cls: type, folder: str | Path, cfg: OnlineConfig, anchor: Sequenc
                                                    c.recalibrate_every, c.max_groups)  # fmt: skip
     if header.get("per_tenant", c.per_tenant) != c.per_tenant:  # groups keyed the other way: the pool's rows only
         learner.conformal.groups.clear()
-    learner.alarm = DriftAlarm.from_state(header["alarm"], c.alarm_k, c.alarm_h, c.alarm_window, c.alarm_level, c.alarm_band)
+    learner.alarm = DriftAlarm.from_state(header["alarm"], c.alarm_k, c.alarm_h, c.alarm_window, c.alarm_level,
+                                          c.alarm_band)  # fmt: skip
     learner.counts.update(header["counts"])
     learner.position = header.get("position")
     learner.buffer.extend((r, int(r.output_tokens)) for r in load_generic(folder / header["buffer"]))
