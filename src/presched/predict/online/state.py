@@ -80,7 +80,8 @@ def save_state(learner: Any, folder: str | Path) -> Path:
         buffer = [dataclasses.replace(r, output_tokens=k, output_samples=()) for r, k in pairs]
         _replace(save_generic(buffer, folder / f".tmp-{buf.name}"), buf)
         header = {"format": FORMAT, "version": version, "model": model.name, "buffer": buf.name, "counts": counts,
-                  "alarm": alarm, "conformal": cal_values, "schedule": schedule, "per_tenant": per_tenant, "position": position}  # fmt: skip
+                  "alarm": alarm, "conformal": cal_values, "schedule": schedule, "per_tenant": per_tenant,
+                  "position": position}  # fmt: skip
         tmp = folder / f".tmp-{HEADER}"
         with open(tmp, "wb") as f:
             np.savez(f, __header__=np.array(json.dumps(header)), **cal_arrays)
