@@ -13,11 +13,14 @@ k*t0 + s*B*k(k-1)/2 and the run length k is the largest that
 - starts its last step before `until` (next arrival), the policy's `wakeup` and the queue's next
   re-key time (`rekey_at`),
 - keeps every request's KV blocks allocatable (otherwise the next step preempts, one at a time),
-- stays inside the step model's exact-line range.
+- stays inside the step model's exact-line range,
+- with prefix caching, stops where a block returned to the free pool or a cached unit evicted
+  mid-run could change what follows (`_cache_limit`).
 
 The batch cannot change during such a run: no arrival reaches this instance, nothing completes,
 and a waiting request that could not start at the first step (no slot, no KV, no budget) cannot
-start later either, as those only get scarcer while decoding.
+start later either, as those only get scarcer while decoding (with prefix caching, up to the
+point `_cache_limit` stops at).
 
 Lazy runs (`lazy=True`): a run is planned up to its natural end (first completion, KV, wakeup)
 and kept pending instead of being cut at `until`; it is applied when time passes its end, or
@@ -31,7 +34,6 @@ from __future__ import annotations
 import math
 
 from presched.schedule.interface import EngineInfo, Policy
-from presched.sim.block_manager import BlockManager
 from presched.sim.config import EngineConfig
 from presched.sim.itl import ItlLog
 from presched.sim.scheduler import Scheduler
@@ -202,7 +204,9 @@ class Instance:
         if k > 1:
             kv = self.sched.kv
             if B * kv.blocks_for(k - 1) > kv.free:  # an upper bound of the blocks k steps take
-                k = _kv_limit(seqs, k, kv)
+                k = _kv_limit(seqs, k, kv.blocks_for, kv.free)
+            if k > 1 and self.sched.caching and (kv.open or kv.coarse):  # (else nothing to stop at)
+                k = _cache_limit(seqs, k, self.sched)
         if self.lazy and k > 1:  # last_start: S(k-1), the offset at which its last step starts
             self._pending = (now, k, t0, s, seqs, C, (k - 1) * t0 + s * (k - 1) * (k - 2) / 2)
         else:
@@ -287,9 +291,45 @@ def _steps_starting_before(R: float, t0: float, s: float) -> int:
     return m + 1
 
 
-def _kv_limit(seqs: list[Seq], k: int, kv: BlockManager) -> int:
-    """Largest j in [1, k] such that every request can hold KV for j more tokens."""
-    blocks_for, free = kv.blocks_for, kv.free
+def _cache_limit(seqs: list[Seq], k: int, sched: Scheduler) -> int:
+    """The steps (>= 1, <= k) a decode run may take with prefix caching on and stay what
+    stepping one at a time gives. Mid-run, step by step, an insert that shares a unit someone
+    else cached returns this request's copy to the free pool, and a take beyond the uncached
+    free blocks evicts cached units. Either can be seen when requests wait (more free blocks,
+    or an evicted unit of a waiting request's hit, let it start) or when the run's takes evict
+    (a block returned mid-run spares an eviction). So, when either can happen:
+
+    - the run stops at the step where a request's computed tokens complete a unit that is
+      cached already (or that another request of the run completes too);
+    - with units of several blocks, while the first waiting request (the only one admission
+      tries: it stops at the first that cannot start) would revive cached units nobody holds,
+      it stops at the last step whose takes fit the uncached free blocks: past it, a take of
+      one block can evict a whole unit of that request's hit, and with a chunk cap it needs
+      fewer blocks than before. With one-block units an evicted block of its hit is one block
+      more to allocate and one less to revive: its admission does not change."""
+    kv = sched.kv
+    uncached = kv.free - kv.evictable  # negative while evictions are owed (`_settle`)
+    waiting = sched.waiting
+    if not waiting and len(seqs) * kv.blocks_for(k - 1) <= uncached:
+        return k
+    if kv.open:  # the requests that will insert a unit (every holder of blocks is in the run)
+        root, groups = kv.root, {}
+        for seq in kv.open:
+            node = seq.cache_node or root
+            groups.setdefault((node, seq.keys[seq.cached_upto]), []).append(seq)
+        for (node, key), group in groups.items():
+            if len(group) > 1 or key in node.children:  # cached already, or twins: one caches
+                for seq in group:  # it and the others share it in the same step
+                    k = min(k, seq.next_unit_end - seq.computed)
+    if waiting and kv.coarse and k > 1:
+        head = waiting.peek()
+        if not head.computed and kv.lookup(head, head.prompt_tokens + head.generated)[1]:
+            k = _kv_limit(seqs, k, kv.blocks_for, max(uncached, 0))
+    return k
+
+
+def _kv_limit(seqs: list[Seq], k: int, blocks_for, free: int) -> int:
+    """Largest j in [1, k] such that the requests' extra blocks for j more tokens fit `free`."""
 
     def extra(j: int) -> int:
         tot = 0

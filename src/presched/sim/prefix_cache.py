@@ -92,6 +92,11 @@ class CachingBlockManager(BlockManager):
         self.prompt_hit_tokens = 0  # hits at each request's first admission (no recomputes)
         self.prompt_tokens = 0  # prompt tokens of the requests admitted the first time
         self._evicted_units = 0
+        self.coarse = False  # a request's units are several blocks (`prepare`; instance.py reads it)
+        # requests holding blocks whose `next_unit_end` is finite (they will insert a unit;
+        # owners of their leaf are not among them), in the order they became so: instance.py
+        # `_cache_limit` reads them
+        self.open: dict[Seq, None] = {}
         self._hit: tuple = ((), 0, self.root, 0)  # lookup's result for acquire
 
     # --- per request, once, when it joins the instance ------------------------------------
@@ -103,6 +108,8 @@ class CachingBlockManager(BlockManager):
             seq.keys, seq.unit_tokens = (), 0
         elif h % bs == 0:
             seq.keys, seq.unit_tokens = hashes, h
+            if h > bs:
+                self.coarse = True
         elif bs % h == 0:  # finer hashes: a block is named by the chain hash of its last piece
             step = bs // h
             seq.keys, seq.unit_tokens = hashes[step - 1 :: step], bs
@@ -162,6 +169,8 @@ class CachingBlockManager(BlockManager):
         if first:
             self.prompt_tokens += seq.prompt_tokens
         if not units:
+            if seq.keys:  # its next unit ends at unit_tokens (`_reset`)
+                self.open[seq] = None
             return 0
         keys, found, node, m = self._hit
         if keys is not seq.keys or found != units:
@@ -184,7 +193,11 @@ class CachingBlockManager(BlockManager):
         unit = seq.unit_tokens
         seq.blocks = units * (unit // self.block_size)
         seq.cached_upto = units
-        seq.next_unit_end = (units + 1) * unit if units < len(keys) else math.inf
+        if units < len(keys):
+            seq.next_unit_end = (units + 1) * unit
+            self.open[seq] = None
+        else:
+            seq.next_unit_end = math.inf
         hit = units * unit
         self.hit_tokens += hit
         if first:
@@ -251,8 +264,14 @@ class CachingBlockManager(BlockManager):
                     view(node, keys, i, i)  # its own leaf: later units are appended lazily
                 node.owner = seq
                 seq.next_unit_end = math.inf
+                self.open.pop(seq, None)
                 return
-        seq.next_unit_end = (i + 1) * unit if i < len(keys) else math.inf
+        if i < len(keys):
+            seq.next_unit_end = (i + 1) * unit
+            self.open[seq] = None
+        else:
+            seq.next_unit_end = math.inf
+            self.open.pop(seq, None)
 
     def _sync(self, node: Node) -> None:
         """Append to its owner's leaf the units the owner has computed since (module doc)."""
@@ -268,7 +287,11 @@ class CachingBlockManager(BlockManager):
         seq: Seq = node.owner  # type: ignore[assignment]
         node.owner = None
         i = seq.cached_upto
-        seq.next_unit_end = (i + 1) * seq.unit_tokens if i < len(seq.keys) else math.inf
+        if i < len(seq.keys):
+            seq.next_unit_end = (i + 1) * seq.unit_tokens
+            self.open[seq] = None
+        else:
+            seq.next_unit_end = math.inf
 
     # --- allocation and release -------------------------------------------------------------
     # (`take` is the base class's: the evictions it makes necessary wait for `_settle`)
@@ -314,6 +337,7 @@ class CachingBlockManager(BlockManager):
     def release(self, seq: Seq) -> None:
         if self.evictable > self.free:
             self._settle()
+        self.open.pop(seq, None)
         freed = seq.blocks  # less the blocks of its nodes that others still hold
         node = seq.cache_node
         if node is not None:

@@ -1,0 +1,122 @@
+"""Fast-forwarded decode runs with prefix caching on give what stepping one at a time gives
+(instance.py `_cache_limit`): two cases that once differed, and random runs wider than
+test_prefix_cache.py's (units of several blocks, hashes over the answers, repeated prompts, a
+long-prefill threshold)."""
+
+import pytest
+from builders import make_engine, make_requests, run_engine
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from presched.workload.prefix import with_hashes
+
+
+def outcome(seqs):
+    return [(s.id, s.first_token, s.finish, s.preemptions, s.cached_tokens) for s in seqs]
+
+
+def both(make, **engine):
+    """(step by step, fast-forwarded): outcomes and evicted units."""
+    out = []
+    for ff in (False, True):
+        inst = make_engine("fcfs", enable_prefix_caching=True, fast_forward=ff, **engine)
+        seqs = run_engine(inst, make())
+        out.append((outcome(seqs), inst.sched.kv.evicted_units))
+    return out
+
+
+def test_an_evicted_coarse_unit_lets_a_waiting_request_start_mid_run():
+    # Blocks of 2, units of 2 blocks (4-token hashes), 6 blocks. r1 waits behind r0 (the
+    # long-prefill threshold of 2 tokens caps its chunks); r0's decode take evicts one block
+    # owed, which drops a whole unit of r1's cached prompt: its hit and the blocks it must
+    # revive shrink by 2 while the free pool shrinks by 1, so step by step r1 starts at once,
+    # mid-run, and finishes at 12 (a run that ignored it finished it at 13).
+    def make():
+        reqs = make_requests([(4, 6), (4, 4)], [2.0, 2.0])
+        return [with_hashes(r, list(range(1000 * (i + 1), 1000 * (i + 1) + 4)), 4) for i, r in enumerate(reqs)]
+
+    slow, fast = both(make, num_blocks=6, block_size=2, max_num_batched_tokens=6, long_prefill_token_threshold=2)
+    assert fast == slow
+    assert slow[0][1][2] == pytest.approx(12.0)
+
+
+@pytest.mark.parametrize("num_blocks", range(20, 28))
+def test_a_reply_unit_cached_by_another_request_spares_an_eviction(num_blocks):
+    # Blocks of 1, a unit per block. C's 6-token prompt stays cached after it finishes. A's
+    # hashes cover its prompt P and its reply R; B (prompt P + R) has cached R already. Each of
+    # A's decode steps completes a unit of R that B holds: A shares it and returns its own block
+    # before the next step's take, so fewer of C's units are evicted and D (C's prompt again)
+    # finds more of them. A run that took all its steps' blocks first evicted up to 3 more.
+    P, R, C = [1, 2, 3, 4], [11, 12, 13, 14, 15, 16], list(range(100, 106))
+
+    def make():
+        reqs = make_requests([(6, 1), (4, 7), (10, 10), (6, 1)], [0.0, 2.0, 2.0, 12.5])
+        return [with_hashes(r, t, 1) for r, t in zip(reqs, [C, P + R, P + R, C])]
+
+    slow, fast = both(make, num_blocks=num_blocks, block_size=1)
+    assert fast == slow
+    d_cached = slow[0][3][4]
+    assert d_cached == min(num_blocks - 19, 5)
+
+
+def test_twins_share_each_answer_unit_in_the_step_that_completes_it():
+    # r0 and r1: the same prompt and answer (hashes over both), admitted together; every
+    # decode step completes the same new unit for both: r0 caches it, r1 shares it and returns
+    # its own block in that step. r2 (1 token, waiting from 0.5) reads blocks at its
+    # admission: step by step nothing is ever evicted; a run that returned the shared blocks
+    # only at its end evicted a unit.
+    P, R = [1, 2, 3, 4], list(range(11, 21))
+
+    def make():
+        reqs = make_requests([(4, 10), (4, 10), (1, 3)], [0.0, 0.0, 0.5])
+        return [with_hashes(r, t, 1) for r, t in zip(reqs, [P + R, P + R, [200]])]
+
+    slow, fast = both(make, num_blocks=15, block_size=1, max_num_seqs=3)
+    assert fast == slow
+    assert slow[1] == 0
+
+
+@st.composite
+def runs(draw):
+    n = draw(st.integers(2, 9))
+    bs = draw(st.sampled_from([1, 2, 4]))
+    units = draw(st.sampled_from([1, 2, 3]))  # blocks per cached unit
+    prefixes = [list(range(100 * j, 100 * j + draw(st.integers(0, 16)))) for j in range(3)]
+    lengths, arrivals, tokens, t = [], [], [], 0.0
+    for i in range(n):
+        out = draw(st.integers(1, 8))
+        if i and draw(st.integers(0, 4)) == 0:  # the same prompt (and answer hashes) again
+            j = draw(st.integers(0, i - 1))
+            lengths.append(lengths[j])
+            tokens.append(tokens[j])
+        else:
+            own = draw(st.integers(1, 10))
+            toks = prefixes[draw(st.integers(0, 2))] + list(range(1000 * (i + 1), 1000 * (i + 1) + own))
+            lengths.append((len(toks), out))
+            if draw(st.booleans()):  # hashes over the answer too (a later turn's prefix)
+                toks = toks + [5000 + 10 * i + k for k in range(out)]
+            tokens.append(toks)
+        t += draw(st.sampled_from([0.0, 0.5, 1.0, 3.0]))
+        arrivals.append(t)
+    most = max(p + o for p, o in lengths)
+    engine = dict(num_blocks=-(-most // bs) + units + draw(st.integers(0, 12)), block_size=bs,
+                  max_num_seqs=draw(st.integers(1, 4)), max_num_batched_tokens=draw(st.integers(4, 16)),
+                  long_prefill_token_threshold=draw(st.sampled_from([0, 3, 5])))  # fmt: skip
+    policy = draw(st.sampled_from(["fcfs", "sjf-oracle", "srpt-oracle", "mlfq"]))
+    return lengths, arrivals, tokens, bs * units, engine, policy
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(runs())
+def test_fast_forward_equals_step_by_step_with_caching(run):
+    lengths, arrivals, tokens, block_tokens, engine, policy = run
+    res = []
+    for ff in (False, True):
+        reqs = [with_hashes(r, t, block_tokens) for r, t in zip(make_requests(lengths, arrivals), tokens)]
+        inst = make_engine(policy, enable_prefix_caching=True, fast_forward=ff, **engine)
+        res.append((outcome(run_engine(inst, reqs)), inst.sched.kv.evicted_units))
+        assert not inst.sched.kv.open  # nobody holds blocks when all is done
+    slow, fast = res
+    assert fast[1] == slow[1]
+    for a, b in zip(fast[0], slow[0]):
+        assert a == pytest.approx(b)
