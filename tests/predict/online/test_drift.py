@@ -59,3 +59,15 @@ def test_state_round_trip():
     b = DriftAlarm.from_state(a.state())
     ys = 100 * np.exp(rng.normal(1, 1.0, 100))
     assert run(a, ys, q) == run(b, ys, q) and a.state() == b.state()
+
+
+def test_pit_starts_at_the_estimates_lower_bound():
+    # an estimate given L > g (probe-refine: lower = g + 1) has no mass at or below g: its PIT
+    # is 0 there and the mass below q10 lies on [lower, q10], not [1, q10]
+    q = lognormal_q(300, 0.3)
+    lower = 200.0
+    assert pit(q, lower, lower) == 0.0 and pit(q, 150.0, lower) == 0.0
+    mid = (lower + q[0]) / 2
+    assert abs(pit(q, mid, lower) - LEVELS[0] / 2) < 1e-12
+    assert pit(q, mid) > LEVELS[0] / 2  # from 1 token, more mass lay below mid
+    assert pit(q, q[4], lower) == pit(q, q[4])  # above q10 nothing changes

@@ -220,3 +220,26 @@ def test_per_tenant_groups_are_bounded_and_the_least_recent_fall_back_to_the_poo
     probe = {t: learner.predict(reqs(1, 100, start=10**6, tenant=t)).quantiles[0] for t in ("steady", "user-0", "new")}
     assert np.allclose(probe["user-0"], probe["new"])  # forgotten: the pooled offsets, as a tenant never seen
     assert probe["steady"][LEVELS.index(0.5)] > 3 * probe["new"][LEVELS.index(0.5)]  # kept: recently completed
+
+
+class GivenAbove(type(PREDICTORS.create("model-median"))):
+    """model-median whose estimates start at 50 tokens (`lower`), as probe-refine's given L > g."""
+
+    def predict(self, requests):
+        from presched.predict.estimate import LengthEstimate
+
+        est = super().predict(requests)
+        q = np.maximum(est.quantiles, 60.0)
+        return LengthEstimate(q, np.maximum(est.point, 60.0), est.rank_score, np.full(len(requests), 50.0))
+
+
+def test_the_learners_estimate_keeps_the_base_lower_bound_and_scores_its_pit_from_it(monkeypatch):
+    learner = OnlineLearner(GivenAbove().fit(reqs(300, 100, start=10**6, seed=9)), cfg(), background=False)
+    stream = reqs(50, 100)
+    est = learner.predict(stream)
+    assert np.array_equal(est.lower, np.full(50, 50.0))
+    seen = []
+    monkeypatch.setattr(learner.alarm, "add", lambda q, y, q90, lower=1.0: seen.append(lower) or False)
+    for r in stream:
+        learner.observe(r, max(r.output_tokens, 51), status="ok")
+    assert seen == [50.0] * 50

@@ -37,11 +37,12 @@ _FS = [0.0, *LEVELS]
 _TAIL = math.log((1 - LEVELS[-2]) / (1 - LEVELS[-1]))
 
 
-def pit(quantiles: Sequence[float], y: float) -> float:
-    """P(L <= y) under the piecewise-linear CDF through (1, 0), (q_j, LEVELS[j]); an exponential
-    tail above the last knot (as `LengthEstimate` defines the distribution). `quantiles` must be
-    non-decreasing and >= 1 (a `LengthEstimate`'s are); pure Python: ~1 us."""
-    q = [1.0, *quantiles]
+def pit(quantiles: Sequence[float], y: float, lower: float = 1.0) -> float:
+    """P(L <= y) under the piecewise-linear CDF through (lower, 0), (q_j, LEVELS[j]); an
+    exponential tail above the last knot (as `LengthEstimate` defines the distribution, `lower`
+    its row's `lower`). `quantiles` must be non-decreasing and >= `lower` (a `LengthEstimate`'s
+    are); pure Python: ~1 us."""
+    q = [lower, *quantiles]
     if y <= q[0]:
         return 0.0
     if y <= q[-1]:
@@ -78,11 +79,12 @@ class DriftAlarm:
         """max(S+, S-) / h: >= 1 means alarm (exported as a gauge)."""
         return max(self.up, self.down) / self.h
 
-    def add(self, quantiles: Sequence[float], y: float, q_level: float) -> bool:
-        """One uncensored completion: its predicted quantiles, true length, and its predicted
-        `level` quantile. Returns True when this completion raises the alarm."""
+    def add(self, quantiles: Sequence[float], y: float, q_level: float, lower: float = 1.0) -> bool:
+        """One uncensored completion: its predicted quantiles, true length, its predicted
+        `level` quantile and the estimate's `lower` (where its CDF starts). Returns True when
+        this completion raises the alarm."""
         self.count += 1
-        z = (pit(quantiles, y) - 0.5) * math.sqrt(12.0)
+        z = (pit(quantiles, y, lower) - 0.5) * math.sqrt(12.0)
         self.up = max(0.0, self.up + z - self.k)
         self.down = max(0.0, self.down - z - self.k)
         if self.up == 0.0:

@@ -55,6 +55,7 @@ class _Pending(NamedTuple):
     group: str
     log_q: np.ndarray  # log of the base predictor's quantiles (the conformal scores' reference)
     cal_q: list[float]  # the recalibrated quantiles it was given (the drift alarm's PIT)
+    lower: float  # where that estimate's CDF starts (`LengthEstimate.lower`)
 
 
 class OnlineLearner:
@@ -100,9 +101,9 @@ class OnlineLearner:
             if version != self.version:  # swapped while predicting: the old model's calibration is gone
                 return est
             q = self.conformal.apply(est.quantiles, groups)
-            log_q, cal = np.log(np.maximum(est.quantiles, 1.0)), q.tolist()
+            log_q, cal, low = np.log(np.maximum(est.quantiles, 1.0)), q.tolist(), est.lower.tolist()
             for i, r in enumerate(requests):
-                self._pending[r.id] = _Pending(version, groups[i], log_q[i], cal[i])
+                self._pending[r.id] = _Pending(version, groups[i], log_q[i], cal[i], low[i])
                 self._pending.move_to_end(r.id)
             while len(self._pending) > self.cfg.max_pending:
                 self._pending.popitem(last=False)
@@ -110,7 +111,7 @@ class OnlineLearner:
         ratio = q[:, _I50] / np.maximum(est.quantiles[:, _I50], 1.0)
         point = est.point * ratio
         rank = point if np.array_equal(est.rank_score, est.point) else est.rank_score
-        return LengthEstimate(q, point, rank)
+        return LengthEstimate(q, point, rank, est.lower)
 
     def version_of(self, request_id: str) -> int | None:
         """The version that predicted a request not yet observed (None if unknown)."""
@@ -144,7 +145,7 @@ class OnlineLearner:
             else:
                 self.conformal.add(rec.group, None, length, censored, log_q=rec.log_q, stamp=self.alarm.count)
                 raised = self.alarm.active
-                if not censored and self.alarm.add(rec.cal_q, length, rec.cal_q[_I90]):
+                if not censored and self.alarm.add(rec.cal_q, length, rec.cal_q[_I90], rec.lower):
                     self._on_alarm(first=not raised)
             self.counts["censored" if censored else "learned"] += 1
             if censored or not request.prompt:  # no label, or nothing a text predictor can read
