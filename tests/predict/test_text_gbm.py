@@ -40,6 +40,19 @@ def test_registered_and_params_checked():
         TextGBM().predict([])
 
 
+@pytest.mark.parametrize("key, bad, ok", [
+    ("learning_rate", 0.0, 1.0), ("learning_rate", -1.0, 0.01), ("num_leaves", 1, 2), ("folds", 0, 2),
+    ("calib_frac", 1.5, 0.9), ("sigma_floor", 0.0, 1e-3), ("svd", -3, 0), ("max_rounds", 0, 1),
+    ("feature_fraction", 0.0, 1.0), ("min_data_in_leaf", 0, 1), ("order", 0, 1), ("head", 0, 1),
+])  # fmt: skip
+def test_a_number_out_of_range_is_refused_naming_it(key, bad, ok):
+    # each was accepted and then failed inside LightGBM, or quietly became another value
+    # (folds=0 ran 2 folds), or crashed the conformal step (sigma_floor=0)
+    with pytest.raises(ValueError, match=f"text-gbm: parameter '{key}' must be in"):
+        TextGBM(**{key: bad})
+    assert TextGBM(**{key: ok}).params[key] == ok  # the edge of the range is accepted
+
+
 def test_fit_predict_shapes_monotone_and_round_trip(fitted, small, tmp_path):
     _, test = small
     est = fitted.predict(test)

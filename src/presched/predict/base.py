@@ -69,6 +69,19 @@ def checked_params(name: str, defaults: dict[str, Any], given: dict[str, Any],
     return {**defaults, **given}
 
 
+def check_ranges(name: str, params: dict[str, Any], ranges: dict[str, tuple[float, float, bool]]) -> None:
+    """ValueError naming the predictor and the parameter unless each `params[key]` lies in
+    `ranges[key] = (lo, hi, lo_open)`: lo <= value <= hi (lo < value when `lo_open`), so a
+    value a library would refuse deep inside `fit` (or quietly replace) is refused up front."""
+    for key, (lo, hi, lo_open) in ranges.items():
+        v = params[key]
+        if v is None:
+            continue
+        if not (lo < v if lo_open else lo <= v) or not v <= hi:
+            interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+            raise ValueError(f"{name}: parameter {key!r} must be in {interval}, got {v!r}")
+
+
 class Predictor(ABC):
     name: ClassVar[str] = "base"
     oracle: ClassVar[bool] = False

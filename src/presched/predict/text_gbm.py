@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from presched.predict import features as F
-from presched.predict.base import PREDICTORS, Predictor, check_requests, checked_params, training_targets
+from presched.predict.base import PREDICTORS, Predictor, check_ranges, check_requests, checked_params, training_targets
 from presched.predict.conformal import ConformalQuantiles
 from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.predict.task_type import TaskOffsets, code_task
@@ -61,6 +61,15 @@ DEFAULTS: dict[str, Any] = {
     "scale_model": True, "scale_folds": 3,                # spread booster on out-of-fold residuals
     "calib_frac": 0.2, "calibrate_by_model": False, "min_group": 300,
     "sigma_floor": 0.05, "seed": 0,
+}  # fmt: skip
+INF = float("inf")
+RANGES = {  # (lo, hi, lo excluded): checked at construction, naming the parameter
+    "order": (1, 4, False), "head": (1, 1 << 20, False), "tail": (0, 1 << 20, False), "alpha": (0, INF, True),
+    "folds": (2, 100, False), "svd": (0, 1024, False), "svd_min_df": (1, 1 << 30, False),
+    "learning_rate": (0, 1, True), "num_leaves": (2, 1 << 17, False), "min_data_in_leaf": (1, 1 << 30, False),
+    "feature_fraction": (0, 1, True), "lambda_l2": (0, INF, False), "max_rounds": (1, 100_000, False),
+    "early_stopping": (1, 100_000, False), "scale_folds": (2, 100, False), "calib_frac": (0, 0.9, True),
+    "min_group": (1, 1 << 30, False), "sigma_floor": (0, 10, True),
 }  # fmt: skip
 _MED = LEVELS.index(0.5)
 
@@ -137,6 +146,7 @@ class TextGBM(Predictor):
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params("text-gbm", DEFAULTS, params))
         p = self.params
+        check_ranges(self.name, p, RANGES)
         if p["task_offsets"] not in (None, True, False):
             raise ValueError(f"{self.name}: parameter 'task_offsets' must be true, false or null, got {p['task_offsets']!r}")
         if p["task_offsets"] and not p["cues"]:
