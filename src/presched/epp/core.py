@@ -90,11 +90,13 @@ class PoolGateway(Gateway):
 
     def move_running(self, seq: GatewaySeq, to: Backend) -> None:
         """`seq` runs on `to`, not where it was released (the proxy fell back): the first
-        endpoint failed it and is marked down; `to` carries it from now on."""
+        endpoint failed it and is marked down; `to` carries it from now on, in the router's
+        records too (routed again with `to` the only choice: its prefixes, its work)."""
         old = self.backends[seq.instance]
-        self._leave(old, seq, finished=False)
+        self._leave(old, seq, finished=False)  # (the router's record on `old` goes)
         self.set_health(old, False)
-        seq.instance = seq.routed = to.index
+        seq.routed = self.router.route(seq, self.backends, self.now(), [to.index])
+        seq.instance = to.index
         to.running.append(seq)
         self.dispatch(old)
 
