@@ -175,3 +175,13 @@ def test_a_sigma_floor_that_is_not_positive_is_refused_at_construction(name, ext
 def test_a_saved_probe_keeps_the_alpha_it_chose(fitted, tmp_path):
     back = load_predictor(fitted.save(tmp_path / "p.npz"))
     assert back.head.alpha == fitted.head.alpha is not None
+
+
+@pytest.mark.parametrize("name", ["probe", "egtp", "draft-probe"])
+def test_the_prompt_probes_say_they_read_prompt_text(name):
+    # outside the engine they run the model on the text: a gateway or picker refuses a request
+    # without it (400 naming prompt) instead of failing its predictor (a 500); probe-refine
+    # reads the engine's per-step state and never the text
+    from presched.predict.base import reads_text
+
+    assert reads_text(PREDICTORS.create(name)) and not reads_text(PREDICTORS.create("probe-refine"))

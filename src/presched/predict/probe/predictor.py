@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from presched.predict.base import PREDICTORS, Predictor, checked_params
+from presched.predict.base import PREDICTORS, Predictor, checked_params, has_text
 from presched.predict.conformal import ConformalQuantiles
 from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.predict.probe.spec import FeatureSpec
@@ -174,6 +174,8 @@ class HiddenStateProbe(Predictor):
     pooling: str = "mean"
     role: str = "served"  # whose states: the served model's, or a draft model's (DraftProbe)
     needs_serving_model = True  # left out of `available_predictors` (text-only evaluations)
+    needs_text = True  # `predict` runs the model on the prompt text (the engine hands the state
+    # to `predict_features` instead): a gateway refuses a request without text, 400 naming prompt
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params(self.name, DEFAULTS, params, nullable=("model_dir",)))
@@ -215,7 +217,7 @@ class HiddenStateProbe(Predictor):
             self._featurizer = PromptFeaturizer(p["model_dir"], layer=p["layer"], sink=p["sink"],
                                                 model_name=p["model"])  # fmt: skip
         for r in requests:
-            if not r.prompt:
+            if not has_text(r.prompt):
                 raise ValueError(f"request {r.id!r}: field 'prompt' is empty; {self.name} needs the text")
         return self._featurizer.encode([r.prompt for r in requests])[self.pooling]
 
