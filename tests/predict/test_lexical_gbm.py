@@ -48,6 +48,9 @@ def test_errors(small):
     _, test = small
     with pytest.raises(ValueError, match="unknown parameter"):
         LexicalGBM(depth=3)
+    for key, bad in (("learning_rate", 0.0), ("num_leaves", 1), ("calib_frac", 1.0), ("max_rounds", 0)):
+        with pytest.raises(ValueError, match=f"lexical-gbm: parameter '{key}' must be in"):
+            LexicalGBM(**{key: bad})
     pred = LexicalGBM()
     with pytest.raises(ValueError, match="fit"):
         pred.predict(test[:1])

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from presched.predict import features as F
-from presched.predict.base import PREDICTORS, Predictor, check_requests, checked_params
+from presched.predict.base import PREDICTORS, Predictor, check_ranges, check_requests, checked_params
 from presched.predict.conformal import ConformalQuantiles
 from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.predict.text_gbm import fit_and_calibration
@@ -64,6 +64,9 @@ FEATURE_NAMES: tuple[str, ...] = (
 
 DEFAULTS: dict[str, Any] = {"learning_rate": 0.1, "num_leaves": 63, "max_depth": 6, "min_data_in_leaf": 20,
                                 "max_rounds": 1000, "early_stopping": 50, "calib_frac": 0.2, "seed": 0}  # fmt: skip
+RANGES = {"learning_rate": (0, 1, True), "num_leaves": (2, 1 << 17, False), "max_depth": (-1, 64, False),
+          "min_data_in_leaf": (1, 1 << 30, False), "max_rounds": (1, 100_000, False),
+          "early_stopping": (1, 100_000, False), "calib_frac": (0, 0.9, True)}  # (lo, hi, lo excluded)
 _MED = LEVELS.index(0.5)
 
 
@@ -90,6 +93,7 @@ class LexicalGBM(Predictor):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**checked_params("lexical-gbm", DEFAULTS, params))
+        check_ranges(self.name, self.params, RANGES)
         self.fit_info: dict[str, Any] = {}
 
     def _model_col(self, models: Sequence[str]) -> np.ndarray:

@@ -247,6 +247,10 @@ def test_ssjf_classes_and_unknown_params(slice_, fitted):
     assert np.allclose(pred.predict_proba(test).sum(1), 1.0)
     with pytest.raises(ValueError, match="unknown parameter"):
         PREDICTORS.create("ssjf", buckets=3)
+    for key, bad in (("max_length", 4096), ("head_lr", 0.0), ("dropout", 1.0), ("calib_fraction", 0.0),
+                     ("head_batch", 0), ("finetune_max_seconds", 0.0)):  # fmt: skip
+        with pytest.raises(ValueError, match=f"ssjf: parameter '{key}' must be in"):
+            PREDICTORS.create("ssjf", **{key: bad})
 
 
 @pytest.mark.parametrize("name", HEADS)

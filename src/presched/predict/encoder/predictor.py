@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from presched.predict.base import Predictor, check_requests, checked_params, request_samples, training_targets
+from presched.predict.base import Predictor, check_ranges, check_requests, checked_params, request_samples, training_targets
 from presched.predict.data import prompt_key
 from presched.predict.encoder.embed import PRETRAINED, EmbeddingCache, MiniLMEncoder, embed_texts
 from presched.predict.encoder.head import Head, ModelVocab
@@ -64,6 +64,15 @@ DEFAULTS: dict[str, Any] = {
     "cache_dir": None,  # embedding cache folder (None: $PRESCHED_CACHE_DIR or ~/.cache/presched)
     "disk_cache": True,
 }
+INF = float("inf")
+RANGES = {  # (lo, hi, lo excluded): checked at construction (base.check_ranges), naming the parameter
+    "max_length": (8, 512, False), "embed_batch": (1, 4096, False), "finetune_epochs": (0, 100, False),
+    "finetune_max_seconds": (0, 1e7, True), "finetune_lr": (0, 1, True), "finetune_batch": (1, 4096, False),
+    "head_lr": (0, 1, True), "head_epochs": (1, 10_000, False), "head_batch": (1, 1 << 16, False),
+    "patience": (1, 10_000, False), "weight_decay": (0, 1, False), "hidden": (1, 4096, False),
+    "model_dim": (1, 1024, False), "dropout": (0, 0.99, False), "model_dropout": (0, 1, False),
+    "calib_fraction": (0, 0.9, True), "num_threads": (1, 256, False),
+}  # fmt: skip
 
 
 @dataclass
@@ -123,6 +132,7 @@ class EncoderPredictor(Predictor):
         super().__init__(**checked_params(self.name, {**DEFAULTS, **self.extra_defaults()}, params,
                                           nullable=("finetune_max_seconds", "class_weight")))  # fmt: skip
         p = self.params
+        check_ranges(self.name, p, RANGES)
         self.encoder = MiniLMEncoder(
             p["max_length"], p["truncation"], p["embed_batch"], p["num_threads"]
         )
