@@ -25,6 +25,14 @@ def test_construction_enforces_monotone_quantiles_and_at_least_one_token():
         LengthEstimate.from_quantiles(np.full((1, len(LEVELS)), np.nan))
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_rank_score_that_is_not_finite_is_refused_naming_it(bad):
+    # a NaN key breaks the heap order of `rank` and `sjf stat=rank` for every request
+    q = np.full((2, len(LEVELS)), 50.0)
+    with pytest.raises(ValueError, match="rank_score must be finite"):
+        LengthEstimate(q, np.full(2, 50.0), np.array([1.0, bad]))
+
+
 def test_survival_and_quantile_invert_each_other_at_the_knots():
     est = exp_estimate(200.0)
     for p, q in zip(LEVELS, est.quantiles[0]):

@@ -5,8 +5,8 @@ A prediction is a distribution, not a number. Each row (one request) holds:
 - `quantiles[i, j]`: the `LEVELS[j]`-quantile of the request's output length (tokens),
   non-decreasing in j (enforced at construction);
 - `point[i]`: the predictor's point estimate (its best single guess, e.g. a mean or median);
-- `rank_score[i]`: a score whose order is the predicted order of lengths (larger = longer);
-  rankers (ListMLE) set only this meaningfully; others use `point`;
+- `rank_score[i]`: a finite score whose order is the predicted order of lengths (larger =
+  longer); rankers (ListMLE) set only this meaningfully; others use `point`;
 - `lower[i]`: the smallest length the row allows (the first knot of its CDF): 1 token unless
   given; an estimate of the total length given L > g (probe-refine) has g + 1. Quantiles and
   point are raised to at least `lower` at construction.
@@ -58,6 +58,8 @@ class LengthEstimate:
             raise ValueError(f"point and rank_score must have {n} entries")
         if not (np.isfinite(q).all() and np.isfinite(point).all()):
             raise ValueError("quantiles and point must be finite")
+        if not np.isfinite(rank).all():  # a NaN key breaks the heap order of `rank` / stat=rank
+            raise ValueError("rank_score must be finite")
         if self.lower is None:
             lower = np.ones(n)
         else:
