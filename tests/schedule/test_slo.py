@@ -147,3 +147,10 @@ def test_bad_config_names_the_field():
     ]:  # fmt: skip
         with pytest.raises(ValueError, match=rf"^{field}: "):
             POLICIES.create("slo", **kwargs)
+
+
+def test_a_rank_score_is_no_length_stat_rank_is_refused():
+    # the ranker's score (e.g. log length) read as tokens made a 2000-token request look
+    # feasible for a 5 s SLO at 20 ms a token; hrrn and srpt refuse it the same way
+    with pytest.raises(ValueError, match=r"^stat: "):
+        POLICIES.create("slo", stat="rank", e2e_slo_s=5.0, tpot_s=0.02)

@@ -31,7 +31,7 @@ Times from the step model (`EngineInfo.step_model`, approximations documented he
 It ignores queueing in the running batch, chunking of long prompts and the batch's actual size.
 Without a step model (a gateway) set `tpot_s` (and `prefill_s_per_token`, else prefill = 0).
 
-Config (`SLOParams`): `stat` ("mean"), `order` ("shortest"), `e2e_slo_s`, `ttft_slo_s` (None: the request's own
+Config (`SLOParams`): `stat` ("mean"; "rank" is refused: a score is no length of time), `order` ("shortest"), `e2e_slo_s`, `ttft_slo_s` (None: the request's own
 SLO is required), `tpot_s`, `prefill_s_per_token`, `batch`, `context` (1024).
 """
 
@@ -44,7 +44,7 @@ from pydantic import Field
 
 from presched.schedule.interface import EngineInfo, Policy, SeqView
 from presched.schedule.lengths import remaining
-from presched.schedule.params import PolicyParams, Stat
+from presched.schedule.params import LengthStat, PolicyParams
 from presched.schedule.registry import POLICIES
 
 ORDERS = ("slack", "shortest")
@@ -55,7 +55,7 @@ def _seconds(description: str):
 
 
 class SLOParams(PolicyParams):
-    stat: Stat = Field("mean", description="Statistic of the predicted remaining length L.")
+    stat: LengthStat = Field("mean", description="Statistic of the predicted remaining length L (a length, so not rank: a score has no time scale).")
     order: Literal[ORDERS] = Field("shortest", description="Among feasible requests: shortest predicted service first, or least slack first (slack: t* ascending, EDF corrected by each request's own predicted service).")  # type: ignore[valid-type]
     e2e_slo_s: float | None = _seconds("E2E SLO in seconds for requests without their own (request.slo_e2e).")
     ttft_slo_s: float | None = _seconds("TTFT SLO in seconds for requests without their own (request.slo_ttft).")
