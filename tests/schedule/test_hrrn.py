@@ -3,6 +3,8 @@ instance, 1 s per step: a request with o output tokens is served in o steps)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from builders import make_engine, make_estimates, make_requests, run_engine
 from hypothesis import HealthCheck, given, settings
@@ -47,6 +49,28 @@ def test_wakeup_is_the_next_time_the_head_is_overtaken():
     assert pol.wakeup(7.0) is None  # B is the head now and has the smallest S
     pol.on_schedule(seqs[1], 7.0)  # B leaves the queue: A is the head again, C never passes it
     assert pol.wakeup(7.0) is None
+
+
+def test_a_steeper_request_tied_with_the_head_at_a_step_start_overtakes_at_the_next_step():
+    # r0 runs from t=0 (1 s steps at 0, 1, 2, ...); H (85-token prompt: no room beside r0) waits
+    # from 0.25 with S = 20, Y (fits) from 1.125 with S = 10: their ratios tie at t = 2.0, a step
+    # start, and H wins the tie by arrival; Y overtakes right after and starts at t = 3. wakeup(2)
+    # skipped that crossing (it took only crossings after `now`), so fast-forward ran to r0's end
+    reqs = make_requests([(30, 30), (85, 10), (5, 10)], arrivals=[0.0, 0.25, 1.125])
+    est = make_estimates([30.0, 20.0, 10.0])
+    runs = []
+    for ff in (True, False):
+        eng = make_engine(HRRN(stat="median"), num_blocks=100, fast_forward=ff, max_num_seqs=4,
+                          block_size=1)  # fmt: skip
+        runs.append([(s.first_scheduled, s.finish) for s in run_engine(eng, reqs, est)])
+    assert runs[0] == runs[1] == [(0.0, 30.0), (30.0, 40.0), (3.0, 13.0)]
+    pol = HRRN(stat="median")
+    seqs = [Seq(r, i) for i, r in enumerate(reqs)]
+    for s in seqs[1:]:
+        s.estimate = est[s.index]
+        pol.on_arrival(s, s.arrival)
+    assert pol.wakeup(1.5) == 2.0
+    assert pol.wakeup(2.0) == math.nextafter(2.0, math.inf)
 
 
 def test_is_dynamic_and_kv_victim_has_the_lowest_ratio():

@@ -64,7 +64,9 @@ class HRRN(Policy):
     def wakeup(self, now: float) -> float | None:
         """The next time a waiting request overtakes the current head (ratios are lines in
         time: Y overtakes the head H when 1/S_Y > 1/S_H, at t = (a_Y/S_Y - a_H/S_H) /
-        (1/S_Y - 1/S_H))."""
+        (1/S_Y - 1/S_H)). A steeper Y that ties H at `now` (H wins the tie by arrival, or
+        rounding put the crossing at or before `now`) overtakes right after it: the answer is
+        then the next float after `now`, so the next step decides again."""
         if len(self._waiting) < 2:
             return None
         lines = [(1.0 / max(self.length(s), 1e-9), s.arrival) for s in self._waiting.values()]
@@ -74,7 +76,9 @@ class HRRN(Policy):
         for s, a in lines:
             if s > sh:
                 t = (a * s - ah * sh) / (s - sh)
-                if now < t < best:
+                if t <= now:
+                    return math.nextafter(now, math.inf)
+                if t < best:
                     best = t
         return best if best < math.inf else None
 
