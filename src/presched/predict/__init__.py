@@ -1,6 +1,6 @@
 """Output-length predictors returning distributions (`LengthEstimate`), chosen by name."""
 
-from presched.predict import baselines, lexical_gbm, probe, self_report, text_gbm  # noqa: F401  (registers them)
+from presched.predict import baselines, lexical_gbm, probe, self_report, stack, text_gbm  # noqa: F401  (registers them)
 from presched.predict.base import (
     CAP,
     PREDICTORS,
