@@ -207,6 +207,9 @@ def build_workload(cfg: WorkloadConfig) -> list[Request]:
         reqs = default_workload(cfg.num_requests or 2000, seed=cfg.seed)
     else:
         reqs = _load(cfg.source, cfg.path, opts, None, cfg.seed)
+    if not reqs:  # nothing to simulate or send: a run would report zeros as if it had measured
+        where = f" ({cfg.path})" if cfg.path is not None else ""
+        raise ValueError(f"workload: source {cfg.source!r}{where} gave no request")
 
     times = arr.trace(reqs)
     timed = cfg.source not in UNTIMED and (len(reqs) < 2 or times.max() > times.min())
