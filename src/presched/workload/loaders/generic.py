@@ -5,7 +5,7 @@ One request per JSONL line / CSV row. Columns (see docs/workloads.md for the ful
 | column           | required | meaning                                                            |
 |------------------|----------|--------------------------------------------------------------------|
 | `prompt_tokens`  | yes*     | prompt length in tokens (* or give `prompt` and it is counted)     |
-| `id`             | no       | unique id; default `<file stem>-<row index, 6 digits>`             |
+| `id`             | no       | unique id (a repeat is refused); default `<stem>-<row index:06d>`  |
 | `arrival`        | no       | seconds since the start of the log; default 0                      |
 | `output_tokens`  | no       | true output length (>= 1; 0 is refused as a bad row); a JSON list = |
 |                  |          | sampled lengths: the first is the length, all go to output_samples |
@@ -82,12 +82,18 @@ def load_generic(
     stem = base_name(path)
     drop = tuple(ignore)
     out: list[Request] = []
+    first_line: dict[str, int] = {}  # id -> the line that gave it: ids are unique in a workload
     for lineno, row in rows:
         if limit is not None and len(out) >= limit:
             break
         for name in drop:
             row.pop(name, None)
-        out.append(_request(row, path, lineno, f"{stem}-{len(out):06d}", count))
+        req = _request(row, path, lineno, f"{stem}-{len(out):06d}", count)
+        if req.id in first_line:  # replay derives a request's prompt text and seed from its id
+            raise LoadError(path, f"id {req.id!r} is already used on line {first_line[req.id]}; "
+                            "ids must be unique", line=lineno, field="id")  # fmt: skip
+        first_line[req.id] = lineno
+        out.append(req)
     return out
 
 
