@@ -9,6 +9,7 @@ from builders import make_engine, make_estimates, make_requests, run_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from presched.predict.noisy_oracle import noisy_oracle
 from presched.schedule import POLICIES
 from presched.schedule.interface import EngineInfo
 from presched.schedule.kv_admission import KVAdmission
@@ -134,6 +135,57 @@ def test_property_sum_stays_exact_under_underprediction(lengths, seed):
         make_engine(pol, num_blocks=num_blocks, block_size=4, max_num_seqs=8), reqs, estimates=est
     )
     assert all(s.generated == s.target for s in seqs) and pol.footprint == 0
+
+
+def test_a_refused_head_is_not_preempted_for_when_the_kv_shrinks():
+    # KV 100 tokens (block 1). r0 (prompt 1, predicted 200, true 90) runs; r1 (prompt 30,
+    # predicted 3) arrives at 0.5: it fits the free blocks, but F(r0) + F(r1) > 100: refused.
+    # From t = 70 r0 holds 70 blocks and r1 no longer fits: the scheduler then asks preempt_for,
+    # and srpt named r0 (r 110 > 3), though kv-admission keeps r1 out; fast-forward skipped those
+    # steps (r1 started at 70 stepping, at 90 fast-forwarded). Now it waits for the batch to change
+    reqs = make_requests([(1, 90), (30, 3)], arrivals=[0.0, 0.5])
+    est = make_estimates([200.0, 3.0])
+    runs = []
+    for ff in (True, False):
+        pol = POLICIES.create("kv-admission", inner="srpt", inner_params={"recompute_weight": 0.0})
+        inst = make_engine(pol, num_blocks=100, block_size=1, max_num_seqs=4, fast_forward=ff)
+        runs.append([(s.first_scheduled, s.finish, s.preemptions) for s in run_engine(inst, reqs, est)])
+    assert runs[0] == runs[1] == [(0.0, 90.0, 0), (90.0, 93.0, 0)]
+
+
+PREEMPTING = [("srpt", {"recompute_weight": 0.0, "max_preemptions": None}),
+              ("mlfq", {"preempt": True, "recompute_weight": 0.0, "base_quantum": 4.0}),
+              ("vtc", {"inner": "srpt", "inner_params": {"recompute_weight": 0.0}})]  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60), st.floats(0.0, 1.0)),
+             min_size=2, max_size=16),  # fmt: skip
+    st.sampled_from(PREEMPTING),
+    st.sampled_from([1, 4, 16]),
+    st.integers(1, 5),
+    st.sampled_from([0.0, 0.5, 1.0]),
+)
+def test_property_fast_forward_is_exact_with_a_preempting_inner(data, inner, bs, slots, sigma):
+    """Tight KV, several tenants, an inner policy that preempts for the head: fast-forward on
+    and off give the same timelines and preemptions."""
+    t, arrivals = 0.0, []
+    for *_, gap in data:
+        t += gap
+        arrivals.append(t)
+    reqs = make_requests([(p, o) for p, o, _ in data], arrivals, tenants=("a", "b", "c"))
+    est = noisy_oracle(reqs, sigma, seed=len(data))
+    num_blocks = max(-(-(p + o) // bs) for p, o, _ in data) + 3
+    runs = []
+    for ff in (True, False):
+        pol = POLICIES.create("kv-admission", quantile=0.5, inner=inner[0], inner_params=inner[1])
+        inst = make_engine(pol, num_blocks=num_blocks, block_size=bs, max_num_seqs=slots,
+                           max_num_batched_tokens=64, fast_forward=ff)  # fmt: skip
+        seqs = run_engine(inst, reqs, est)
+        assert all(s.generated == s.target for s in seqs)
+        runs.append([v for s in seqs for v in (s.first_scheduled, s.finish, s.preemptions)])
+    assert runs[0] == pytest.approx(runs[1])
 
 
 def test_bad_config_names_the_field():

@@ -19,6 +19,13 @@ each; on_tokens moves F(r) exactly as g_r passes q_r), so `admit` is O(1). q_r i
 `seq.estimate` when r is admitted. While the running requests only decode the sum never shrinks,
 so a refusal stays a refusal until a completion (what the simulator's fast-forward assumes).
 
+A head that `admit` refused is not preempted for (`preempt_for` answers None for it, whatever
+the inner policy would say) until the batch changes (an arrival, admission, preemption,
+completion or cancellation): the KV the running requests take while they decode can turn a head
+that fitted (and was refused) into one that does not fit, which would have the inner policy
+preempt for a request this wrapper keeps out; and the fast-forwarding simulator needs a refusal
+to stay a refusal while requests only decode.
+
 Inputs: `seq.estimate` (a quantile), `EngineInfo.kv_tokens` and `block_size` (attach).
 Config (`KVAdmissionParams`): `inner` ("fcfs"), `inner_params`, `quantile` (0.9), `headroom` (1.0, > 0; < 1 leaves
 slack for requests that outlive their quantile), `kv_tokens` (None = the engine's; set it when
@@ -62,6 +69,7 @@ class KVAdmission(Wrapper):
         self.limit = float("inf")
         self.footprint = 0  # sum of F(r) over the running requests
         self._running: dict[int, tuple[float, int]] = {}  # id(seq) -> (q, F)
+        self._refused = None  # the head `admit` refused since the batch last changed
 
     def attach(self, engine: EngineInfo) -> None:
         kv = self.kv_tokens if self.kv_tokens is not None else engine.kv_tokens
@@ -85,10 +93,21 @@ class KVAdmission(Wrapper):
 
     def admit(self, seq, running, now):
         if running and self.footprint + self.predicted_size(seq) > self.limit:
+            self._refused = seq
             return False
         return self.inner.admit(seq, running, now)
 
+    def preempt_for(self, candidate, running, now):
+        if candidate is self._refused:
+            return None  # refused since the batch last changed (see the module doc)
+        return self.inner.preempt_for(candidate, running, now)
+
+    def on_arrival(self, seq, now):
+        self._refused = None
+        self.inner.on_arrival(seq, now)
+
     def on_schedule(self, seq, now):
+        self._refused = None
         q = estimate_of(seq).quantile(self.quantile)
         f = self._size(seq, q)
         self._running[id(seq)] = (q, f)
@@ -112,13 +131,16 @@ class KVAdmission(Wrapper):
             self.footprint -= entry[1]
 
     def on_preempt(self, seq, now):
+        self._refused = None
         self._drop(seq)
         self.inner.on_preempt(seq, now)
 
     def on_finish(self, seq, now):
+        self._refused = None
         self._drop(seq)
         self.inner.on_finish(seq, now)
 
     def on_cancel(self, seq, now):
+        self._refused = None
         self._drop(seq)
         self.inner.on_cancel(seq, now)
