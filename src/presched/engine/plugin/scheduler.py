@@ -35,8 +35,8 @@ records get the pooled prompt state (records.py, table `prompt_features`). With 
 own vllm_xargs prediction (consume.py: the order and the precedence).
 
 A policy hook that raises is counted and logged (`Guard`), the FCFS decision is taken for that
-call, and the engine keeps serving. The vLLM version is pinned (version.py); LoRA and KV
-connectors are refused (their skip paths would be mistaken for admissions).
+call, and the engine keeps serving. The vLLM version is pinned (version.py); LoRA, KV
+connectors, async scheduling and pipeline parallelism are refused (support.py).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from presched.engine.plugin.queue import PolicyRequestQueue
 from presched.engine.plugin.records import RecordWriter, record_row
 from presched.engine.plugin.seq import EngineSeq, xargs_of
 from presched.engine.plugin.stats import write_stats
+from presched.engine.plugin.support import check_supported
 from presched.engine.plugin.version import check_vllm_version
 from presched.schedule.interface import EngineInfo, Policy
 
@@ -99,11 +100,7 @@ class PreschedScheduler(Scheduler):
         cfg = load_plugin_config()
         policy = build_policy(cfg)
         super().__init__(*args, **kwargs)
-        if self.lora_config is not None or self.connector is not None:
-            raise PluginConfigError(
-                "presched's in-engine scheduler does not support LoRA or KV connectors "
-                "(--enable-lora / --kv-transfer-config); start vLLM without them"
-            )
+        check_supported(self)  # LoRA, KV connectors, async scheduling / pipeline parallelism
         self.ps_cfg, self.ps = cfg, policy
         if cfg.features is not None:
             check_engine_config(self.vllm_config, cfg.features.draft_layer)
@@ -303,8 +300,12 @@ class PreschedScheduler(Scheduler):
         return out
 
     def _free_request(self, request, delay_free_blocks: bool = False):
-        seq = self._seqs.pop(request.request_id, None)
+        seq = self._seqs.get(request.request_id)
         if seq is not None:
+            # out of the policy's queue first: a request that stops while preempted (two steps in
+            # flight) is freed before vLLM asks the queue to remove it, by then without its seq
+            self.waiting.remove_requests((request,))
+            del self._seqs[request.request_id]
             self._finish(seq, request)
         return super()._free_request(request, delay_free_blocks=delay_free_blocks)
 

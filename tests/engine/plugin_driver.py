@@ -1,0 +1,169 @@
+"""Drives the real `PreschedScheduler` (vLLM 0.32's `Scheduler` subclass) without a model, for
+tests/engine/test_plugin_scheduler.py: it runs in the engine venv (vLLM is not importable in the
+main one, and the engine venv has no pytest), so the test starts it as a subprocess
+
+    <engine python> tests/engine/plugin_driver.py MODEL_DIR TMP_DIR SCENARIO ...
+
+and reads one JSON object {scenario: observations} from the last line of its stdout. Each
+scenario builds a scheduler on the tiny Llama's config (no weights loaded: a KV cache config of
+`num_blocks` blocks is handed to it, as vLLM's own scheduler tests do) and steps it with
+`ModelRunnerOutput`s made here (one sampled token per request that finished its prefill): the
+workers are the only stand-in. A scenario that raises reports {"error": "Type: message"}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+import torch  # noqa: E402
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from presched.schedule import POLICIES  # noqa: E402
+from presched.schedule.interface import Policy  # noqa: E402
+
+MODEL = ""  # set by main()
+TMP = Path(".")
+
+
+class Recording(Policy):
+    """FCFS that records the hooks it is asked (`calls`: (hook, request id)) and, as `preempt_for`,
+    names the most recently admitted running request for any head: a policy that preempts
+    whenever it can, to reach vLLM's preempted paths."""
+
+    name = "test-recording"
+
+    def __init__(self, **params) -> None:
+        super().__init__(**params)
+        self.calls: list[tuple[str, str]] = []
+
+    def admit(self, seq, running, now):
+        self.calls.append(("admit", seq.id))
+        return True
+
+    def preempt_for(self, candidate, running, now):
+        self.calls.append(("preempt_for", candidate.id))
+        return running[-1] if running else None
+
+    def on_finish(self, seq, now):
+        self.calls.append(("on_finish", seq.id))
+
+    def on_cancel(self, seq, now):
+        self.calls.append(("on_cancel", seq.id))
+
+
+if "test-recording" not in POLICIES:
+    POLICIES.register("test-recording")(Recording)
+
+
+def make_sched(plugin: dict, num_blocks: int = 100, block_size: int = 16, max_num_seqs: int = 4,
+               max_batched: int = 256, async_scheduling: bool = False, pipeline: int = 1):
+    os.environ["PRESCHED_PLUGIN_CONFIG"] = json.dumps(plugin)
+    from presched.engine.plugin.scheduler import PreschedScheduler
+
+    mc = ModelConfig(model=MODEL, dtype="float32", seed=0, max_model_len=2048)
+    sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
+                         max_model_len=2048, enable_chunked_prefill=True, policy="priority",
+                         is_encoder_decoder=False)  # fmt: skip
+    cc = CacheConfig(block_size=block_size, cache_dtype="auto", enable_prefix_caching=False)
+    vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,
+                    device_config=DeviceConfig("cpu"))  # fmt: skip
+    vc.cache_config.num_gpu_blocks = num_blocks
+    # what a GPU platform leaves on (CPU turns async scheduling off when the config is made)
+    vc.scheduler_config.async_scheduling = async_scheduling
+    vc.parallel_config.pipeline_parallel_size = pipeline
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                       kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])  # fmt: skip
+    return PreschedScheduler(vllm_config=vc, kv_cache_config=kv, block_size=block_size,
+                             structured_output_manager=StructuredOutputManager(vc), log_stats=False)  # fmt: skip
+
+
+def req(rid: str, prompt: int = 10, max_tokens: int = 20, arrival: float | None = None,
+        xargs: dict | None = None, json_schema: dict | None = None) -> Request:
+    so = StructuredOutputsParams(json=json_schema) if json_schema is not None else None
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=xargs, structured_outputs=so)
+    if so is not None:
+        sp.structured_outputs._backend = "xgrammar"  # what vLLM's input processor sets
+    return Request(rid, list(range(1, prompt + 1)), sp, None,
+                   arrival_time=time.time() if arrival is None else arrival)  # fmt: skip
+
+
+def output(ids: list[str], sampled: list[list[int]]) -> ModelRunnerOutput:
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                             sampled_token_ids=sampled)  # fmt: skip
+
+
+def step(s, token: int = 5):
+    """One schedule() and its output: a token for every request whose prefill is done."""
+    out = s.schedule()
+    ids = list(out.num_scheduled_tokens)
+    done = [s.requests[r].num_computed_tokens >= s.requests[r].num_tokens for r in ids]
+    s.update_from_output(out, output(ids, [[token] if d else [] for d in done]))
+    return out
+
+
+def _error(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+# --- scenarios ---------------------------------------------------------------------------------
+def stopped_while_preempted() -> dict:
+    """vLLM's batch-queue order (what async scheduling and pipeline parallelism do): schedule()
+    runs again before the previous step's output is back. r0's last token is in flight when the
+    policy preempts it for r1; the output then ends r0 while it waits (vLLM's
+    stopped_preempted_reqs: freed first, removed from the waiting queue after)."""
+    s = make_sched({"policy": "test-recording"}, max_num_seqs=1)
+    s.add_request(req("r0", max_tokens=1))
+    out1 = s.schedule()
+    s.add_request(req("r1", max_tokens=4))
+    out2 = s.schedule()  # the second batch before the first's output
+    r0_status = s.requests["r0"].status.name
+    s.update_from_output(out1, output(list(out1.num_scheduled_tokens), [[7]] * len(out1.num_scheduled_tokens)))
+    waiting = [r.request_id for r in s.waiting]
+    s.update_from_output(out2, output(list(out2.num_scheduled_tokens), [[7]] * len(out2.num_scheduled_tokens)))
+    crash = _error(lambda: [step(s, 7) for _ in range(10) if s.has_requests()])
+    return {"r0_after_second_schedule": r0_status, "waiting_after_r0_stopped": waiting,
+            "crash": crash, "unfinished": s.get_num_unfinished_requests(),
+            "calls": s.ps.calls}  # fmt: skip
+
+
+def batch_queue_refused() -> dict:
+    return {"async": _error(lambda: make_sched({"policy": "fcfs"}, async_scheduling=True)),
+            "pipeline": _error(lambda: make_sched({"policy": "fcfs"}, pipeline=2)),
+            "sync": _error(lambda: make_sched({"policy": "fcfs"}))}  # fmt: skip
+
+
+SCENARIOS = {f.__name__: f for f in (stopped_while_preempted, batch_queue_refused)}  # fmt: skip
+
+
+def main(argv: list[str]) -> None:
+    global MODEL, TMP
+    MODEL, TMP = argv[0], Path(argv[1])
+    results = {}
+    for name in argv[2:]:
+        try:
+            results[name] = SCENARIOS[name]()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,56 @@
+"""The real `PreschedScheduler` (vLLM 0.32's Scheduler subclass) driven step by step without a
+model: vLLM's own schedule(), update_from_output(), preemption and admission run; only the
+workers' outputs are made up (`plugin_driver.py`, run in the engine venv, since vLLM is not
+importable here). One driver process runs every scenario (~15 s, most of it importing vLLM).
+
+- a request that stops while preempted (vLLM's batch-queue order: schedule() again before the
+  previous step's output) leaves the policy's queue; it stayed there and the next schedule()
+  crashed the engine (RuntimeError: Invalid request status: FINISHED_LENGTH_CAPPED);
+- async scheduling and pipeline parallelism (a batch queue) are refused at start, naming
+  --no-async-scheduling.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from presched.engine.venv import engine_env, engine_python
+
+DRIVER = Path(__file__).with_name("plugin_driver.py")
+SCENARIOS = ("stopped_while_preempted", "batch_queue_refused")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def driven(tiny_model, tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("driver")
+    r = subprocess.run([str(engine_python()), str(DRIVER), str(tiny_model), str(tmp), *SCENARIOS],
+                       capture_output=True, text=True, timeout=600, env=engine_env())  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _ok(driven, name: str) -> dict:
+    got = driven[name]
+    assert "error" not in got, got["error"]
+    return got
+
+
+def test_a_request_that_stops_while_preempted_leaves_the_policy_queue(driven):
+    got = _ok(driven, "stopped_while_preempted")
+    assert got["r0_after_second_schedule"] == "PREEMPTED"  # the path is taken
+    assert got["waiting_after_r0_stopped"] == []
+    assert got["crash"] is None
+    assert got["unfinished"] == 0
+    assert [c for c in got["calls"] if c[0] == "on_finish"] == [["on_finish", "r0"], ["on_finish", "r1"]]
+
+
+def test_async_scheduling_and_pipeline_parallelism_are_refused(driven):
+    got = _ok(driven, "batch_queue_refused")
+    for key in ("async", "pipeline"):
+        assert got[key].startswith("PluginConfigError:") and "--no-async-scheduling" in got[key]
+    assert "pipeline_parallel_size=2" in got["pipeline"]
+    assert got["sync"] is None
