@@ -149,7 +149,50 @@ def batch_queue_refused() -> dict:
             "sync": _error(lambda: make_sched({"policy": "fcfs"}))}  # fmt: skip
 
 
-SCENARIOS = {f.__name__: f for f in (stopped_while_preempted, batch_queue_refused)}  # fmt: skip
+def grammar_head_preempt_for() -> dict:
+    """srpt, one slot: a long request runs; a short one arrives whose structured-output grammar
+    is not compiled yet (vLLM compiles it in a thread; its admission loop skips the request
+    until then). Three steps; then the grammar is compiled (xgrammar, for real) and one more
+    schedule()."""
+    s = make_sched({"policy": "srpt"}, max_num_seqs=1)
+    s.add_request(req("long", prompt=200, max_tokens=500, arrival=1.0,
+                      xargs={"presched_quantiles": [500] * 11}))  # fmt: skip
+    for _ in range(3):
+        step(s)
+    short = req("json-short", prompt=3, max_tokens=5, arrival=2.0,
+                xargs={"presched_quantiles": [5] * 11}, json_schema={"type": "object"})  # fmt: skip
+    s.add_request(short)
+    compiling = []
+    for _ in range(3):
+        out = step(s)
+        compiling.append({"scheduled": list(out.num_scheduled_tokens),
+                          "long_preemptions": s.requests["long"].num_preemptions})  # fmt: skip
+    s.structured_output_manager.grammar_init(short)
+    short.structured_output_request._grammar.result(timeout=60)  # compiled: ready for vLLM
+    out = s.schedule()
+    return {"while_compiling": compiling, "preempt_for_count": s.counts["preempt_for"],
+            "ready": {"scheduled": list(out.num_scheduled_tokens),
+                      "long_preemptions": s.requests["long"].num_preemptions}}  # fmt: skip
+
+
+def grammar_head_admit() -> dict:
+    """kv-admission (fcfs inside, 1,024 KV tokens), two slots: a long request runs; the head of
+    the queue is a request whose grammar is still compiling and whose predicted footprint does
+    not fit; behind it a small one that fits. vLLM skips the head; the small one should start."""
+    s = make_sched({"policy": "kv-admission", "params": {"kv_tokens": 1024}}, max_num_seqs=2)
+    s.add_request(req("long", prompt=200, max_tokens=500, arrival=1.0,
+                      xargs={"presched_quantiles": [500] * 11}))  # fmt: skip
+    step(s)
+    s.add_request(req("json-big", prompt=3, max_tokens=600, arrival=2.0,
+                      xargs={"presched_quantiles": [600] * 11}, json_schema={"type": "object"}))  # fmt: skip
+    s.add_request(req("small", prompt=3, max_tokens=5, arrival=3.0,
+                      xargs={"presched_quantiles": [5] * 11}))  # fmt: skip
+    out = step(s)
+    return {"scheduled": list(out.num_scheduled_tokens), "policy_errors": dict(s.guard.errors)}
+
+
+SCENARIOS = {f.__name__: f for f in (stopped_while_preempted, batch_queue_refused,
+                                     grammar_head_preempt_for, grammar_head_admit)}  # fmt: skip
 
 
 def main(argv: list[str]) -> None:

@@ -7,7 +7,11 @@ importable here). One driver process runs every scenario (~15 s, most of it impo
   previous step's output) leaves the policy's queue; it stayed there and the next schedule()
   crashed the engine (RuntimeError: Invalid request status: FINISHED_LENGTH_CAPPED);
 - async scheduling and pipeline parallelism (a batch queue) are refused at start, naming
-  --no-async-scheduling.
+  --no-async-scheduling;
+- no preemption for a head vLLM skips (its structured-output grammar still compiling): the
+  victim was preempted (recomputed) every step and re-admitted; once the grammar is ready the
+  head gets its preemption; nor does `admit` gate such a head (kv-admission's refusal of it
+  ended admission, so the request behind it that fits did not start).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import pytest
 from presched.engine.venv import engine_env, engine_python
 
 DRIVER = Path(__file__).with_name("plugin_driver.py")
-SCENARIOS = ("stopped_while_preempted", "batch_queue_refused")  # fmt: skip
+SCENARIOS = ("stopped_while_preempted", "batch_queue_refused", "grammar_head_preempt_for",
+             "grammar_head_admit")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +59,18 @@ def test_async_scheduling_and_pipeline_parallelism_are_refused(driven):
         assert got[key].startswith("PluginConfigError:") and "--no-async-scheduling" in got[key]
     assert "pipeline_parallel_size=2" in got["pipeline"]
     assert got["sync"] is None
+
+
+def test_no_preemption_for_a_head_whose_grammar_is_compiling(driven):
+    got = _ok(driven, "grammar_head_preempt_for")
+    assert got["while_compiling"] == [{"scheduled": ["long"], "long_preemptions": 0}] * 3
+    # compiled (status still WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR until vLLM's loop reaches it,
+    # which a full batch never lets it): now the policy's preemption is taken, once
+    assert got["ready"] == {"scheduled": ["json-short"], "long_preemptions": 1}
+    assert got["preempt_for_count"] == 1
+
+
+def test_admit_does_not_gate_a_head_vllm_skips(driven):
+    got = _ok(driven, "grammar_head_admit")
+    assert got["scheduled"] == ["long", "small"]
+    assert got["policy_errors"] == {}

@@ -24,6 +24,9 @@ put the policy in charge of each decision:
   step), `on_preempt` (recompute), `on_finish` (stop or length), `on_cancel` (an abort: the
   client went away).
 
+`preempt_for` and `admit` are asked only about a head vLLM would try to start this step
+(support.py `admissible`: not one whose structured-output grammar is still compiling).
+
 `policy.attach` gets the engine's real numbers: KV blocks x block size, max_num_seqs,
 max_num_batched_tokens. A seq also carries `computed` (vLLM's num_computed_tokens) live.
 
@@ -58,7 +61,7 @@ from presched.engine.plugin.queue import PolicyRequestQueue
 from presched.engine.plugin.records import RecordWriter, record_row
 from presched.engine.plugin.seq import EngineSeq, xargs_of
 from presched.engine.plugin.stats import write_stats
-from presched.engine.plugin.support import check_supported
+from presched.engine.plugin.support import admissible, check_supported
 from presched.engine.plugin.version import check_vllm_version
 from presched.schedule.interface import EngineInfo, Policy
 
@@ -209,8 +212,8 @@ class PreschedScheduler(Scheduler):
         self.guard.call("on_preempt", None, self.ps.on_preempt, seq, self._now)
 
     def _gate(self, seq: EngineSeq) -> bool:
-        if not self._admits:
-            return True
+        if not self._admits or not admissible(seq.vreq):
+            return True  # vLLM skips a head it cannot start now (support.py): ask for the next
         running = [self._seqs[r.request_id] for r in self.running if r.request_id in self._seqs]
         return self.guard.call("admit", True, self.ps.admit, seq, running, self._now)
 
@@ -263,7 +266,9 @@ class PreschedScheduler(Scheduler):
         """Preempt running requests the policy names for the waiting head (module doc)."""
         head_req = self.waiting.peek_request()
         head = self._seqs.get(head_req.request_id)
-        while head is not None and self.running and self._blocked(head):
+        if head is None or not admissible(head_req):
+            return  # vLLM skips this head this step (support.py): a victim would be re-admitted
+        while self.running and self._blocked(head):
             running = [self._seqs[r.request_id] for r in self.running if r.request_id in self._seqs]
             victim = self.guard.call("preempt_for", None, self.ps.preempt_for, head, running,
                                      self._now)  # fmt: skip

@@ -1,4 +1,4 @@
-"""What of vLLM 0.32 the in-engine scheduler runs under.
+"""What of vLLM 0.32 the in-engine scheduler runs under, and vLLM's admission rule it mirrors.
 
 `check_supported(sched)` refuses at start, with a `PluginConfigError` naming the vLLM option:
 
@@ -11,11 +11,28 @@
   (tokens per request, the preempt-to-admit check, the records' times) was written and tested
   for one step at a time; vLLM 0.32 does not turn async scheduling off for a custom scheduler
   class, it only warns. `--no-async-scheduling` (and `--pipeline-parallel-size 1`) is the fix.
+
+`admissible(vreq)`: whether vLLM 0.32's admission loop (`Scheduler.schedule`, the waiting loop,
+with `_handle_blocked_waiting_request`) would try to start this waiting request now rather than
+skip it (pop it and put it back after the loop). It skips a request whose structured-output
+grammar is still compiling (or failed to compile: vLLM then ends it with FINISHED_ERROR), one
+waiting for more streaming input or for remote KVs (KV connectors are refused, so never here),
+and one with stale output still in flight (async scheduling, refused too). A grammar that is
+ready counts as admissible although the status still reads
+WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: vLLM promotes it to WAITING only when its loop reaches
+it, which it never does while the batch is full. The policy is asked `preempt_for` and `admit`
+only for an admissible head (scheduler.py): preempting for a head vLLM then skips would free a
+running request's KV for nothing, and vLLM would admit the victim again; a refusing `admit`
+would end admission although vLLM would have passed over that head to the next.
 """
 
 from __future__ import annotations
 
+from vllm.v1.request import RequestStatus
+
 from presched.engine.plugin.config import PluginConfigError
+
+_READY = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 def check_supported(sched) -> None:
@@ -35,3 +52,17 @@ def check_supported(sched) -> None:
             f"async_scheduling={vc.scheduler_config.async_scheduling}, "
             f"pipeline_parallel_size={pp})"
         )
+
+
+def admissible(vreq) -> bool:
+    """Whether vLLM's admission loop would try to start the waiting request `vreq` this step
+    (module doc). Reading a grammar resolves its future, as vLLM's own check does."""
+    status = vreq.status
+    if status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+        so = vreq.structured_output_request
+        grammar = so.grammar if so is not None else None
+        if grammar is None or isinstance(grammar, Exception):
+            return False
+    elif status not in _READY:
+        return False
+    return not (vreq.num_stale_output_tokens and not vreq.drop_stale_output)
