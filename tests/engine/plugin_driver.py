@@ -191,8 +191,25 @@ def grammar_head_admit() -> dict:
     return {"scheduled": list(out.num_scheduled_tokens), "policy_errors": dict(s.guard.errors)}
 
 
+def error_finish() -> dict:
+    """A request generates 4 tokens, then vLLM ends it with FINISHED_ERROR (`finish_requests`,
+    what its update_from_output does for a grammar compile error, an encoder-cache mismatch or
+    a failed KV load); another request stops normally."""
+    rec = TMP / "error-records.sqlite"
+    s = make_sched({"policy": "test-recording", "records": str(rec)})
+    s.add_request(req("e1", max_tokens=50))
+    s.add_request(req("ok", max_tokens=2))
+    for _ in range(4):
+        step(s)
+    s.finish_requests("e1", RequestStatus.FINISHED_ERROR)
+    s.shutdown()
+    calls = [c for c in s.ps.calls if c[0] in ("on_finish", "on_cancel")]
+    return {"records": str(rec), "calls": calls, "errors": s.counts["errors"],
+            "finished": s.counts["finished"]}  # fmt: skip
+
+
 SCENARIOS = {f.__name__: f for f in (stopped_while_preempted, batch_queue_refused,
-                                     grammar_head_preempt_for, grammar_head_admit)}  # fmt: skip
+                                     grammar_head_preempt_for, grammar_head_admit, error_finish)}  # fmt: skip
 
 
 def main(argv: list[str]) -> None:

@@ -11,22 +11,27 @@ importable here). One driver process runs every scenario (~15 s, most of it impo
 - no preemption for a head vLLM skips (its structured-output grammar still compiling): the
   victim was preempted (recomputed) every step and re-admitted; once the grammar is ready the
   head gets its preemption; nor does `admit` gate such a head (kv-admission's refusal of it
-  ended admission, so the request behind it that fits did not start).
+  ended admission, so the request behind it that fits did not start);
+- FINISHED_ERROR is recorded as status 500 with an error and finish_reason 'error', left out
+  of training data by the log reader, and the policy hears on_cancel (it heard on_finish, and
+  the row was a 200 whose cut-short length became a label).
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from presched.engine.venv import engine_env, engine_python
+from presched.serve.log_read import load_log_requests
 
 DRIVER = Path(__file__).with_name("plugin_driver.py")
 SCENARIOS = ("stopped_while_preempted", "batch_queue_refused", "grammar_head_preempt_for",
-             "grammar_head_admit")  # fmt: skip
+             "grammar_head_admit", "error_finish")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +79,19 @@ def test_admit_does_not_gate_a_head_vllm_skips(driven):
     got = _ok(driven, "grammar_head_admit")
     assert got["scheduled"] == ["long", "small"]
     assert got["policy_errors"] == {}
+
+
+def test_an_engine_error_is_a_500_not_a_label_and_a_cancel(driven):
+    got = _ok(driven, "error_finish")
+    assert got["calls"] == [["on_finish", "ok"], ["on_cancel", "e1"]]
+    assert (got["errors"], got["finished"]) == (1, 1)
+    con = sqlite3.connect(got["records"])
+    rows = {r[0]: r[1:] for r in con.execute(
+        "SELECT id, status, error, finish_reason, output_tokens FROM requests")}  # fmt: skip
+    status, error, reason, tokens = rows["e1"]
+    assert (status, reason, tokens) == (500, "error", 4)
+    assert "FINISHED_ERROR" in error
+    assert rows["ok"] == (200, None, "length", 2)
+    log = load_log_requests(got["records"], keep_censored=True)  # `presched train --from-log`
+    assert [r.id for r in log.requests] == ["ok"]
+    assert log.dropped["status"] == 1

@@ -7,12 +7,15 @@ import argparse
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from presched.engine.plugin.flags import plugin_from_args
 from presched.engine.plugin.config import PluginConfigError, build_policy, load_plugin_config
 from presched.engine.plugin.estimates import BadPrediction, from_xargs, lognormal_quantiles
+from presched.engine.plugin.records import record_row
+from presched.engine.plugin.seq import EngineSeq
 from presched.engine.plugin.version import PINNED_VLLM, VLLMVersionError, check_vllm_version
 from presched.predict.estimate import LEVELS
 
@@ -173,3 +176,22 @@ def test_launch_flags():
         plugin_from_args(_ns(scheduler="presched", record_steps=[8]))
     assert plugin_from_args(_ns(scheduler="presched", features=True, record_steps=[8, 40])) == {
         "features": {"record_steps": [8, 40]}}
+
+
+def _vreq(status_name: str, xargs: dict | None = None):
+    return SimpleNamespace(request_id="r", prompt_token_ids=[1] * 5, max_tokens=8, arrival_time=1.0,
+                           num_output_tokens=3, num_preemptions=0,
+                           sampling_params=SimpleNamespace(extra_args=xargs))  # fmt: skip
+
+
+@pytest.mark.parametrize("status,code,reason,error", [
+    ("FINISHED_STOPPED", 200, "stop", False), ("FINISHED_LENGTH_CAPPED", 200, "length", False),
+    ("FINISHED_ABORTED", 499, "abort", False), ("FINISHED_IGNORED", 200, "length", False),
+    ("FINISHED_ERROR", 500, "error", True), ("FINISHED_REPETITION", 200, "repetition", False),
+])  # fmt: skip
+def test_record_rows_carry_vllms_finish_reason_and_the_clients_status(status, code, reason, error):
+    """(vLLM's Request stood in by a namespace: EngineSeq reads only these fields; the real
+    scheduler's rows are checked in test_plugin_scheduler.py.) FINISHED_ERROR was a 200 with no
+    error, finish_reason 'finished_error', so its cut-short length became a training label."""
+    row = record_row(EngineSeq(_vreq(status)), status, "tiny")
+    assert (row["status"], row["finish_reason"], row["error"] is not None) == (code, reason, error)

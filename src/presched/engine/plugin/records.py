@@ -11,7 +11,10 @@ Times are the engine core's (unix seconds): `ts` = vLLM's arrival time (set by i
 `queue_wait_s` = first admission to the running batch - arrival, `ttft_s` = first output token
 back from the model - arrival, `e2e_s` = the request freed - arrival (the client sees each a few
 milliseconds later, after detokenization and HTTP). `status` 200 for a request that stopped or
-hit its length, 499 for one aborted (client gone) before it finished; `backend` = 'engine'.
+hit its length, 499 for one aborted (client gone) before it finished, 500 for one vLLM ended
+with FINISHED_ERROR (`error` says so, `finish_reason` 'error': its output was cut short, so the
+log readers leave it out of training data, as every row that is not 200); `finish_reason` is
+vLLM's (FINISHED_IGNORED, a prompt over the length cap, is 'length'); `backend` = 'engine'.
 
 With hidden-state features on (plugin config `features`), a side table `prompt_features` gets
 one row per freed request that has a pooled prompt state: `id` (the requests row's), `spec` (the
@@ -140,11 +143,19 @@ class RecordWriter:
         self.conn.close()
 
 
+# vLLM 0.32's finish reason of each finished status (vllm.v1.request._FINISHED_REASON_MAP)
+FINISH_REASONS = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH_CAPPED": "length",
+                  "FINISHED_ABORTED": "abort", "FINISHED_IGNORED": "length",
+                  "FINISHED_ERROR": "error", "FINISHED_REPETITION": "repetition"}  # fmt: skip
+STATUS = {"FINISHED_ABORTED": 499, "FINISHED_ERROR": 500}  # as the client sees it; else 200
+ERRORS = {"FINISHED_ERROR": "engine error: vLLM ended the request (FINISHED_ERROR: a grammar that "
+                            "failed to compile or rejected a token, an encoder-cache mismatch or "
+                            "a failed KV load)"}  # fmt: skip
+
+
 def record_row(seq, status_name: str, model: str, prompt: str | None = None) -> dict[str, Any]:
     """The log row of a freed request (`seq`: an EngineSeq; `status_name`: vLLM's status)."""
-    aborted = status_name == "FINISHED_ABORTED"
-    reason = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH_CAPPED": "length",
-              "FINISHED_ABORTED": "abort"}.get(status_name, status_name.lower())  # fmt: skip
+    reason = FINISH_REASONS.get(status_name, status_name.lower())
     a = seq.arrival
     est = seq.estimate
 
@@ -153,8 +164,9 @@ def record_row(seq, status_name: str, model: str, prompt: str | None = None) -> 
 
     return {
         "id": seq.id, "ts": a, "tenant": seq.request.tenant, "model": model, "backend": "engine",
-        "endpoint": None, "stream": None, "status": 499 if aborted else 200,
-        "error": None, "prompt_tokens": seq.prompt_tokens, "max_tokens": seq.request.max_tokens,
+        "endpoint": None, "stream": None, "status": STATUS.get(status_name, 200),
+        "error": ERRORS.get(status_name), "prompt_tokens": seq.prompt_tokens,
+        "max_tokens": seq.request.max_tokens,
         "output_tokens": seq.generated, "finish_reason": reason,
         "pred_mean": None if est is None else float(est.mean),
         "pred_quantiles": None if est is None else json.dumps([float(x) for x in est.quantiles]),

@@ -22,7 +22,7 @@ put the policy in charge of each decision:
   already served victim back);
 - notifications: `on_arrival` (add_request), `on_schedule` (admission), `on_tokens` (after each
   step), `on_preempt` (recompute), `on_finish` (stop or length), `on_cancel` (an abort: the
-  client went away).
+  client went away; or vLLM's FINISHED_ERROR).
 
 `preempt_for` and `admit` are asked only about a head vLLM would try to start this step
 (support.py `admissible`: not one whose structured-output grammar is still compiling).
@@ -110,7 +110,8 @@ class PreschedScheduler(Scheduler):
         self.guard = Guard()
         self.guard.on_error = self._save_stats
         self.counts = {"arrivals": 0, "pred_xargs": 0, "pred_predictor": 0, "pred_none": 0,
-                       "bad_xargs": 0, "preempt_for": 0, "finished": 0, "aborted": 0}  # fmt: skip
+                       "bad_xargs": 0, "preempt_for": 0, "finished": 0, "aborted": 0,
+                       "errors": 0}  # fmt: skip
         self._seqs: dict[str, EngineSeq] = {}
         self._now = time.time()
         num_blocks = int(self.kv_cache_config.num_blocks)
@@ -321,12 +322,15 @@ class PreschedScheduler(Scheduler):
         seq.finish = self._now
         seq.preemptions = int(request.num_preemptions)
         status = request.status
-        aborted = status == RequestStatus.FINISHED_ABORTED
-        self.counts["aborted" if aborted else "finished"] += 1
-        if aborted:
-            self.guard.call("on_cancel", None, self.ps.on_cancel, seq, self._now)
-        else:
+        # an abort (client gone) or an engine error (grammar, KV load): it did not complete, its
+        # `generated` is no true length, so the policy hears on_cancel, not on_finish
+        kind = {RequestStatus.FINISHED_ABORTED: "aborted",
+                RequestStatus.FINISHED_ERROR: "errors"}.get(status, "finished")  # fmt: skip
+        self.counts[kind] += 1
+        if kind == "finished":
             self.guard.call("on_finish", None, self.ps.on_finish, seq, self._now)
+        else:
+            self.guard.call("on_cancel", None, self.ps.on_cancel, seq, self._now)
         if self.records is not None:
             prompt = None
             if self._tokenizer is not None:
