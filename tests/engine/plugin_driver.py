@@ -208,8 +208,33 @@ def error_finish() -> dict:
             "finished": s.counts["finished"]}  # fmt: skip
 
 
+def slo_from_xargs() -> dict:
+    """slo (tpot_s 0.01) with per-request SLOs in vllm_xargs, one slot: three requests queue
+    behind a running one; `shortest` order serves the feasible ones by predicted service."""
+    s = make_sched({"policy": "slo", "params": {"tpot_s": 0.01}}, max_num_seqs=1)
+    now = time.time()
+    s.add_request(req("first", max_tokens=3, arrival=now, xargs={"presched_quantiles": [3] * 11,
+                                                                  "presched_slo_e2e": 60}))  # fmt: skip
+    step(s)
+    for rid, n, slo in [("long", 50, {"presched_slo_e2e": 60}), ("mid", 20, {"presched_slo_ttft": "30"}),
+                        ("short", 5, {"presched_slo_e2e": 60.0})]:  # fmt: skip
+        s.add_request(req(rid, max_tokens=n, arrival=now, xargs={"presched_quantiles": [n] * 11, **slo}))
+    s.add_request(req("bad", max_tokens=5, arrival=now,
+                      xargs={"presched_quantiles": [5] * 11, "presched_slo_e2e": -1}))  # fmt: skip
+    slos = {rid: [seq.request.slo_e2e, seq.request.slo_ttft] for rid, seq in s._seqs.items()}
+    order = ["first"]
+    for _ in range(200):
+        if not s.has_requests():
+            break
+        out = step(s)
+        order += [r for r in out.num_scheduled_tokens if r not in order]
+    return {"order": order, "slos": slos, "policy_errors": dict(s.guard.errors),
+            "bad_xargs": s.counts["bad_xargs"]}  # fmt: skip
+
+
 SCENARIOS = {f.__name__: f for f in (stopped_while_preempted, batch_queue_refused,
-                                     grammar_head_preempt_for, grammar_head_admit, error_finish)}  # fmt: skip
+                                     grammar_head_preempt_for, grammar_head_admit, error_finish,
+                                     slo_from_xargs)}  # fmt: skip
 
 
 def main(argv: list[str]) -> None:

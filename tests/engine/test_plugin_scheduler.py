@@ -14,7 +14,9 @@ importable here). One driver process runs every scenario (~15 s, most of it impo
   ended admission, so the request behind it that fits did not start);
 - FINISHED_ERROR is recorded as status 500 with an error and finish_reason 'error', left out
   of training data by the log reader, and the policy hears on_cancel (it heard on_finish, and
-  the row was a 200 whose cut-short length became a label).
+  the row was a 200 whose cut-short length became a label);
+- `slo` reads each request's SLOs from vllm_xargs (presched_slo_e2e / presched_slo_ttft): every
+  priority() raised and every request went through the FCFS fallback.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from presched.serve.log_read import load_log_requests
 
 DRIVER = Path(__file__).with_name("plugin_driver.py")
 SCENARIOS = ("stopped_while_preempted", "batch_queue_refused", "grammar_head_preempt_for",
-             "grammar_head_admit", "error_finish")  # fmt: skip
+             "grammar_head_admit", "error_finish", "slo_from_xargs")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +97,14 @@ def test_an_engine_error_is_a_500_not_a_label_and_a_cancel(driven):
     log = load_log_requests(got["records"], keep_censored=True)  # `presched train --from-log`
     assert [r.id for r in log.requests] == ["ok"]
     assert log.dropped["status"] == 1
+
+
+def test_slo_reads_each_requests_slos_from_vllm_xargs(driven):
+    got = _ok(driven, "slo_from_xargs")
+    assert got["slos"] == {"first": [60.0, None], "long": [60.0, None], "mid": [None, 30.0],
+                           "short": [60.0, None], "bad": [None, None]}  # fmt: skip
+    # feasible ones by predicted service; `bad` (an unusable SLO, counted) has none: the policy
+    # raises for it alone and the Guard serves it first, FCFS
+    assert got["order"] == ["first", "bad", "short", "mid", "long"]
+    assert got["policy_errors"] == {"priority": 1}
+    assert got["bad_xargs"] == 1

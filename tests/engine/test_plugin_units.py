@@ -14,8 +14,9 @@ import pytest
 from presched.engine.plugin.flags import plugin_from_args
 from presched.engine.plugin.config import PluginConfigError, build_policy, load_plugin_config
 from presched.engine.plugin.estimates import BadPrediction, from_xargs, lognormal_quantiles
+from presched.engine.plugin.preflight import preflight
 from presched.engine.plugin.records import record_row
-from presched.engine.plugin.seq import EngineSeq
+from presched.engine.plugin.seq import EngineSeq, slos_of
 from presched.engine.plugin.version import PINNED_VLLM, VLLMVersionError, check_vllm_version
 from presched.predict.estimate import LEVELS
 
@@ -178,6 +179,16 @@ def test_launch_flags():
         "features": {"record_steps": [8, 40]}}
 
 
+@pytest.mark.parametrize("data", [{"policy": "slo"}, {"policy": "slo", "params": {"e2e_slo_s": 9}}])
+def test_preflight_attaches_the_policy_as_the_engine_does(tmp_path, data):
+    """`slo` without tpot_s passed the launcher's check and stopped the engine only after vLLM's
+    minute of start-up (the engine attaches the policy; preflight only built it)."""
+    with pytest.raises(PluginConfigError, match=r"^params: field 'tpot_s'"):
+        preflight(data, tmp_path)
+    assert preflight({"policy": "slo", "params": {"tpot_s": 0.01}}, tmp_path).policy == "slo"
+    assert preflight({"policy": "kv-admission"}, tmp_path, max_num_seqs=4).policy == "kv-admission"
+
+
 def _vreq(status_name: str, xargs: dict | None = None):
     return SimpleNamespace(request_id="r", prompt_token_ids=[1] * 5, max_tokens=8, arrival_time=1.0,
                            num_output_tokens=3, num_preemptions=0,
@@ -195,3 +206,15 @@ def test_record_rows_carry_vllms_finish_reason_and_the_clients_status(status, co
     error, finish_reason 'finished_error', so its cut-short length became a training label."""
     row = record_row(EngineSeq(_vreq(status)), status, "tiny")
     assert (row["status"], row["finish_reason"], row["error"] is not None) == (code, reason, error)
+
+
+def test_slos_from_vllm_xargs():
+    assert slos_of({}) == ({}, [])
+    assert slos_of({"presched_slo_e2e": 30, "presched_slo_ttft": "2.5"}) == (
+        {"slo_e2e": 30.0, "slo_ttft": 2.5}, [])
+    for bad in (0, -1, "soon", True, float("nan"), float("inf"), [1], 1e8):
+        slos, errors = slos_of({"presched_slo_e2e": bad, "presched_slo_ttft": 1})
+        assert slos == {"slo_ttft": 1.0}
+        assert len(errors) == 1 and errors[0].startswith("vllm_xargs.presched_slo_e2e:")
+    seq = EngineSeq(_vreq("WAITING"), slos=slos_of({"presched_slo_ttft": 4})[0])
+    assert (seq.request.slo_e2e, seq.request.slo_ttft) == (None, 4.0)

@@ -240,7 +240,8 @@ def start_engine(
     if plugin is not None:
         from presched.engine.plugin.preflight import preflight
 
-        cfg = preflight(plugin, model_dir, draft_model, "--speculative-config" in extra_args)
+        cfg = preflight(plugin, model_dir, draft_model, "--speculative-config" in extra_args,
+                        max_num_seqs=max_num_seqs)  # fmt: skip
         plugin_env["PRESCHED_PLUGIN_CONFIG"] = cfg.model_dump_json()
         features = cfg.features is not None
     port = port or free_port()

@@ -59,7 +59,7 @@ from presched.engine.plugin.features import FEATURES_ATTR, check_engine_config
 from presched.engine.plugin.guard import Guard
 from presched.engine.plugin.queue import PolicyRequestQueue
 from presched.engine.plugin.records import RecordWriter, record_row
-from presched.engine.plugin.seq import EngineSeq, xargs_of
+from presched.engine.plugin.seq import EngineSeq, slos_of, xargs_of
 from presched.engine.plugin.stats import write_stats
 from presched.engine.plugin.support import admissible, check_supported
 from presched.engine.plugin.version import check_vllm_version
@@ -167,20 +167,24 @@ class PreschedScheduler(Scheduler):
         return seq
 
     def _new_seq(self, vreq) -> EngineSeq:
-        est, source = None, None
+        est, source, xargs = None, None, xargs_of(vreq)
         try:
-            est = from_xargs(xargs_of(vreq))
+            est = from_xargs(xargs)
             source = "xargs" if est is not None else None
         except BadPrediction as e:
             self.counts["bad_xargs"] += 1
             log.warning("presched: request %s: %s; predicting it as if it had none",
                         vreq.request_id, e)  # fmt: skip
+        slos, bad = slos_of(xargs)
+        for msg in bad:
+            self.counts["bad_xargs"] += 1
+            log.warning("presched: request %s: %s; as if it had none", vreq.request_id, msg)
         if est is None and self.predictor is not None:
             est = self.guard.call("predictor", None, self.predictor.predict, vreq.request_id,
                                   vreq.prompt_token_ids)  # fmt: skip
             source = "predictor" if est is not None else None
         self.counts[f"pred_{source or 'none'}"] += 1
-        seq = EngineSeq(vreq, est, source)
+        seq = EngineSeq(vreq, est, source, slos)
         self._seqs[vreq.request_id] = seq
         return seq
 

@@ -4,7 +4,9 @@ One per request, made when vLLM hands the request to the scheduler (`add_request
 until it is freed. The attributes policies read are plain fields, refreshed by the scheduler:
 
     request          presched `Request` (id, prompt_tokens, arrival, max_tokens, tenant;
-                     output_tokens = `presched_target` from vllm_xargs when given)
+                     output_tokens = `presched_target` from vllm_xargs when given; slo_e2e /
+                     slo_ttft = `presched_slo_e2e` / `presched_slo_ttft`, seconds from arrival,
+                     for `slo`: `slos_of`)
     arrival          vLLM's arrival time (unix seconds, set by the API server)
     prompt_tokens    len(prompt_token_ids)
     generated        output tokens so far (kept across preemptions: vLLM recomputes them)
@@ -48,6 +50,8 @@ from presched.workload.request import Request
 
 XARG_TARGET = "presched_target"
 XARG_TENANT = "presched_tenant"
+XARG_SLOS = {"slo_e2e": "presched_slo_e2e", "slo_ttft": "presched_slo_ttft"}  # Request field: xarg
+_MAX_SLO_S = 1e7
 
 
 class EngineSeq:
@@ -58,7 +62,8 @@ class EngineSeq:
                  "features_step_g", "features_draft", "draft_n", "draft_missing", "draft_pools",
                  "features_egtp", "features_record")  # fmt: skip
 
-    def __init__(self, vreq: Any, estimate: Any = None, pred_source: str | None = None) -> None:
+    def __init__(self, vreq: Any, estimate: Any = None, pred_source: str | None = None,
+                 slos: dict[str, float] | None = None) -> None:  # fmt: skip
         self.vreq = vreq
         xargs = xargs_of(vreq)
         prompt = len(vreq.prompt_token_ids or ()) or 1
@@ -69,7 +74,7 @@ class EngineSeq:
             id=str(vreq.request_id), prompt_tokens=prompt,
             arrival=arrival if math.isfinite(arrival) and arrival >= 0 else 0.0,
             output_tokens=target, max_tokens=max_tokens,
-            tenant=str(xargs.get(XARG_TENANT) or "default"),
+            tenant=str(xargs.get(XARG_TENANT) or "default"), **(slos or {}),
         )  # fmt: skip
         self.arrival = arrival
         self.prompt_tokens = prompt
@@ -102,6 +107,28 @@ def xargs_of(vreq: Any) -> dict:
     sp = getattr(vreq, "sampling_params", None)
     extra = getattr(sp, "extra_args", None) if sp is not None else None
     return extra if isinstance(extra, dict) else {}
+
+
+def slos_of(xargs: dict) -> tuple[dict[str, float], list[str]]:
+    """The request's SLOs from its vllm_xargs, as `Request` fields ({"slo_e2e": seconds,
+    "slo_ttft": seconds}, from arrival), and one message per field given but unusable (not a
+    finite number in (0, 1e7]), naming it; an unusable field counts as not given."""
+    slos, bad = {}, []
+    for field, key in XARG_SLOS.items():
+        v = xargs.get(key)
+        if v is None:
+            continue
+        x = None
+        if not isinstance(v, bool) and isinstance(v, (int, float, str)):
+            try:
+                x = float(v)
+            except ValueError:
+                pass
+        if x is not None and math.isfinite(x) and 0 < x <= _MAX_SLO_S:
+            slos[field] = x
+        else:
+            bad.append(f"vllm_xargs.{key}: expected seconds in (0, {_MAX_SLO_S:g}], got {v!r}")
+    return slos, bad
 
 
 def _positive_int(v: Any) -> int | None:
