@@ -34,3 +34,13 @@ def test_simulate_refuses_an_empty_workload_naming_the_source(tmp_path, name, te
     r = presched("simulate", "-w", "generic", "--path", name, "--json", cwd=tmp_path)
     refused(r, "workload: source 'generic'", name, "gave no request")
     assert r.stdout == ""  # no summary of zero completed requests
+
+
+@pytest.mark.parametrize("setting,field", [
+    ("workload.num_requests=true", "workload.num_requests"),
+    ("sim.engine.max_num_seqs=yes", "sim.engine.max_num_seqs"),  # YAML's yes is a boolean too
+])  # fmt: skip
+def test_a_boolean_setting_is_not_read_as_1(tmp_path, setting, field):
+    (tmp_path / "ok.csv").write_text(OK_CSV)
+    r = presched("simulate", "-w", "generic", "--path", "ok.csv", "--json", "--set", setting, cwd=tmp_path)
+    refused(r, f"{field}: expected an integer, not a boolean")

@@ -2,17 +2,19 @@
 
 Every config in presched is a frozen pydantic model whose fields carry a `description`; the CLI
 prints those descriptions as option help, and an experiment file (YAML/JSON) sets the same fields.
-Unknown keys are refused, and a bad value is reported with the field's dotted path.
+Unknown keys are refused, a boolean where a number is expected is refused (pydantic's lax mode
+reads `true` as 1), and a bad value is reported with the field's dotted path.
 """
 
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 
 class UserError(ValueError):
@@ -76,6 +78,71 @@ def apply_overrides(data: dict, flags: dict[str, Any], sets: list[str], example:
 
 class Config(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """A boolean where a number is expected is refused: pydantic's lax mode reads `true` as
+        1 (`--set workload.num_requests=true` ran one request), YAML's `yes`/`on` included."""
+        field = cls.model_fields.get(info.field_name or "")
+        where = None if field is None else _bool_as_number(field.annotation, value)
+        if where is not None:
+            at, kind = where
+            raise ValueError(f"{at + ': ' if at else ''}expected {kind}, not a boolean")
+        return value
+
+
+def _unwrap(annotation: Any) -> Any:
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    return annotation
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The alternatives of a union (Annotated stripped); [annotation] for anything else."""
+    annotation = _unwrap(annotation)
+    if get_origin(annotation) in (Union, types.UnionType):
+        return [m for a in get_args(annotation) for m in _members(a)]
+    return [annotation]
+
+
+def _bool_as_number(annotation: Any, value: Any, at: str = "") -> tuple[str, str] | None:
+    """(where in `value`, 'an integer' or 'a number') for a boolean that `annotation` would read
+    as a number: `value` itself, or an item of a list/tuple/set or a value of a dict; None if
+    there is none (a bool where bool, Any or no number is accepted is left to pydantic)."""
+    members = _members(annotation)
+    if isinstance(value, bool):
+        if any(m is bool or m is Any or m is object for m in members):
+            return None
+        if any(m is int for m in members):
+            return at, "an integer"
+        if any(m is float for m in members):
+            return at, "a number"
+        return None
+    if isinstance(value, (list, tuple, set, frozenset)):
+        for m in members:
+            origin, args = get_origin(m), get_args(m)
+            if origin in (list, set, frozenset) and args:
+                items = [(args[0], v) for v in value]
+            elif origin is tuple and args:  # tuple[int, ...] or tuple[int, str]
+                variadic = len(args) == 2 and args[1] is Ellipsis
+                items = [(args[0], v) for v in value] if variadic else list(zip(args, value))
+            else:
+                continue
+            for i, (a, v) in enumerate(items):
+                found = _bool_as_number(a, v, f"{at}[{i}]")
+                if found is not None:
+                    return found
+        return None
+    if isinstance(value, dict):
+        for m in members:
+            if get_origin(m) is dict and len(get_args(m)) == 2:
+                for k, v in value.items():
+                    found = _bool_as_number(get_args(m)[1], v, f"{at}.{k}" if at else str(k))
+                    if found is not None:
+                        return found
+        return None
+    return None
 
 
 def format_validation_error(err: ValidationError, where: str = "") -> str:
