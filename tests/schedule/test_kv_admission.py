@@ -34,7 +34,9 @@ class Checked(KVAdmission):
                 math.ceil((r.prompt_tokens + max(q, r.generated + 1)) / self.block_size)
                 * self.block_size
             )
-        assert scratch == self.footprint  # the incremental sum is exact
+        assert scratch == self.footprint_of(running)  # the incremental sum is exact
+        if len(running) == len(self._running):
+            assert scratch == self.footprint
         if ok and running:
             assert scratch + self.predicted_size(seq) <= self.headroom * self.kv_tokens
         self.decisions += 1

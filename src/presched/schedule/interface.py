@@ -137,7 +137,9 @@ class Policy(ABC):
         """May `seq`, the head of the waiting queue, start now? Called by the engine after it
         checked that a batch slot and its KV blocks for this step are free. Return False to
         keep it (and, as the order is strict, everyone behind it) waiting, e.g. because its
-        predicted footprint would over-commit memory later. Default: True. A refusal must not
+        predicted footprint would over-commit memory later. `running` may be the batch without
+        the victims the simulator means to preempt for `seq` (it asks before preempting them).
+        Default: True. A refusal must not
         turn into a yes while the running requests only decode (no arrival, completion,
         `wakeup` or re-key in between): the simulator fast-forwards such stretches."""
         return True
@@ -172,7 +174,10 @@ class Policy(ABC):
 
         Called when the candidate cannot be admitted because the batch is full (`max_num_seqs`)
         or KV blocks are short. The driver repeats the call while it keeps returning victims and
-        the candidate still does not fit. Non-preemptive policies return None (the default).
+        the candidate still does not fit. The simulator asks with `running` less the requests
+        named so far (nothing is preempted yet) and preempts them only if the candidate then
+        fits and `admit` accepts it against that batch: answer from the `running` given, not
+        from state kept about the whole batch. Non-preemptive policies return None (the default).
         Decisions are re-evaluated only at events (arrivals, completions, `wakeup` times), not
         at every decode step.
         """

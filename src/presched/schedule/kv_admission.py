@@ -18,6 +18,8 @@ Cost: the sum is kept incrementally (on_schedule / on_tokens / on_preempt / on_f
 each; on_tokens moves F(r) exactly as g_r passes q_r), so `admit` is O(1). q_r is read from
 `seq.estimate` when r is admitted. While the running requests only decode the sum never shrinks,
 so a refusal stays a refusal until a completion (what the simulator's fast-forward assumes).
+`admit` sums F over the `running` it is given when that is not the whole batch (O(n)): the
+simulator asks whether the head would start once the victims it means to preempt are gone.
 
 A head that `admit` refused is not preempted for (`preempt_for` answers None for it, whatever
 the inner policy would say) until the batch changes (an arrival, admission, preemption,
@@ -91,8 +93,16 @@ class KVAdmission(Wrapper):
         """F(seq) for a request that is not running (the head of the queue)."""
         return self._size(seq, estimate_of(seq).quantile(self.quantile))
 
+    def footprint_of(self, running) -> int:
+        """Sum of F over `running`: the kept sum for the whole batch, else recomputed from the
+        kept F of each request (a batch with victims taken out)."""
+        entries = self._running
+        if len(running) == len(entries):
+            return self.footprint
+        return sum(entries[id(r)][1] for r in running if id(r) in entries)
+
     def admit(self, seq, running, now):
-        if running and self.footprint + self.predicted_size(seq) > self.limit:
+        if running and self.footprint_of(running) + self.predicted_size(seq) > self.limit:
             self._refused = seq
             return False
         return self.inner.admit(seq, running, now)

@@ -9,8 +9,12 @@ A. Running requests, in admission order: each gets the tokens it still has to co
    is the request itself, phase A stops.
 B. Only if nothing was preempted in A (vLLM's anti-thrash rule): waiting requests in policy
    order, while budget, `max_num_seqs` and free blocks allow. When the head cannot start, the
-   policy may name a running request to preempt for it (`preempt_for`); otherwise B stops
-   (strict order: a blocked head is not skipped). A waiting request computes its
+   policy may name running requests to preempt for it (`preempt_for`, asked again about the
+   batch without the ones it named, until the head would fit); they are preempted only if the
+   head then fits (a slot, its blocks, the budget they give back) and `admit` accepts it
+   against the batch without them, else no one is (`_victims_for`: a victim is never evicted
+   for a head that still could not start). Otherwise B stops (strict order: a blocked head is
+   not skipped). A waiting request computes its
    `num_tokens - computed` tokens: all of them (computed == 0), except on a decode instance of a
    disaggregated cluster, where its prompt KV came from a prefill instance (computed = prompt)
    and its first step feeds its first token: a decode (vLLM's KV-connector semantics). With
@@ -147,7 +151,7 @@ class Scheduler:
         waiting, kv, running, policy = self.waiting, self.kv, self.running, self.policy
         waiting.update(now)
         seqs, ntoks = batch.seqs, batch.ntoks
-        max_seqs, threshold = self.cfg.max_num_seqs, self._threshold
+        max_seqs = self.cfg.max_num_seqs
         caching, bs = self.caching, kv.block_size
         have = revive = units = 0
         while waiting and budget > 0:
@@ -160,22 +164,20 @@ class Scheduler:
                 have = c // bs
             elif caching:
                 units = revive = have = 0
-            n = total - c
-            if threshold and n > threshold:
-                n = threshold
-            if n > budget:
-                if self.cfg.enable_chunked_prefill:
-                    n = budget
-                elif budget < self._max_tokens:  # not chunked: wait for a step with room
-                    break
+            n = self._tokens(total - c, budget)
+            if n is None:  # not chunked: wait for a step with room
+                break
             extra = kv.blocks_for(c + n) - have  # a waiting request holds no blocks
             if len(running) >= max_seqs or extra + revive > kv.free:
-                victim = policy.preempt_for(seq, running, now) if self._preemptive else None
-                if victim is None:
+                if not self._preemptive:
                     break
-                if victim in seqs:  # served earlier in this step: take its tokens back
-                    budget += batch.remove(victim)
-                self._preempt(victim, now)
+                victims = self._victims_for(seq, total - c, have, revive, units, budget, batch, now)
+                if not victims:
+                    break
+                for victim in victims:
+                    if victim in seqs:  # served earlier in this step: take its tokens back
+                        budget += batch.remove(victim)
+                    self._preempt(victim, now)
                 batch.changed = True
                 continue
             if self._admits and not policy.admit(seq, running, now):
@@ -201,6 +203,81 @@ class Scheduler:
             if seq.first_scheduled is None:
                 seq.first_scheduled = now
             policy.on_schedule(seq, now)
+
+    def _tokens(self, rest: int, budget: int) -> int | None:
+        """Tokens a waiting request with `rest` tokens to compute takes in this step with
+        `budget` left; None when, with chunking off, it must wait for a step with room."""
+        n = rest
+        if self._threshold and n > self._threshold:
+            n = self._threshold
+        if n > budget:
+            if self.cfg.enable_chunked_prefill:
+                return budget
+            if budget < self._max_tokens:
+                return None
+        return n
+
+    def _victims_for(self, seq: Seq, rest: int, have: int, revive: int, units: int,
+                     budget: int, batch: Batch, now: float) -> list[Seq] | None:  # fmt: skip
+        """The running requests to preempt so that the head `seq` starts now, or None. Asks
+        `preempt_for` about the batch without the requests it named before, until the head
+        would fit: a slot, and its blocks within the free ones plus those the victims give up
+        (`_freed`), with the budget of victims served earlier in this step given back; then
+        `admit` against that batch. None if the policy stops naming victims first or `admit`
+        refuses: nobody is preempted for a head that still could not start."""
+        policy, kv, seqs = self.policy, self.kv, batch.seqs
+        trial = self.running.copy()
+        victims: list[Seq] = []
+        c = seq.computed or units * seq.unit_tokens
+        while True:
+            victim = policy.preempt_for(seq, trial, now)
+            if victim is None or victim not in trial:
+                return None
+            trial.remove(victim)
+            victims.append(victim)
+            if victim in seqs:
+                budget += batch.ntoks[seqs.index(victim)]
+            if len(trial) >= self.cfg.max_num_seqs:
+                continue
+            n = self._tokens(rest, budget)  # (never None: the budget only grew)
+            if n is not None and kv.blocks_for(c + n) - have + revive <= kv.free + self._freed(
+                victims, units
+            ):
+                break
+        if self._admits and not policy.admit(seq, trial, now):
+            return None
+        return victims
+
+    def _freed(self, victims: list[Seq], units: int) -> int:
+        """Blocks that preempting `victims` makes available to the head whose cache hit
+        `kv.lookup` just found (`units`): their blocks, less, with prefix caching, those of
+        cached units that someone else still holds (counted in each holder's blocks) and those
+        of units nobody else holds that the head's hit would revive (they become free, and the
+        head takes them out of the free pool again)."""
+        freed = sum(v.blocks for v in victims)
+        if not self.caching:
+            return freed
+        kv = self.kv
+        root = kv.root
+        held: dict = {}  # node -> victims holding it (a holder holds every ancestor)
+        for v in victims:
+            node = v.cache_node
+            while node is not None and node is not root:
+                held[node] = held.get(node, 0) + 1
+                node = node.parent
+        hit: dict = {}  # node of the head's hit -> its blocks the head would use
+        if units:
+            node, m = kv._hit[2], kv._hit[3]  # lookup's deepest node, m units of it matched
+            while node is not root:
+                hit[node] = m * node.ub
+                node = node.parent
+                m = node.end - node.start
+        for node, k in held.items():
+            b = (node.end - node.start) * node.ub
+            freed -= k * b
+            if node.ref == k:  # nobody else holds it: free (cached, evictable) unless revived
+                freed += b - hit.get(node, 0)
+        return freed
 
     def _preempt(self, seq: Seq, now: float) -> None:
         self.running.remove(seq)
