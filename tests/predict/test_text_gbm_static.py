@@ -57,3 +57,19 @@ def test_parameters_are_checked():
         TextGBMStatic(static_dim=3)
     with pytest.raises(ValueError, match="static_features"):
         TextGBMStatic(static_dims=8, static_features=9)
+
+
+def test_a_saved_model_loads_in_a_fresh_process(small, tmp_path):
+    # load_predictor (and a stack member) finds text-gbm-static without anything importing it
+    # first (base.LAZY_MODULES); a fresh interpreter had only presched.predict's own predictors
+    import subprocess
+    import sys
+
+    train, test = small
+    path = TextGBMStatic(**FAST).fit(train).save(tmp_path / "s.npz")
+    code = ("from presched.predict import load_predictor, PREDICTORS; import sys\n"
+            f"p = load_predictor({str(path)!r}); print(type(p).__name__)\n"
+            "PREDICTORS.create('stack', members=['text-gbm', 'text-gbm-static'], member_params={})")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "TextGBMStatic"

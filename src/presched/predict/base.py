@@ -140,8 +140,11 @@ class Predictor(ABC):
 
 PREDICTORS: Registry[Predictor] = Registry("predictor")
 
-LAZY_MODULES = ("presched.predict.encoder",)
-"""Families registered on first use because they import heavy libraries (torch)."""
+LAZY_MODULES = ("presched.predict.text_gbm_static", "presched.predict.encoder")
+"""Predictors registered on first use: the encoder family imports heavy libraries (torch), and
+text-gbm-static is left out of `presched.predict`'s own imports (its fitting needs the `static`
+extra). `predictor_class` (so `load_predictor` and `stack`'s members) imports them when a name
+is not registered yet."""
 
 
 def predictor_class(name: str) -> type[Predictor]:
