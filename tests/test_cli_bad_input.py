@@ -44,3 +44,27 @@ def test_a_boolean_setting_is_not_read_as_1(tmp_path, setting, field):
     (tmp_path / "ok.csv").write_text(OK_CSV)
     r = presched("simulate", "-w", "generic", "--path", "ok.csv", "--json", "--set", setting, cwd=tmp_path)
     refused(r, f"{field}: expected an integer, not a boolean")
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("sim.num_instances=100000000", "sim.num_instances: Input should be less than or equal to 4096"),
+    ("sim.step_time.hardware={name: g, peak_flops: 1.0e15, mem_bandwidth: 3.0e12, mem_capacity: .inf, "
+     "interconnect_bandwidth: 4.5e11}", "sim.step_time.hardware: mem_capacity: Input should be a finite number"),
+])  # fmt: skip
+def test_simulate_refuses_unbounded_sizes(tmp_path, setting, message):
+    (tmp_path / "ok.csv").write_text(OK_CSV)
+    r = presched("simulate", "-w", "generic", "--path", "ok.csv", "--json", "--set", setting, cwd=tmp_path)
+    refused(r, message)
+
+
+def test_simulate_refuses_an_epoch_arrival(tmp_path):
+    (tmp_path / "huge.csv").write_text("id,prompt_tokens,output_tokens,arrival\na,10,5,1e300\nb,20,6,1\n")
+    r = presched("simulate", "-w", "generic", "--path", "huge.csv", "--json", cwd=tmp_path)
+    refused(r, "huge.csv line 2, field 'arrival'", "make epoch timestamps relative")
+
+
+def test_replay_refuses_a_time_scale_that_never_ends(tmp_path):
+    (tmp_path / "ok.csv").write_text(OK_CSV)
+    r = presched("replay", "-w", "generic", "--path", "ok.csv", "--url", "http://127.0.0.1:9", "-m", "x",
+                 "-o", "rp", "--set", "replay.time_scale=1e300", cwd=tmp_path)  # fmt: skip
+    refused(r, "replay.time_scale: Input should be less than or equal to 1000")

@@ -3,7 +3,7 @@
 Every config in presched is a frozen pydantic model whose fields carry a `description`; the CLI
 prints those descriptions as option help, and an experiment file (YAML/JSON) sets the same fields.
 Unknown keys are refused, a boolean where a number is expected is refused (pydantic's lax mode
-reads `true` as 1), and a bad value is reported with the field's dotted path.
+reads `true` as 1), so is a float that is not finite (NaN, inf), and a bad value is reported with the field's dotted path.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def apply_overrides(data: dict, flags: dict[str, Any], sets: list[str], example:
 
 
 class Config(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from presched.workload.loaders import LoadError, load_generic
+from presched.workload.loaders import LoadError, load_azure, load_generic, load_mooncake
 
 
 @pytest.mark.parametrize("name,body,line,first", [
@@ -24,3 +24,35 @@ def test_generic_refuses_a_repeated_id_naming_both_lines(tmp_path, name, body, l
         load_generic(tmp_path / name)
     assert e.value.field == "id" and e.value.line == line
     assert f"already used on line {first}" in str(e.value)
+
+
+@pytest.mark.parametrize("name,body,field", [
+    ("epoch.csv", "id,prompt_tokens,output_tokens,arrival\na,10,5,1700000000\nb,20,6,1700000001\n", "arrival"),
+    ("huge.jsonl", '{"prompt_tokens": 10, "arrival": 1e300}\n', "arrival"),
+    ("epoch_trace.jsonl", '{"timestamp": 1700000000000, "input_length": 10, "output_length": 5}\n',
+     "timestamp"),  # Mooncake: milliseconds
+])  # fmt: skip
+def test_an_arrival_past_1e7_seconds_is_refused_as_an_epoch_time(tmp_path, name, body, field):
+    """An epoch timestamp (1.7e9 s) was read as seconds since the start: a run 54 years long,
+    and float rounding at 1e9 s and past takes the milliseconds TTFT is made of."""
+    (tmp_path / name).write_text(body)
+    load = load_mooncake if field == "timestamp" else load_generic
+    with pytest.raises(LoadError) as e:
+        load(tmp_path / name)
+    assert e.value.field == field and e.value.line == (2 if name.endswith(".csv") else 1)
+    assert "make epoch timestamps relative" in str(e.value)
+
+
+def test_an_azure_trace_longer_than_116_days_is_refused(tmp_path):
+    (tmp_path / "long.csv").write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n"
+        "2024-11-16 18:17:04.0319600,3180,8\n"
+    )
+    with pytest.raises(LoadError) as e:
+        load_azure(tmp_path / "long.csv")
+    assert e.value.field == "TIMESTAMP" and e.value.line == 3 and "at most 1e+07 s" in str(e.value)
+
+
+def test_arrivals_up_to_the_bound_still_load(tmp_path):
+    (tmp_path / "ok.csv").write_text("id,prompt_tokens,arrival\na,10,0\nb,10,1e7\n")
+    assert [r.arrival for r in load_generic(tmp_path / "ok.csv")] == [0.0, 1e7]

@@ -103,21 +103,25 @@ class ReplayConfig(Config):
     max_tokens_default: int = Field(
         256,
         ge=1,
+        le=2**24,
         description="max_tokens of a request whose length is not forced and that has no max_tokens of its own.",
     )
     time_scale: float = Field(
         1.0,
         ge=0,
-        description="Multiply every arrival time (relative to the first) by this: 2 = half the rate, 0 = send everything at once.",
+        le=1000,
+        description="Multiply every arrival time (relative to the first) by this: 2 = half the rate, 0 = send everything at once; at most 1000.",
     )
     max_concurrency: int | None = Field(
         None,
         ge=1,
+        le=2**20,
         description="Client-side cap on requests in flight (others wait for a slot, reported as client wait); none = open loop, no cap.",
     )
     timeout_s: float = Field(
         600.0,
         gt=0,
+        le=86400,
         description="Seconds to wait for a connection or for the next piece of a reply before the request counts as failed.",
     )
     include_usage: bool = Field(

@@ -11,20 +11,24 @@ from presched.config import Config
 from presched.schedule.routers import ROUTERS
 
 
+MAX_INSTANCES = 4096
+"""Most engine instances one simulated deployment has (each holds its own scheduler state)."""
+
+
 class EngineConfig(Config):
-    max_num_seqs: int = Field(256, ge=1, description="Most requests in the running batch (vLLM --max-num-seqs).")
+    max_num_seqs: int = Field(256, ge=1, le=2**20, description="Most requests in the running batch (vLLM --max-num-seqs).")
     max_num_batched_tokens: int = Field(
-        8192, ge=1, description="Token budget of one engine step: prefill chunks + one per decode (vLLM --max-num-batched-tokens)."
+        8192, ge=1, le=2**30, description="Token budget of one engine step: prefill chunks + one per decode (vLLM --max-num-batched-tokens)."
     )
     enable_chunked_prefill: bool = Field(
         True, description="Split long prompts across steps to fit the token budget (vLLM v1 default). If off, a prompt is prefilled in one step: it waits until the step budget has room for all of it (a prompt longer than the whole budget runs alone)."
     )
     long_prefill_token_threshold: int = Field(
-        0, ge=0, description="Cap on the prefill chunk one request gets per step; 0 = no cap (vLLM --long-prefill-token-threshold)."
+        0, ge=0, le=2**30, description="Cap on the prefill chunk one request gets per step; 0 = no cap (vLLM --long-prefill-token-threshold)."
     )
-    block_size: int = Field(16, ge=1, description="Tokens per KV-cache block (vLLM --block-size).")
+    block_size: int = Field(16, ge=1, le=2**20, description="Tokens per KV-cache block (vLLM --block-size).")
     num_blocks: int | None = Field(
-        None, ge=1, description="KV-cache blocks per instance. Default: derived from the model, hardware and gpu_memory_utilization like vLLM's num_gpu_blocks."
+        None, ge=1, le=2**40, description="KV-cache blocks per instance. Default: derived from the model, hardware and gpu_memory_utilization like vLLM's num_gpu_blocks."
     )
     enable_prefix_caching: bool = Field(
         False, description="Automatic prefix caching (vLLM --enable-prefix-caching; on by default in vLLM v1, off here so results without block hashes stay as they were): full blocks are cached by the chain hash of the request's `block_hashes`, a hit skips that prefill, unused cached blocks are evicted least recently used first (docs/simulator.md, Prefix caching)."
@@ -38,8 +42,8 @@ class DisaggConfig(Config):
     """Prefill/decode disaggregation (DistServe, Splitwise, vLLM disaggregated prefill): see
     sim/disagg.py and docs/simulator.md."""
 
-    num_prefill: int = Field(1, ge=1, description="Prefill instances: each computes prompts and samples the first token (TTFT), then hands the request over.")
-    num_decode: int = Field(1, ge=1, description="Decode instances: each admits handed-over requests with their prompt KV present and generates the rest.")
+    num_prefill: int = Field(1, ge=1, le=MAX_INSTANCES, description="Prefill instances: each computes prompts and samples the first token (TTFT), then hands the request over.")
+    num_decode: int = Field(1, ge=1, le=MAX_INSTANCES, description="Decode instances: each admits handed-over requests with their prompt KV present and generates the rest.")
     prefill_router: str = Field("round-robin", description="Router across the prefill instances (at arrival): " + ", ".join(ROUTERS.names()) + ".")
     prefill_router_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the prefill router.")
     decode_router: str = Field("round-robin", description="Router across the decode instances (when a request's KV arrives): " + ", ".join(ROUTERS.names()) + ".")

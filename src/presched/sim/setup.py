@@ -18,7 +18,7 @@ from presched.schedule import POLICIES
 from presched.schedule.params import ParamsError, validate_params
 from presched.schedule.routers import ROUTERS
 from presched.sim.cluster import Cluster
-from presched.sim.config import DisaggConfig, EngineConfig
+from presched.sim.config import MAX_INSTANCES, DisaggConfig, EngineConfig
 from presched.sim.disagg import DisaggCluster
 from presched.sim.result import SimResult
 from presched.sim.steptime import StepTimeConfig, build_step_model, kv_cache_blocks
@@ -28,7 +28,7 @@ from presched.workload.request import Request
 class SimConfig(Config):
     engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM scheduler knobs of each instance.")
     step_time: StepTimeConfig = Field(default_factory=StepTimeConfig, description="How long an engine step takes (model, hardware, roofline or fitted).")
-    num_instances: int = Field(1, ge=1, description="Engine instances (replicas) behind the router.")
+    num_instances: int = Field(1, ge=1, le=MAX_INSTANCES, description="Engine instances (replicas) behind the router (at most 4096).")
     router: str = Field("round-robin", description="Router across instances: " + ", ".join(ROUTERS.names()) + ".")
     router_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the router.")
     policy: str = Field("fcfs", description="Scheduling policy of every instance: " + ", ".join(POLICIES.names()) + ".")

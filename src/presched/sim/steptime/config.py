@@ -49,6 +49,19 @@ from presched.sim.steptime.presets import (
 from presched.sim.steptime.specs import HardwareSpec, ModelSpec
 
 
+def _validate_spec(kind: type[Config], v: dict) -> Config:
+    """`kind` built from `v`; a ValueError listing `field: problem` for each problem."""
+    try:
+        return kind.model_validate(v)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{where}: {msg}" if where else msg)
+        raise ValueError("; ".join(problems)) from None
+
+
 def _resolve_model(model: str | ModelSpec | HFModelSpec) -> ModelSpec:
     if isinstance(model, str):
         return get_model(model)
@@ -78,6 +91,7 @@ class StepTimeConfig(Config):
     tp: int = Field(
         default=1,
         ge=1,
+        le=4096,
         description="Tensor-parallel GPUs per replica; must divide the model's attention heads.",
     )
     ep: int = Field(
@@ -116,16 +130,19 @@ class StepTimeConfig(Config):
     step_overhead: float = Field(
         default=DEFAULT_STEP_OVERHEAD,
         ge=0,
+        le=60.0,
         description="Roofline: fixed seconds per step (scheduler, launches, sampling).",
     )
     overhead_per_decode: float = Field(
         default=DEFAULT_OVERHEAD_PER_DECODE,
         ge=0,
+        le=60.0,
         description="Roofline: seconds per decoding request per step (per-sequence CPU work).",
     )
     overhead_per_prefill_token: float = Field(
         default=DEFAULT_OVERHEAD_PER_PREFILL_TOKEN,
         ge=0,
+        le=60.0,
         description="Roofline: seconds per prefill token outside the roofline.",
     )
     collective_latency: float | None = Field(
@@ -171,16 +188,14 @@ class StepTimeConfig(Config):
         error per problem, naming the field inside `model` (not one per union member)."""
         if not isinstance(v, dict):
             return v
-        kind = HFModelSpec if "hf_config" in v else ModelSpec
-        try:
-            return kind.model_validate(v)
-        except ValidationError as e:
-            problems = []
-            for err in e.errors():
-                where = ".".join(str(p) for p in err["loc"])
-                msg = err["msg"].removeprefix("Value error, ")
-                problems.append(f"{where}: {msg}" if where else msg)
-            raise ValueError("; ".join(problems)) from None
+        return _validate_spec(HFModelSpec if "hf_config" in v else ModelSpec, v)
+
+    @field_validator("hardware", mode="before")
+    @classmethod
+    def _pick_hardware_kind(cls, v: object) -> object:
+        """A mapping is a HardwareSpec: its errors name the field inside `hardware` (not one per
+        union member, `hardware.str: Input should be a valid string` first)."""
+        return _validate_spec(HardwareSpec, v) if isinstance(v, dict) else v
 
     @field_validator("model")
     @classmethod

@@ -66,6 +66,9 @@ def kv_cache_blocks(
     usable = gpu_memory_utilization * hardware.mem_capacity
     weights = model.weight_bytes_per_gpu(tp, ep)
     budget = usable - weights - activation_reserve_bytes
+    if not math.isfinite(budget):  # specs built outside a config (theirs refuse inf and NaN)
+        raise ValueError(f"mem_capacity: the KV budget of {hardware.name!r} is not finite "
+                         f"({hardware.mem_capacity!r} bytes); expected a finite size")  # fmt: skip
     block_bytes = model.kv_bytes_per_token_per_gpu(tp) * block_size
     if budget < block_bytes:
         raise KVCacheDoesNotFitError(

@@ -33,22 +33,25 @@ from presched.sim.steptime.dtypes import DType, dtype_bytes
 
 GIB = 2**30
 MIB = 2**20
+RATE_MAX = 1e30
+"""Bound on a HardwareSpec rate (FLOP/s, bytes/s): finite, yet far enough past any GPU that a
+link or memory which costs nothing can be modelled (1e30, as the step-time tests do)."""
 
 
 class ModelSpec(Config):
     """Shape of a transformer, enough for FLOP and byte counts (formulas: module docstring)."""
 
     name: str = Field(description="Preset or model name, used in tables and logs.")
-    num_params: float = Field(gt=0, description="Total parameters (embeddings and all experts).")
-    num_layers: int = Field(gt=0, description="Transformer blocks (attention or SSM + MLP/MoE).")
-    hidden_size: int = Field(gt=0, description="Residual-stream width (d_model).")
-    num_heads: int = Field(gt=0, description="Attention (query) heads.")
-    num_kv_heads: int = Field(gt=0, description="Key/value heads (GQA); MLA: set to num_heads.")
-    head_dim: int = Field(gt=0, description="Dimension of one attention head (GQA).")
+    num_params: float = Field(gt=0, le=1e15, description="Total parameters (embeddings and all experts).")
+    num_layers: int = Field(gt=0, le=2**24, description="Transformer blocks (attention or SSM + MLP/MoE).")
+    hidden_size: int = Field(gt=0, le=2**24, description="Residual-stream width (d_model).")
+    num_heads: int = Field(gt=0, le=2**24, description="Attention (query) heads.")
+    num_kv_heads: int = Field(gt=0, le=2**24, description="Key/value heads (GQA); MLA: set to num_heads.")
+    head_dim: int = Field(gt=0, le=2**24, description="Dimension of one attention head (GQA).")
     intermediate_size: int | None = Field(
-        default=None, gt=0, description="Dense MLP inner width; informational."
+        default=None, gt=0, le=2**24, description="Dense MLP inner width; informational."
     )
-    vocab_size: int = Field(gt=0, description="Tokenizer vocabulary size.")
+    vocab_size: int = Field(gt=0, le=2**24, description="Tokenizer vocabulary size.")
     weight_dtype: DType = Field(
         default="bf16", description="Format of the weights other than routed experts "
         "(bf16, fp16, fp8, mxfp4, nvfp4)."
@@ -70,7 +73,7 @@ class ModelSpec(Config):
         "parameters count as dense)."
     )
     moe_intermediate_size: int | None = Field(
-        default=None, gt=0, description="Inner width of one routed expert."
+        default=None, gt=0, le=2**24, description="Inner width of one routed expert."
     )
     num_moe_layers: int | None = Field(
         default=None, ge=0, description="Layers with a MoE block (None: all layers when "
@@ -86,17 +89,17 @@ class ModelSpec(Config):
         "multi-head latent attention, KV cache = one compressed latent per token and layer)."
     )
     kv_lora_rank: int | None = Field(
-        default=None, gt=0, description="MLA: latent KV width (DeepSeek-V3: 512)."
+        default=None, gt=0, le=2**24, description="MLA: latent KV width (DeepSeek-V3: 512)."
     )
     qk_rope_head_dim: int | None = Field(
-        default=None, gt=0, description="MLA: decoupled RoPE key width cached with the latent (64)."
+        default=None, gt=0, le=2**24, description="MLA: decoupled RoPE key width cached with the latent (64)."
     )
     num_attention_layers: int | None = Field(
         default=None, ge=0, description="Layers with attention (and a KV cache); None: "
         "num_layers - num_ssm_layers."
     )
     sliding_window: int | None = Field(
-        default=None, gt=0, description="Window in tokens of the sliding-window layers."
+        default=None, gt=0, le=2**30, description="Window in tokens of the sliding-window layers."
     )
     num_sliding_layers: int = Field(
         default=0, ge=0, description="Attention layers that attend only to the last "
@@ -108,7 +111,7 @@ class ModelSpec(Config):
         "per sequence."
     )
     ssm_state_bytes: float = Field(
-        default=0.0, ge=0, description="Bytes of one sequence's recurrent state in one SSM layer "
+        default=0.0, ge=0, le=1e12, description="Bytes of one sequence's recurrent state in one SSM layer "
         "(read and written every decode step)."
     )
 
@@ -289,29 +292,32 @@ class HardwareSpec(Config):
     """One accelerator. Rates are datasheet peaks; step models apply their own efficiencies."""
 
     name: str = Field(description="Preset or device name, used in tables and logs.")
-    peak_flops: float = Field(gt=0, description="Dense BF16 tensor-core peak per GPU, FLOP/s.")
+    peak_flops: float = Field(gt=0, le=RATE_MAX, description="Dense BF16 tensor-core peak per GPU, FLOP/s.")
     peak_flops_fp8: float | None = Field(
-        default=None, gt=0, description="Dense FP8 tensor-core peak, FLOP/s (None: no FP8 "
+        default=None, gt=0, le=RATE_MAX, description="Dense FP8 tensor-core peak, FLOP/s (None: no FP8 "
         "tensor cores; FP8 weights then compute at the BF16 rate)."
     )
     peak_flops_fp4: float | None = Field(
-        default=None, gt=0, description="Dense FP4 tensor-core peak, FLOP/s (None: FP4 weights "
+        default=None, gt=0, le=RATE_MAX, description="Dense FP4 tensor-core peak, FLOP/s (None: FP4 weights "
         "are dequantized and compute at the BF16 rate, as on Hopper)."
     )
-    mem_bandwidth: float = Field(gt=0, description="HBM bandwidth per GPU, bytes/s.")
+    mem_bandwidth: float = Field(gt=0, le=RATE_MAX, description="HBM bandwidth per GPU, bytes/s.")
     mem_capacity: float = Field(
         gt=0,
+        le=1e14,
         description="Device memory per GPU in bytes, as CUDA reports it (what vLLM multiplies "
         "by gpu_memory_utilization).",
     )
     interconnect_bandwidth: float = Field(
         gt=0,
+        le=RATE_MAX,
         description="GPU-to-GPU bandwidth per direction per GPU (NVLink), bytes/s; used for "
         "tensor-parallel all-reduce and expert-parallel all-to-all.",
     )
     interconnect_latency: float = Field(
         default=5e-6,
         ge=0,
+        le=1.0,
         description="Fixed latency of one small all-reduce, seconds (NCCL/custom all-reduce "
         "over NVLink is a few microseconds).",
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from presched.workload.loaders import LOADERS
 from presched.workload.loaders.errors import LoadError, wrap_invalid_request
-from presched.workload.loaders.fields import check_limit, parse_int
+from presched.workload.loaders.fields import MAX_ARRIVAL, check_limit, parse_int
 from presched.workload.loaders.files import base_name, read_text, split_lines
 from presched.workload.paths import data_dir
 from presched.workload.request import InvalidRequestError, Request
@@ -75,12 +75,16 @@ def load_azure(path: str | Path, limit: int | None = None) -> list[Request]:
     d0, s0 = min((r[1], r[2]) for r in rows)
     out = []
     for k, (lineno, day, sod, prompt, output) in enumerate(rows):
+        arrival = (day - d0) * 86400.0 + (sod - s0)
+        if arrival > MAX_ARRIVAL:
+            raise LoadError(path, f"{arrival:.0f} s after the earliest timestamp; a trace may span "
+                            f"at most {MAX_ARRIVAL:g} s (116 days)", line=lineno, field="TIMESTAMP")  # fmt: skip
         try:
             out.append(
                 Request(
                     id=f"azure-{name}-{k:06d}",
                     prompt_tokens=prompt,
-                    arrival=(day - d0) * 86400.0 + (sod - s0),
+                    arrival=arrival,
                     output_tokens=output,
                 )
             )

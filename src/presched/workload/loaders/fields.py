@@ -12,6 +12,12 @@ from typing import Any
 
 from presched.workload.loaders.errors import LoadError
 
+MAX_ARRIVAL = 1e7
+"""Latest arrival a loader accepts, in seconds from the start of the log (~116 days): later ones
+are Unix epoch times (1.7e9) or typos, and past ~1e7 s float rounding eats the milliseconds that
+TTFT is made of."""
+ARRIVAL_HINT = "; make epoch timestamps relative to the first request"
+
 
 def parse_int(
     value: Any, path: Path, line: int, field: str, minimum: int = 1, unit: str = "line"
@@ -53,8 +59,11 @@ def parse_float(
     minimum: float = 0.0,
     strict: bool = False,
     unit: str = "line",
+    maximum: float | None = None,
+    hint: str = "",
 ) -> float:
-    """A finite number >= `minimum` (> `minimum` when `strict`) from CSV text or JSON."""
+    """A finite number >= `minimum` (> `minimum` when `strict`), and <= `maximum` if given, from
+    CSV text or JSON; `hint` is added to the message of a value past `maximum`."""
     out = math.nan
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         out = float(value)
@@ -64,11 +73,13 @@ def parse_float(
         except ValueError:
             pass
     ok = math.isfinite(out) and (out > minimum if strict else out >= minimum)
-    if not ok:
+    if not ok or (maximum is not None and out > maximum):
         op = ">" if strict else ">="
+        most = "" if maximum is None else f" and <= {maximum:g}"
         raise LoadError(
             path,
-            f"expected a finite number {op} {minimum:g}, got {value!r}",
+            f"expected a finite number {op} {minimum:g}{most}, got {value!r}"
+            + (hint if ok else ""),
             line=line,
             field=field,
             unit=unit,

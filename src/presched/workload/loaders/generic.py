@@ -6,7 +6,7 @@ One request per JSONL line / CSV row. Columns (see docs/workloads.md for the ful
 |------------------|----------|--------------------------------------------------------------------|
 | `prompt_tokens`  | yes*     | prompt length in tokens (* or give `prompt` and it is counted)     |
 | `id`             | no       | unique id (a repeat is refused); default `<stem>-<row index:06d>`  |
-| `arrival`        | no       | seconds since the start of the log; default 0                      |
+| `arrival`        | no       | seconds since the start of the log (<= 1e7); default 0             |
 | `output_tokens`  | no       | true output length (>= 1; 0 is refused as a bad row); a JSON list = |
 |                  |          | sampled lengths: the first is the length, all go to output_samples |
 | `max_tokens`     | no       | generation cap of the request                                      |
@@ -36,7 +36,14 @@ from typing import Any
 
 from presched.workload.loaders import LOADERS
 from presched.workload.loaders.errors import LoadError, wrap_invalid_request
-from presched.workload.loaders.fields import check_limit, parse_float, parse_int, parse_int_list
+from presched.workload.loaders.fields import (
+    ARRIVAL_HINT,
+    MAX_ARRIVAL,
+    check_limit,
+    parse_float,
+    parse_int,
+    parse_int_list,
+)
 from presched.workload.loaders.files import base_name, format_suffix, jsonl_rows, read_text
 from presched.workload.loaders.tokens import TokenCounter, approx_tokens
 from presched.workload.request import InvalidRequestError, Request
@@ -159,7 +166,8 @@ def _request(
         raise LoadError(path, f"expected a non-empty string, got {rid!r}", line=line, field="id")
     kw["id"] = str(rid)
     if "arrival" in row:
-        kw["arrival"] = parse_float(row.pop("arrival"), path, line, "arrival")
+        kw["arrival"] = parse_float(row.pop("arrival"), path, line, "arrival",
+                                    maximum=MAX_ARRIVAL, hint=ARRIVAL_HINT)  # fmt: skip
     out = row.pop("output_tokens", None)
     if isinstance(out, list):  # sampled lengths: the first is the length, all are samples
         if "output_samples" in row:

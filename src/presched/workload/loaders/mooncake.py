@@ -17,7 +17,7 @@ from pathlib import Path
 
 from presched.workload.loaders import LOADERS
 from presched.workload.loaders.errors import LoadError, wrap_invalid_request
-from presched.workload.loaders.fields import check_limit, parse_float, parse_int
+from presched.workload.loaders.fields import ARRIVAL_HINT, MAX_ARRIVAL, check_limit, parse_float, parse_int
 from presched.workload.loaders.files import base_name, jsonl_rows, read_text
 from presched.workload.paths import data_dir
 from presched.workload.request import InvalidRequestError, Request
@@ -46,7 +46,8 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> list[Request]:
         for key in REQUIRED:
             if key not in row:
                 raise LoadError(path, "missing", line=lineno, field=key)
-        arrival = parse_float(row.pop("timestamp"), path, lineno, "timestamp") / 1000.0
+        arrival = parse_float(row.pop("timestamp"), path, lineno, "timestamp",
+                              maximum=MAX_ARRIVAL * 1000, hint=ARRIVAL_HINT) / 1000.0  # fmt: skip
         prompt = parse_int(row.pop("input_length"), path, lineno, "input_length")
         output = parse_int(row.pop("output_length"), path, lineno, "output_length")
         hashes = row.pop("hash_ids", [])
