@@ -68,3 +68,41 @@ def test_replay_refuses_a_time_scale_that_never_ends(tmp_path):
     r = presched("replay", "-w", "generic", "--path", "ok.csv", "--url", "http://127.0.0.1:9", "-m", "x",
                  "-o", "rp", "--set", "replay.time_scale=1e300", cwd=tmp_path)  # fmt: skip
     refused(r, "replay.time_scale: Input should be less than or equal to 1000")
+
+
+TEXT_CSV = ("id,prompt_tokens,output_tokens,arrival,prompt,model\na,10,5,0,hi there,m\nb,20,6,1,hello,m\n"
+            "c,20,7,1,hey you,m\nd,20,8,1,yo,m\n")  # fmt: skip
+
+
+@pytest.fixture
+def outputs(tmp_path):
+    """A folder with ok.csv, a folder `adir`, a file `afile` and a trained model m.npz."""
+    (tmp_path / "ok.csv").write_text(TEXT_CSV)
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("")
+    r = presched("train", "-p", "model-median", "-d", "ok.csv", "-o", "m.npz", "-q",
+                 "--validation-fraction", "0", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return tmp_path
+
+
+@pytest.mark.parametrize("args,message", [
+    (("simulate", "-w", "generic", "--path", "ok.csv", "--records", "adir"), "--records: adir is a folder"),
+    (("bench", "-w", "generic", "--path", "ok.csv", "-q", "-o", "afile", "-p", "fcfs", "-l", "0.5"),
+     "--out: afile is a file"),
+    (("predict", "-m", "m.npz", "-i", "ok.csv", "-o", "adir"), "adir: Is a directory"),
+    (("predict", "-m", "m.npz", "-i", "ok.csv", "-o", "afile/p.jsonl"), "afile"),  # a file as a folder
+    (("config", "--dump", "adir"), "adir: Is a directory"),
+    (("replay", "-w", "generic", "--path", "ok.csv", "--url", "http://127.0.0.1:9", "-m", "x", "-o", "afile"),
+     "--out: afile is a file"),
+])  # fmt: skip
+def test_an_output_path_that_cannot_be_written_is_an_error_not_a_traceback(outputs, args, message):
+    refused(presched(*args, cwd=outputs), message)
+
+
+def test_simulate_records_makes_its_folders(tmp_path):
+    (tmp_path / "ok.csv").write_text(OK_CSV)
+    r = presched("simulate", "-w", "generic", "--path", "ok.csv", "--json", "--records", "new/sub/x.csv",
+                 cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "new/sub/x.csv").read_text().startswith("id,")

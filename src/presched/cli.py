@@ -24,7 +24,7 @@ from rich.table import Table
 
 from presched.bench.config import BenchConfig
 from presched.cliutil import csv_list as _csv
-from presched.cliutil import clean_message, err
+from presched.cliutil import clean_message, err, os_error_message, output_file, output_folder
 from presched.cliutil import progress_bar as _progress
 from presched.config import UserError, apply_overrides, format_validation_error, load_file
 from presched.schedule import POLICIES
@@ -126,6 +126,7 @@ def bench(
     flags.update({"policies": _csv(policies, option="--policies"), "loads": _csv(loads, float, "--loads"),
                   "out_dir": str(out) if out else None})  # fmt: skip
     cfg = build_config(config, flags, set_)
+    output_folder(cfg.out_dir, "--out")
     console = Console()
     past = [f"{x:g}" for x in cfg.loads if x > 1]
     if past:
@@ -172,6 +173,8 @@ def simulate(
     flags = _common(workload, path, num_requests, arrivals, seed, instances, router, model, hardware, max_num_seqs)
     flags.update({"workload.rate": rate, "sim.policy": policy})
     cfg = build_config(config, flags, set_)
+    if records is not None:
+        output_file(records, "--records")
     reqs = build_workload(cfg.workload)
     res = run_sim(reqs, cfg.sim, estimates=predictions_for(reqs, cfg.predictions))
     summary = summarize(res.records, res.itl.values(), cfg.slo)
@@ -186,6 +189,7 @@ def simulate(
                         "prefill_tokens_saved": res.prefix_hit_tokens})  # fmt: skip
     if records is not None:
         df = res.records.to_frame()
+        records.parent.mkdir(parents=True, exist_ok=True)  # as predict -o and bench -o do
         if records.suffix == ".jsonl":
             df.to_json(records, orient="records", lines=True)
         else:
@@ -293,9 +297,12 @@ app.command("epp")(_epp)
 def main() -> None:
     try:
         app()
-    except (UserError, ValueError, FileNotFoundError) as e:
+    except (UserError, ValueError) as e:
         # loader errors name file, line and field; config and registry errors name the field
         err.print(f"[red]error:[/red] {clean_message(str(e))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except OSError as e:  # a path that cannot be read or written: `adir: Is a directory`
+        err.print(f"[red]error:[/red] {os_error_message(e)}", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 

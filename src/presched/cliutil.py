@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Optional
 
 from rich.console import Console
@@ -38,6 +39,30 @@ def csv_list(text: Optional[str], cast=str, option: str = "") -> Optional[list]:
             raise UserError(f"{where}expected a comma-separated list of {kinds}, e.g. 0.5,0.9; "
                             f"{x!r} is not {kind}") from None  # fmt: skip
     return out
+
+
+def output_folder(path: Path, option: str) -> Path:
+    """`path` as an output folder (made later): refused naming `option` when it exists as a
+    file, before a run of minutes ends in FileExistsError."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{option}: {path} is a file; give a folder for the results")
+    return path
+
+
+def output_file(path: Path, option: str) -> Path:
+    """`path` as an output file (its folders made later): refused naming `option` when it is a
+    folder, before the run."""
+    if path.is_dir():
+        raise UserError(f"{option}: {path} is a folder; give a file name")
+    return path
+
+
+def os_error_message(e: OSError) -> str:
+    """`{filename}: {strerror}` for an OSError from the file system (`adir: Is a directory`);
+    its own text for one without a file name."""
+    if e.filename is not None and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    return str(e)
 
 
 def clean_message(text: str) -> str:

@@ -108,6 +108,8 @@ def replay(
         raise _fail(err, str(e), 2) from None
     if not reqs:
         raise _fail(err, "workload: the source gave no request", 2)
+    if out.exists() and not out.is_dir():  # found now, not after the whole replay
+        raise _fail(err, f"--out: {out} is a file; give a folder for the results", 2)
     count_tokens = None
     if tokenizer is not None:
         if not tokenizer.is_file():
