@@ -14,6 +14,7 @@ the encoders, the CASTILLO loader) are imported inside the commands, when they r
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -199,8 +200,8 @@ def predict(
     from presched.workload.loaders.generic import load_generic
 
     xs = _csv(thresholds, float, "--thresholds") or []
-    if any(x < 0 for x in xs):
-        raise UserError(f"--thresholds: token counts must be >= 0, got {thresholds!r}")
+    if any(not math.isfinite(x) or x < 0 for x in xs):  # NaN failed `x < 0` and crashed later
+        raise UserError(f"--thresholds: token counts must be finite numbers >= 0, got {thresholds!r}")
     pred = _load_model(model_file)
     if not input.exists():
         raise UserError(f"--input: file not found: {input}")
