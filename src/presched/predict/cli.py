@@ -188,6 +188,17 @@ def train(
                     f"in {took:.1f} s; wrote {path} ({path.stat().st_size / 1024:,.0f} KB)", soft_wrap=True)  # fmt: skip
 
 
+def _check_fractions(test_fraction: float, validation_fraction: float) -> None:
+    """eval's random split: --test-fraction in (0, 1), --validation-fraction in [0, 1), sum < 1."""
+    if not 0 < test_fraction < 1:
+        raise UserError(f"--test-fraction: expected a number in (0, 1), got {test_fraction:g}")
+    if not 0 <= validation_fraction < 1:
+        raise UserError(f"--validation-fraction: expected a number in [0, 1), got {validation_fraction:g}")
+    if test_fraction + validation_fraction >= 1:
+        raise UserError(f"--test-fraction + --validation-fraction: expected below 1, got "
+                        f"{test_fraction:g} + {validation_fraction:g}")  # fmt: skip
+
+
 def predict(
     model_file: Path = typer.Option(..., "--model-file", "-m", help="A model saved by `presched train` (.npz)."),
     input: Path = typer.Option(..., "--input", "-i", help="Requests to predict, in the generic schema (JSONL or CSV): prompt text (and/or prompt_tokens) and model; output lengths, if present, are ignored."),
@@ -233,7 +244,7 @@ def eval_(
     model_file: Optional[Path] = typer.Option(None, "--model-file", "-m", help="Score this saved model on every row of --data (a held-out file) instead of training predictors."),
     out: Path = typer.Option(Path("presched-results/predictors"), "--out", "-o", help="Folder for predictors.json and the PNGs (calibration and predicted-vs-true per view)."),
     quick: Optional[int] = typer.Option(None, "--quick", help="Smoke run: keep about N requests (whole prompts, seeded) in each of train, calibration and test, and time 50 single calls instead of 200."),
-    test_fraction: float = typer.Option(0.2, "--test-fraction", help="Your own --data file: share of prompts held out for testing (ignored when the file has a `split` column with train/test rows)."),
+    test_fraction: float = typer.Option(0.2, "--test-fraction", help="Your own --data file: share of prompts held out for testing, in (0, 1) (ignored when the file has a `split` column: then every row's must be train, validate or test)."),
     validation_fraction: float = typer.Option(0.1, "--validation-fraction", help="Your own --data file: share of prompts held out for calibration / early stopping."),
     seed: int = SeedPredOpt,
     param: list[str] = typer.Option([], "--param", metavar="PREDICTOR.KEY=VALUE", help="Predictor constructor argument PREDICTOR.KEY=VALUE (value read as YAML); repeatable."),
@@ -297,6 +308,8 @@ def eval_(
                 raise UserError(f"--view: {view} needs CASTILLO (--data castillo); a file of your own has only in-dist")
             reqs, _ = _load_data(data, None)
             check_labelled(reqs, "--data")
+            if not any(r.metadata.get("split") is not None for r in reqs):  # a random split: its fractions
+                _check_fractions(test_fraction, validation_fraction)
             try:
                 splits = [generic_split(reqs, test_fraction, validation_fraction, seed)]
             except ValueError as e:

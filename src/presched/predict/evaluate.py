@@ -189,17 +189,18 @@ def generic_split(
 ) -> Split:
     """Split a user's log (generic schema) prompt-disjointly: a seeded `test_fraction` of the
     prompts to test, then `calibration_fraction` of all prompts to calibration, the rest to
-    train. If every row has a `split` column (train / validate / test), that is used instead
-    (validate = calibration)."""
+    train. If any row has a `split` value, the file's split is used instead (validate =
+    calibration): every row's must then be train, validate or test, with train and test rows
+    (ValueError naming field 'split' and the first bad value otherwise; a typo such as 'val'
+    must not quietly turn the user's split into a random one)."""
     requests = list(requests)
     if not requests:
         raise ValueError("data: the file has no requests")
-    splits = {r.metadata.get("split") for r in requests}
-    if splits <= {"train", "validate", "test"} and "train" in splits and "test" in splits:
-        pick = lambda s: [r for r in requests if r.metadata.get("split") == s]
-        return Split(view, pick("train"), pick("validate"), pick("test"), "the file's own split column")
+    if any(r.metadata.get("split") is not None for r in requests):
+        return _own_split(requests, view)
     if not (0 < test_fraction < 1 and 0 <= calibration_fraction < 1 and test_fraction + calibration_fraction < 1):
-        raise ValueError("test_fraction / calibration_fraction: each in [0, 1) and together below 1")
+        raise ValueError(f"test_fraction must be in (0, 1) and calibration_fraction in [0, 1), together "
+                         f"below 1; got {test_fraction:g} and {calibration_fraction:g}")  # fmt: skip
     rest, test = group_split(requests, test_fraction, seed)
     train, calib = group_split(rest, calibration_fraction / (1 - test_fraction), seed + 1)
     if not train or not test:
@@ -207,6 +208,23 @@ def generic_split(
     desc = (f"prompt-disjoint random split (seed {seed}): {1 - test_fraction - calibration_fraction:.0%} train, "
             f"{calibration_fraction:.0%} calibration, {test_fraction:.0%} test")  # fmt: skip
     return Split(view, train, calib, test, desc)
+
+
+def _own_split(requests: list[Request], view: str) -> Split:
+    """The file's `split` column as train / calibration (validate) / test."""
+    sides: dict[str, list[Request]] = {"train": [], "validate": [], "test": []}
+    for r in requests:
+        s = r.metadata.get("split")
+        if s not in sides:
+            got = "no value" if s is None else repr(s)
+            raise ValueError(f"data: field 'split': request {r.id!r} has {got}; when a row has a split, "
+                             f"every row's must be one of train, validate, test")  # fmt: skip
+        sides[s].append(r)
+    for s in ("train", "test"):
+        if not sides[s]:
+            raise ValueError(f"data: field 'split': no row is {s!r}; the file's split needs train and "
+                             f"test rows (validate is optional)")  # fmt: skip
+    return Split(view, sides["train"], sides["validate"], sides["test"], "the file's own split column")
 
 
 def check_labelled(requests: Sequence[Request], what: str) -> None:
