@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from presched.sim.steptime import MeasuredConfig, StepTimeConfig, load_mlenergy
+from presched.sim.steptime import MeasuredConfig, MLEnergyFormatError, StepTimeConfig, load_mlenergy
 from presched.workload.paths import data_dir
 
 HERE = Path(__file__).resolve().parent
@@ -217,8 +217,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import steptime_lomo as lomo
 
-    root = data_root(args.data or data_dir())
-    every = load_mlenergy(root, task=args.task)
+    try:  # a missing folder, a malformed file or a --task nothing has: a message, exit code 2
+        root = data_root(args.data or data_dir())
+        every = load_mlenergy(root, task=args.task)
+    except (MLEnergyFormatError, FileNotFoundError, LookupError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     refused = {config_key(c): why for c in every if (why := not_expressible(c)) is not None}
     ok = [c for c in every if config_key(c) not in refused]
     expressible = {"total": len(every), "ok": len(ok), "fraction": len(ok) / len(every),

@@ -133,3 +133,27 @@ def test_twins_share_an_architecture_and_quantizations_do_not(bench, config_8b_n
     assert arch["Qwen/Qwen3-235B-A22B-Thinking-2507-FP8"] == "qwen3-235b-a22b-fp8"
     assert arch["deepseek-ai/DeepSeek-R1-0528"] == arch["deepseek-ai/DeepSeek-V3.1"]
     assert arch["deepseek-ai/DeepSeek-V3.1"] == "deepseek-v3"
+
+
+@pytest.mark.parametrize("case", ["nan-bin", "bad-tp", "missing", "no-task"])
+def test_bad_data_is_an_error_message_with_exit_code_2(bench, data_dir, tmp_path, capsys, case):
+    """A malformed file, a missing folder or a --task nothing has: `error: ...` naming the file or
+    field and exit code 2 (main returned through a traceback)."""
+    import json
+
+    name = "meta-llama__Llama-3.1-8B-Instruct__lm-arena-chat.json"
+    data = json.loads((data_dir / "mlenergy-leaderboard-llm" / "models" / name).read_text())
+    if case == "nan-bin":
+        data["configurations"][0]["output_length_distribution"]["bins"][1] = float("nan")
+    if case == "bad-tp":
+        data["configurations"][0]["parallelization"]["tensor_parallel"] = 3
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / name).write_text(json.dumps(data))
+    args = ["--data", str(tmp_path / "nowhere" if case == "missing" else folder), "--out", str(tmp_path / "out"),
+            "--quick", "--no-calibration"] + (["--task", "no-such-task"] if case == "no-task" else [])  # fmt: skip
+    assert bench.main(args) == 2
+    err = capsys.readouterr().err
+    expected = {"nan-bin": "output_length_distribution.bins", "bad-tp": "parallelization.tensor_parallel",
+                "missing": "does not exist", "no-task": "task='no-such-task'"}[case]  # fmt: skip
+    assert err.startswith("error: ") and expected in err and not (tmp_path / "out").exists()

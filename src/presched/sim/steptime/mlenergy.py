@@ -25,6 +25,12 @@ into the deployment vLLM actually ran (`vllm_tp`, `expert_parallel`, `data_paral
   by dp (`max_num_seqs_per_rank`).
 
 Anything else raises MLEnergyFormatError naming the field; nothing is read as tp = 1 silently.
+
+The file must be UTF-8 JSON (a gzip-compressed or otherwise non-UTF-8 file is refused naming
+it). A histogram's edges must be finite and strictly increasing and its counts sum to more than
+0. The model's `weight_precision` ("bfloat16", "fp8", ...) and `architecture` ("Dense
+Transformer", "MoE") are kept, when the file has them, as `weight_precision` / `architecture`;
+`deployment.deployment_config` refuses a deployment whose preset disagrees with them.
 """
 
 from __future__ import annotations
@@ -67,6 +73,10 @@ class MeasuredConfig:
     data_parallel: int = 1
     vllm_tp: int = 1
     """Tensor-parallel size per data-parallel rank that vLLM ran with (module docstring)."""
+    weight_precision: str | None = None
+    """The file's `weight_precision` as written ("bfloat16", "fp8"); None when it has none."""
+    architecture: str | None = None
+    """The file's `architecture` as written ("Dense Transformer", "MoE"); None when absent."""
 
     @property
     def max_num_seqs_per_rank(self) -> int:
@@ -143,14 +153,24 @@ def _name_may_match(filename: str, model: str | None, task: str | None) -> bool:
 
 def _read_file(path: Path) -> list[MeasuredConfig]:
     where = str(path)
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raise MLEnergyFormatError(f"{where}: gzip-compressed; expected JSON text (decompress it)")
     try:
-        data = json.loads(path.read_text())
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MLEnergyFormatError(f"{where}: not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at "
+                                  f"offset {e.start}); expected JSON text") from None  # fmt: skip
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise MLEnergyFormatError(f"{where}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise MLEnergyFormatError(f"{where}: expected a JSON object at top level")
     model_id = _get(data, "model_id", str, where)
     task = _get(data, "task", str, where)
+    precision = _get(data, "weight_precision", str, where) if "weight_precision" in data else None
+    architecture = _get(data, "architecture", str, where) if "architecture" in data else None
     configs = _get(data, "configurations", list, where)
     out = []
     for i, c in enumerate(configs):
@@ -182,6 +202,8 @@ def _read_file(path: Path) -> list[MeasuredConfig]:
                 output_length_bins=bins,
                 output_length_counts=counts,
                 source=where,
+                weight_precision=precision,
+                architecture=architecture,
             )
         )
     return out
@@ -263,10 +285,11 @@ def _histogram(c: dict, ctx: str) -> tuple[tuple[float, ...], tuple[int, ...]]:
         raise MLEnergyFormatError(
             f"{hctx}bins: {len(bins)} edges for {len(counts)} counts, expected len(counts) + 1"
         )
-    if not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bins) or any(
-        b1 <= b0 for b0, b1 in zip(bins, bins[1:])
-    ):
-        raise MLEnergyFormatError(f"{hctx}bins: expected strictly increasing numbers")
+    if not all(isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b)
+               for b in bins) or any(b1 <= b0 for b0, b1 in zip(bins, bins[1:])):  # fmt: skip
+        raise MLEnergyFormatError(f"{hctx}bins: expected strictly increasing finite numbers")
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
         raise MLEnergyFormatError(f"{hctx}counts: expected integers >= 0")
+    if sum(counts) == 0:  # nothing to draw output lengths from
+        raise MLEnergyFormatError(f"{hctx}counts: all 0; expected at least one observed length")
     return tuple(float(b) for b in bins), tuple(counts)
