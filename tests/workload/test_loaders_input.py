@@ -56,3 +56,27 @@ def test_an_azure_trace_longer_than_116_days_is_refused(tmp_path):
 def test_arrivals_up_to_the_bound_still_load(tmp_path):
     (tmp_path / "ok.csv").write_text("id,prompt_tokens,arrival\na,10,0\nb,10,1e7\n")
     assert [r.arrival for r in load_generic(tmp_path / "ok.csv")] == [0.0, 1e7]
+
+
+def test_azure_keeps_other_columns_in_metadata_as_the_generic_loader_does(tmp_path, data_dir):
+    """A copy of the real code trace with a Model column: it was dropped silently."""
+    src = (data_dir / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv").read_text().splitlines()[:6]
+    lines = [src[0] + ",Model,Region"] + [f"{line},gpt-4,{'eu' if i % 2 else ''}" for i, line in enumerate(src[1:])]
+    (tmp_path / "extra.csv").write_text("\n".join(lines) + "\n")
+    reqs = load_azure(tmp_path / "extra.csv")
+    assert [r.metadata for r in reqs[:2]] == [{"Model": "gpt-4"}, {"Model": "gpt-4", "Region": "eu"}]
+    assert reqs[0].model == ""  # a column of the file, not presched's model field
+    generic = tmp_path / "same.csv"
+    generic.write_text("prompt_tokens,Model\n10,gpt-4\n")
+    assert load_generic(generic)[0].metadata == reqs[0].metadata  # the same rule
+    plain = load_azure(data_dir / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv", limit=5)
+    assert all(r.metadata == {} for r in plain)
+
+
+def test_azure_refuses_a_column_named_twice(tmp_path):
+    (tmp_path / "twice.csv").write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n2023-11-16 18:17:03.9799600,4808,10,5\n"
+    )
+    with pytest.raises(LoadError) as e:
+        load_azure(tmp_path / "twice.csv")
+    assert e.value.field == "ContextTokens" and e.value.line == 1

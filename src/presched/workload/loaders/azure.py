@@ -4,7 +4,8 @@
 
 One request per row: `prompt_tokens` = ContextTokens, `output_tokens` = GeneratedTokens,
 `arrival` = seconds since the earliest timestamp (the first row; the files are sorted). No
-prompt text, model or session. Ids are `azure-<name>-<row index, 6 digits>` where `<name>` is the
+prompt text, model or session. Any other column goes to `metadata` as text, as in the generic
+loader (an empty cell is absent); a column named twice is refused. Ids are `azure-<name>-<row index, 6 digits>` where `<name>` is the
 file stem without the `AzureLLMInferenceTrace_` prefix (`azure-conv-000123`).
 
 Timestamps have 7 fractional digits, more than `datetime` keeps, and 20k rows through
@@ -46,11 +47,16 @@ def load_azure(path: str | Path, limit: int | None = None) -> list[Request]:
     for col in COLUMNS:
         if col not in header:
             raise LoadError(path, f"missing column (header is {lines[0]!r})", line=1, field=col)
+    dupes = sorted({h for h in header if header.count(h) > 1})
+    if dupes:
+        raise LoadError(path, "column appears more than once", line=1, field=dupes[0])
     i_ts, i_in, i_out = (header.index(c) for c in COLUMNS)
+    extra = [(i, h) for i, h in enumerate(header) if h not in COLUMNS]  # kept in metadata
     width = len(header)
     name = base_name(path).removeprefix("AzureLLMInferenceTrace_")
 
-    rows: list[tuple[int, int, float, int, int]] = []  # (line, day, second of day, prompt, output)
+    # (line, day, second of day, prompt, output, other columns)
+    rows: list[tuple[int, int, float, int, int, dict[str, str]]] = []
     days: dict[str, int] = {}
     for lineno, line in enumerate(lines[1:], start=2):
         if limit is not None and len(rows) >= limit:
@@ -67,14 +73,15 @@ def load_azure(path: str | Path, limit: int | None = None) -> list[Request]:
         day, sod = _timestamp(parts[i_ts], days, path, lineno)
         prompt = parse_int(parts[i_in], path, lineno, "ContextTokens")
         output = parse_int(parts[i_out], path, lineno, "GeneratedTokens")
-        rows.append((lineno, day, sod, prompt, output))
+        other = {h: parts[i].strip() for i, h in extra if parts[i].strip()}
+        rows.append((lineno, day, sod, prompt, output, other))
 
     if not rows:
         return []
     # Day and second-of-day stay separate so the 1e-7 s resolution survives the subtraction.
     d0, s0 = min((r[1], r[2]) for r in rows)
     out = []
-    for k, (lineno, day, sod, prompt, output) in enumerate(rows):
+    for k, (lineno, day, sod, prompt, output, other) in enumerate(rows):
         arrival = (day - d0) * 86400.0 + (sod - s0)
         if arrival > MAX_ARRIVAL:
             raise LoadError(path, f"{arrival:.0f} s after the earliest timestamp; a trace may span "
@@ -86,6 +93,7 @@ def load_azure(path: str | Path, limit: int | None = None) -> list[Request]:
                     prompt_tokens=prompt,
                     arrival=arrival,
                     output_tokens=output,
+                    metadata=other,
                 )
             )
         except InvalidRequestError as e:
