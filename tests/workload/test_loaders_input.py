@@ -80,3 +80,29 @@ def test_azure_refuses_a_column_named_twice(tmp_path):
     with pytest.raises(LoadError) as e:
         load_azure(tmp_path / "twice.csv")
     assert e.value.field == "ContextTokens" and e.value.line == 1
+
+
+@pytest.mark.parametrize("row,count,blocks", [
+    ('{"timestamp": 0, "input_length": 4096, "output_length": 5, "hash_ids": [1]}', 1, 8),  # too few
+    ('{"timestamp": 0, "input_length": 1024, "output_length": 5, "hash_ids": [1,2,3,4,5,6,7,8,9]}', 9, 2),
+    ('{"timestamp": 0, "input_length": 1025, "output_length": 5, "hash_ids": [1,2]}', 2, 3),  # partial block
+])  # fmt: skip
+def test_mooncake_hash_ids_must_be_one_per_512_token_block(tmp_path, row, count, blocks):
+    """Too few ids silently shrank the shareable prefix; extra ones were dropped."""
+    (tmp_path / "t.jsonl").write_text('{"timestamp": 0, "input_length": 600, "output_length": 5, '
+                                      '"hash_ids": [7, 8]}\n' + row + "\n")  # fmt: skip
+    with pytest.raises(LoadError) as e:
+        load_mooncake(tmp_path / "t.jsonl")
+    assert e.value.field == "hash_ids" and e.value.line == 2
+    assert f"{count} ids for input_length" in str(e.value) and f"= {blocks}" in str(e.value)
+
+
+def test_mooncake_rows_with_the_right_count_or_none_load(tmp_path, data_dir):
+    (tmp_path / "t.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 1025, "output_length": 5, "hash_ids": [1, 2, 3]}\n'
+        '{"timestamp": 1, "input_length": 100, "output_length": 5}\n'
+        '{"timestamp": 2, "input_length": 100, "output_length": 5, "hash_ids": []}\n'
+    )
+    assert [r.block_hashes for r in load_mooncake(tmp_path / "t.jsonl")] == [(1, 2), (), ()]
+    for name in ("conversation_trace.jsonl", "synthetic_trace.jsonl"):  # every shared row agrees
+        assert len(load_mooncake(data_dir / "mooncake-fast25" / name)) in (12_031, 3_993)

@@ -7,7 +7,9 @@ input_length, `output_tokens` = output_length. `hash_ids` (ids of the prompt's 5
 blocks, the last one partial; equal ids = shareable KV cache, and an id names its whole prefix:
 checked on the shared trace) become `block_hashes` with `hash_block_tokens` = 512, keeping the
 ids of full blocks only (`input_length // 512` of them: the simulator's prefix cache, like vLLM's,
-shares only full blocks); any other keys go to `metadata`. Ids are `mooncake-<name>-<row index, 6 digits>`, `<name>` being the
+shares only full blocks); any other keys go to `metadata`. A row must have one id per block,
+`ceil(input_length / 512)` (every row of both shared traces does), or none (no `hash_ids`, or
+`[]`: nothing to share); another count is refused naming `hash_ids`. Ids are `mooncake-<name>-<row index, 6 digits>`, `<name>` being the
 file stem without `_trace` (`mooncake-conversation-000123`).
 """
 
@@ -57,6 +59,10 @@ def load_mooncake(path: str | Path, limit: int | None = None) -> list[Request]:
             raise LoadError(
                 path, f"expected a list of integers, got {hashes!r}", line=lineno, field="hash_ids"
             )
+        blocks = -(-prompt // BLOCK_TOKENS)  # ceil: one id per 512-token block, the last partial
+        if hashes and len(hashes) != blocks:  # too few shrank the shareable prefix, extras were dropped
+            raise LoadError(path, f"{len(hashes)} ids for input_length {prompt}, expected "
+                            f"ceil({prompt} / {BLOCK_TOKENS}) = {blocks}", line=lineno, field="hash_ids")  # fmt: skip
         full = tuple(hashes[: prompt // BLOCK_TOKENS]) if prompt > 0 else ()
         try:
             out.append(
