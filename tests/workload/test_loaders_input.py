@@ -106,3 +106,19 @@ def test_mooncake_rows_with_the_right_count_or_none_load(tmp_path, data_dir):
     assert [r.block_hashes for r in load_mooncake(tmp_path / "t.jsonl")] == [(1, 2), (), ()]
     for name in ("conversation_trace.jsonl", "synthetic_trace.jsonl"):  # every shared row agrees
         assert len(load_mooncake(data_dir / "mooncake-fast25" / name)) in (12_031, 3_993)
+
+
+@pytest.mark.parametrize("load,body,field", [
+    (load_generic, '{"prompt_tokens": 10, "output_tokens": 5}\n{"prompt_tokens": 10, "output_tokens": 5, '
+                   '"prompt_tokens": 99}\n', "prompt_tokens"),
+    (load_mooncake, '{"timestamp": 0, "input_length": 1024, "output_length": 5, "hash_ids": [1, 2]}\n'
+                    '{"timestamp": 0, "input_length": 1024, "output_length": 5, "hash_ids": [1, 2], '
+                    '"input_length": 9000}\n', "input_length"),
+    (load_generic, '{"prompt_tokens": 10}\n{"prompt_tokens": 10, "extra": {"a": 1, "a": 2}}\n', "a"),  # nested
+])  # fmt: skip
+def test_a_json_key_given_twice_is_refused_naming_line_and_key(tmp_path, load, body, field):
+    """json.loads keeps the last value silently: the row read 99 prompt tokens (or 9000)."""
+    (tmp_path / "dup.jsonl").write_text(body)
+    with pytest.raises(LoadError) as e:
+        load(tmp_path / "dup.jsonl")
+    assert e.value.line == 2 and e.value.field == field and "appears twice" in str(e.value)

@@ -75,18 +75,44 @@ def split_lines(text: str) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: a dict, or _RepeatedKey when a key occurs twice (json.loads
+    keeps the last value silently)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return obj
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_repeated_keys)
+
+
 def jsonl_rows(text: str, path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line of a JSON Lines text; a line that is not
-    valid JSON or not an object raises LoadError naming the file and line."""
+    valid JSON or not an object, or an object with a key twice (in any nested object too),
+    raises LoadError naming the file and line (and the key as the field)."""
     for lineno, line in enumerate(split_lines(text), start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = _DECODER.decode(line)
         except json.JSONDecodeError as e:
             raise LoadError(
                 path, f"invalid JSON ({e.msg} at column {e.colno})", line=lineno
             ) from None
+        except _RepeatedKey as e:
+            raise LoadError(path, "the key appears twice in one object (JSON would keep the last "
+                            "value silently)", line=lineno, field=e.key) from None  # fmt: skip
         if not isinstance(row, dict):
             raise LoadError(path, f"expected a JSON object, got {type(row).__name__}", line=lineno)
         yield lineno, row
