@@ -122,3 +122,23 @@ def test_a_json_key_given_twice_is_refused_naming_line_and_key(tmp_path, load, b
     with pytest.raises(LoadError) as e:
         load(tmp_path / "dup.jsonl")
     assert e.value.line == 2 and e.value.field == field and "appears twice" in str(e.value)
+
+
+def test_a_csv_list_column_may_be_a_json_list(tmp_path):
+    """docs/workloads.md: output_samples is "JSON list, or integers separated by spaces"; in CSV
+    the JSON form ("[5, 6]", as save_generic writes metadata lists) was refused at '[5,'."""
+    (tmp_path / "s.csv").write_text('id,prompt_tokens,output_tokens,output_samples,block_hashes,hash_block_tokens\n'
+                                    'a,10,5,"[5, 6]","[-3, 4]",16\nb,10,5,7 8,,\n')  # fmt: skip
+    a, b = load_generic(tmp_path / "s.csv")
+    assert a.output_samples == (5, 6) and a.block_hashes == (-3, 4) and b.output_samples == (7, 8)
+
+
+@pytest.mark.parametrize("cell,problem", [('"[5, 6"', "expected a JSON list of integers"),
+                                          ('"[5, 0]"', "expected integers >= 1"),
+                                          ('"[5, true]"', "expected integers >= 1"),
+                                          ('"[[5]]"', "expected integers >= 1")])  # fmt: skip
+def test_a_bad_json_list_in_csv_names_line_and_field(tmp_path, cell, problem):
+    (tmp_path / "s.csv").write_text(f"id,prompt_tokens,output_samples\na,10,{cell}\n")
+    with pytest.raises(LoadError) as e:
+        load_generic(tmp_path / "s.csv")
+    assert e.value.line == 2 and e.value.field == "output_samples" and problem in str(e.value)

@@ -6,6 +6,7 @@ integral float (`12.0`, what pandas writes for an int column with gaps). Boolean
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,17 @@ def parse_float(
 def parse_int_list(
     value: Any, path: Path, line: int, field: str, minimum: int = 1
 ) -> tuple[int, ...]:
-    """A list of integers: a JSON list, or text with the numbers separated by spaces."""
+    """A list of integers: a JSON list (in JSONL, or as CSV text starting with `[`, as
+    `save_generic` writes metadata lists), or text with the numbers separated by spaces."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise LoadError(path, f"expected a JSON list of integers ({e.msg}), got {value!r}",
+                            line=line, field=field) from None  # fmt: skip
+        if not isinstance(parsed, list):
+            raise LoadError(path, f"expected a JSON list of integers, got {value!r}", line=line, field=field)
+        value = parsed
     if isinstance(value, str):
         items: list[Any] = value.split()
     elif isinstance(value, (list, tuple)):
