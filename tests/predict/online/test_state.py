@@ -144,3 +144,19 @@ def test_a_state_of_other_quantile_levels_is_refused_naming_the_field(tmp_path):
     np.savez(tmp_path / HEADER, **{**saved, "__header__": np.array(json.dumps(h))})
     with pytest.raises(ValueError, match="'levels'"):
         OnlineLearner.resume(str(tmp_path), cfg(), background=False)
+
+
+def test_a_buffer_with_a_reused_request_id_is_saved_and_resumed(tmp_path):
+    # clients may send their own request ids again; the buffer is read back by the generic
+    # loader, which refuses a repeated id, so a resume failed and the gateway would not start
+    learner = OnlineLearner(base(), cfg(), background=False)
+    first, again = reqs(30, 100), reqs(30, 100, seed=1)  # the same ids r0..r29, other answers
+    serve(learner, first)
+    serve(learner, again)
+    learner.save(tmp_path)
+    back = OnlineLearner.resume(tmp_path, cfg())
+    assert [k for _, k in back.buffer] == [k for _, k in learner.buffer]
+    ids = [r.id for r, _ in back.buffer]
+    assert len(set(ids)) == 60 and ids[:30] == [f"r{i}" for i in range(30)] and ids[30] == "r0~30"
+    back.save(tmp_path)  # ids stay as they are from save to save
+    assert [r.id for r, _ in OnlineLearner.resume(tmp_path, cfg()).buffer] == ids

@@ -77,7 +77,7 @@ def save_state(learner: Any, folder: str | Path) -> Path:
         model = folder / f"base-v{version}-{n}.npz"
         _replace(base.save(folder / f".tmp-{model.name}"), model)
         buf = folder / f"buffer-{n}.jsonl"
-        buffer = [dataclasses.replace(r, output_tokens=k, output_samples=()) for r, k in pairs]
+        buffer = [dataclasses.replace(r, id=i, output_tokens=k, output_samples=()) for (r, k), i in zip(pairs, _unique_ids(pairs))]
         _replace(save_generic(buffer, folder / f".tmp-{buf.name}"), buf)
         header = {"format": FORMAT, "version": version, "model": model.name, "buffer": buf.name, "counts": counts,
                   "alarm": alarm, "conformal": cal_values, "schedule": schedule, "per_tenant": per_tenant,
@@ -135,3 +135,16 @@ def load_state(cls: type, folder: str | Path, cfg: OnlineConfig, anchor: Sequenc
         learner._interval = min(interval, max(c.refit_every, c.min_refit)) if c.refit_every else interval
         learner._since_change = None if sched["since_change"] is None else int(sched["since_change"])
     return learner
+
+
+def _unique_ids(pairs) -> list[str]:
+    """The buffer rows' ids, a repeat made unique (`<id>~<row>`): clients may reuse request ids,
+    and the generic loader that reads the buffer back refuses a repeated id. The first keeps its
+    own, so a resumed buffer's ids stay the same from save to save."""
+    seen: set[str] = set()
+    out = []
+    for i, (r, _) in enumerate(pairs):
+        rid = r.id if r.id not in seen else f"{r.id}~{i}"
+        seen.add(rid)
+        out.append(rid)
+    return out
