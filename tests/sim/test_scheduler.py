@@ -1,9 +1,11 @@
 """Preemption for the head of the waiting queue (sim/scheduler.py `_victims_for`): the victims
 `preempt_for` names are preempted only if the head then starts (a slot, its blocks, `admit`
-against the batch without them); else nobody is. Hand cases (1 s steps) and a property."""
+against the batch without them), and it starts at once; else nobody is. Hand cases (1 s steps)
+and a property."""
 
 from __future__ import annotations
 
+import signal
 from statistics import NormalDist
 
 import numpy as np
@@ -16,6 +18,7 @@ from presched.predict.estimate import LEVELS, LengthEstimate
 from presched.predict.noisy_oracle import noisy_oracle
 from presched.schedule import POLICIES
 from presched.workload.prefix import with_hashes
+from presched.workload.request import Request
 
 
 def timeline(seqs):
@@ -85,6 +88,32 @@ def test_a_victim_whose_cached_prefix_the_head_would_revive_frees_only_the_rest(
         assert h.first_scheduled == 10.0 and h.cached_tokens == 40
 
 
+def test_the_head_starts_even_if_its_victim_ranks_before_it_once_back_in_the_queue():
+    # vtc over mlfq (preempting), one slot. x (tenant A) runs from t=0; y (B) arrives at t=10, a
+    # step start: B is lifted to c_A, and y (level 0) is the head; mlfq preempts x (level 1)
+    # for it. Back in the queue x's tenant is lifted to c_B = c_A: a tie, and x arrived first,
+    # so x ranked first again, was admitted, and y named it again: the step never ended
+    reqs = [Request(id="x", prompt_tokens=1, output_tokens=50, arrival=0.0, tenant="A"),
+            Request(id="y", prompt_tokens=4, output_tokens=5, arrival=10.0, tenant="B")]  # fmt: skip
+
+    def stuck(*_):
+        raise TimeoutError("the step never ended")
+
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(10)
+    try:
+        for ff in (True, False):
+            pol = POLICIES.create("vtc", inner="mlfq", inner_params={
+                "preempt": True, "recompute_weight": 0.0, "base_quantum": 4.0})  # fmt: skip
+            inst = make_engine(pol, num_blocks=100, block_size=1, max_num_seqs=1, fast_forward=ff)
+            x, y = run_engine(inst, reqs)
+            # x: 10 tokens by t=10; back at 15, its recompute samples the 11th; done at 55
+            assert timeline([x, y]) == [(0.0, 55.0, 1), (10.0, 15.0, 0)]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
 class Spy:
     """Records the victims `preempt_for` names at each time, the preemptions among them, and
     the admissions: every request preempted for a head must let that head start at once."""
@@ -120,6 +149,8 @@ POLICIES_THAT_PREEMPT = [
     ("srpt", {"recompute_weight": 0.0, "max_preemptions": None}),
     ("mlfq", {"preempt": True, "recompute_weight": 0.0, "base_quantum": 4.0}),
     ("kv-admission", {"inner": "srpt", "inner_params": {"recompute_weight": 0.0}}),
+    ("vtc", {"inner": "mlfq", "inner_params": {"preempt": True, "recompute_weight": 0.0,
+                                               "base_quantum": 4.0}}),
 ]
 
 
@@ -141,7 +172,7 @@ def test_property_a_preemption_for_the_head_lets_it_start(data, policy, bs, slot
         arrivals.append(t)
         shared = list(range(100 * pre, 100 * pre + p // 2))
         toks.append(shared + list(range(1000 * (i + 1), 1000 * (i + 1) + p - len(shared))))
-    reqs = make_requests([(p, o) for p, o, _, _ in data], arrivals)
+    reqs = make_requests([(p, o) for p, o, _, _ in data], arrivals, tenants=("a", "b"))
     if caching:
         reqs = [with_hashes(r, tk, bs) for r, tk in zip(reqs, toks)]
     est = noisy_oracle(reqs, 0.5, seed=len(data))

@@ -13,7 +13,8 @@ B. Only if nothing was preempted in A (vLLM's anti-thrash rule): waiting request
    batch without the ones it named, until the head would fit); they are preempted only if the
    head then fits (a slot, its blocks, the budget they give back) and `admit` accepts it
    against the batch without them, else no one is (`_victims_for`: a victim is never evicted
-   for a head that still could not start). Otherwise B stops (strict order: a blocked head is
+   for a head that still could not start); that head then starts at once, even if a victim
+   ranks before it once back in the queue. Otherwise B stops (strict order: a blocked head is
    not skipped). A waiting request computes its
    `num_tokens - computed` tokens: all of them (computed == 0), except on a decode instance of a
    disaggregated cluster, where its prompt KV came from a prefill instance (computed = prompt)
@@ -151,27 +152,17 @@ class Scheduler:
         waiting, kv, running, policy = self.waiting, self.kv, self.running, self.policy
         waiting.update(now)
         seqs, ntoks = batch.seqs, batch.ntoks
-        max_seqs = self.cfg.max_num_seqs
-        caching, bs = self.caching, kv.block_size
-        have = revive = units = 0
+        max_seqs, caching = self.cfg.max_num_seqs, self.caching
         while waiting and budget > 0:
             seq = waiting.peek()
-            c = seq.computed  # 0, or the prompt when its KV came from a prefill instance
-            total = seq.prompt_tokens + seq.generated
-            if caching and not c:  # prefix-cache hit: its first c tokens are cached blocks
-                units, revive = kv.lookup(seq, total)
-                c = units * seq.unit_tokens
-                have = c // bs
-            elif caching:
-                units = revive = have = 0
-            n = self._tokens(total - c, budget)
-            if n is None:  # not chunked: wait for a step with room
+            need = self._need(seq, budget)
+            if need is None:  # not chunked: wait for a step with room
                 break
-            extra = kv.blocks_for(c + n) - have  # a waiting request holds no blocks
+            c, n, extra, units, revive = need
             if len(running) >= max_seqs or extra + revive > kv.free:
                 if not self._preemptive:
                     break
-                victims = self._victims_for(seq, total - c, have, revive, units, budget, batch, now)
+                victims = self._victims_for(seq, need, budget, batch, now)
                 if not victims:
                     break
                 for victim in victims:
@@ -179,10 +170,21 @@ class Scheduler:
                         budget += batch.remove(victim)
                     self._preempt(victim, now)
                 batch.changed = True
-                continue
-            if self._admits and not policy.admit(seq, running, now):
+                # the head starts now, even if a victim ranks before it once back in the queue
+                # (vtc's lift can tie them): the policy named them for this head, and admitting
+                # a victim again would have it named again, in this step, without end
+                need = self._need(seq, budget)  # (with caching the victims' release changed it)
+                if need is None:
+                    break
+                c, n, extra, units, revive = need
+                if len(running) >= max_seqs or extra + revive > kv.free:
+                    break  # (only if releasing a victim evicted cached units of the head's hit)
+                waiting.remove(seq)
+            elif self._admits and not policy.admit(seq, running, now):
                 break
-            waiting.pop()
+            else:
+                waiting.pop()
+            total = seq.prompt_tokens + seq.generated
             seq.status = RUNNING
             running.append(seq)
             if caching and not seq.computed:
@@ -204,6 +206,24 @@ class Scheduler:
                 seq.first_scheduled = now
             policy.on_schedule(seq, now)
 
+    def _need(self, seq: Seq, budget: int) -> tuple[int, int, int, int, int] | None:
+        """What the waiting `seq` needs to start now with `budget` left: (tokens it has (0; the
+        prompt on a decode instance; its cache hit), tokens it computes, blocks it takes, units
+        of its cache hit, cached blocks it revives from the free pool), or None when, with
+        chunking off, it must wait for a step with room."""
+        kv = self.kv
+        c = seq.computed  # 0, or the prompt when its KV came from a prefill instance
+        total = seq.prompt_tokens + seq.generated
+        units = revive = have = 0
+        if self.caching and not c:  # prefix-cache hit: its first c tokens are cached blocks
+            units, revive = kv.lookup(seq, total)
+            c = units * seq.unit_tokens
+            have = c // kv.block_size
+        n = self._tokens(total - c, budget)
+        if n is None:
+            return None
+        return c, n, kv.blocks_for(c + n) - have, units, revive  # a waiting request holds none
+
     def _tokens(self, rest: int, budget: int) -> int | None:
         """Tokens a waiting request with `rest` tokens to compute takes in this step with
         `budget` left; None when, with chunking off, it must wait for a step with room."""
@@ -217,8 +237,8 @@ class Scheduler:
                 return None
         return n
 
-    def _victims_for(self, seq: Seq, rest: int, have: int, revive: int, units: int,
-                     budget: int, batch: Batch, now: float) -> list[Seq] | None:  # fmt: skip
+    def _victims_for(self, seq: Seq, need: tuple, budget: int, batch: Batch,
+                     now: float) -> list[Seq] | None:  # fmt: skip
         """The running requests to preempt so that the head `seq` starts now, or None. Asks
         `preempt_for` about the batch without the requests it named before, until the head
         would fit: a slot, and its blocks within the free ones plus those the victims give up
@@ -226,9 +246,10 @@ class Scheduler:
         `admit` against that batch. None if the policy stops naming victims first or `admit`
         refuses: nobody is preempted for a head that still could not start."""
         policy, kv, seqs = self.policy, self.kv, batch.seqs
+        c, _, _, units, revive = need
+        rest, have = seq.prompt_tokens + seq.generated - c, c // kv.block_size if units else 0
         trial = self.running.copy()
         victims: list[Seq] = []
-        c = seq.computed or units * seq.unit_tokens
         while True:
             victim = policy.preempt_for(seq, trial, now)
             if victim is None or victim not in trial:
