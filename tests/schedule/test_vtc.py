@@ -16,15 +16,19 @@ the paper's form with M = N * L_max, and <= its 2 * max(...). FCFS violates it o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
-from builders import make_engine, make_estimates, make_requests
+from builders import make_engine, make_estimates, make_requests, run_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from presched.predict.noisy_oracle import noisy_oracle
 from presched.schedule import POLICIES
 from presched.schedule.queue import WaitingQueue
 from presched.schedule.vtc import VTC
 from presched.sim.seq import Seq
+from presched.workload.request import Request
 
 
 class MeteredFCFS(VTC):
@@ -196,6 +200,87 @@ def test_service_adds_up_to_the_tokens_served_whatever_the_advance_charge(data, 
     for s in seqs:
         want[s.request.tenant] = want.get(s.request.tenant, 0) + s.prompt_tokens + 2 * s.generated
     assert pol.service == pytest.approx(want)
+
+
+def test_the_head_tenant_changes_only_at_events_so_fast_forward_is_exact():
+    # a0 (A) runs from t=0; a1 (A, 95-token prompt: no room beside a0) waits from 0.5, b0 (B,
+    # fits) from 0.6, lifted to c_A. a0's tokens raised c_A above c_B at every decode step, so
+    # stepping started b0 at t=2 while a fast-forwarded run (no event until a0 ends) kept a1 as
+    # the head until t=60. Tokens are now charged at events: both modes keep A at the head
+    reqs = [
+        Request(id="a0", prompt_tokens=10, output_tokens=60, arrival=0.0, tenant="A"),
+        Request(id="a1", prompt_tokens=95, output_tokens=5, arrival=0.5, tenant="A"),
+        Request(id="b0", prompt_tokens=5, output_tokens=5, arrival=0.6, tenant="B"),
+    ]
+    runs = []
+    for ff in (True, False):
+        inst = make_engine("vtc", num_blocks=100, fast_forward=ff, max_num_seqs=4, block_size=1)
+        runs.append([(s.first_scheduled, s.finish) for s in run_engine(inst, reqs)])
+    assert runs[0] == runs[1] == [(0.0, 60.0), (60.0, 65.0), (60.0, 69.0)]
+
+
+def test_tokens_reach_the_counters_at_the_next_event():
+    pol = POLICIES.create("vtc")
+    a, b = (Seq(r, i) for i, r in enumerate(make_requests([(10, 50), (4, 5)], tenants=("A", "B"))))
+    q = pol.new_queue()
+    for s in (a, b):
+        pol.on_arrival(s, 0.0)
+        q.push(s, 0.0)
+    q.update(0.0)
+    assert q.pop() is a
+    pol.on_schedule(a, 0.0)
+    for g in range(1, 4):  # decode steps: no event, the counter stays
+        a.generated = g
+        pol.on_tokens(a, 1, float(g))
+        q.update(float(g))
+        assert pol.counters["A"] == 10.0 and q.peek() is b
+    pol.on_preempt(a, 4.0)  # an event: A is charged its 3 tokens
+    assert pol.counters["A"] == 10.0 + 2 * 3
+    a.generated = 5
+    pol.on_tokens(a, 2, 5.0)
+    pol.on_finish(a, 5.0)  # a completion settles too (and the next decision once more)
+    assert pol.counters["A"] == 10.0 + 2 * 5 and pol.service["A"] == 20.0
+
+
+MULTI_TENANT = [
+    {}, {"inner": "sjf"}, {"inner": "srpt", "inner_params": {"recompute_weight": 0.0}},
+    {"inner": "hrrn"}, {"inner": "rank", "inner_params": {"starvation_s": 1.0}},
+    {"charge_predicted": "mean"}, {"charge_predicted": "moving-average", "weights": {"a": 3.0}},
+    {"inner": "mlfq", "inner_params": {"preempt": True, "recompute_weight": 0.0, "base_quantum": 4.0}},
+]  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60), st.sampled_from([0.0, 0.1, 0.5, 2.0]),
+                       st.sampled_from("abc")), min_size=2, max_size=18),  # fmt: skip
+    st.sampled_from(MULTI_TENANT),
+    st.booleans(),
+    st.sampled_from([1, 4, 16]),
+    st.integers(1, 5),
+)
+def test_property_fast_forward_is_exact_with_several_tenants(data, params, wrapped, bs, slots):
+    """vtc (and kv-admission around it) with several tenants, tight KV, noisy predictions:
+    fast-forward on and off give the same timelines and preemptions."""
+    t, arrivals = 0.0, []
+    for _, _, gap, _ in data:
+        t += gap
+        arrivals.append(t)
+    reqs = make_requests([(p, o) for p, o, _, _ in data], arrivals)
+    reqs = [replace(r, tenant=x) for r, (*_, x) in zip(reqs, data)]
+    est = noisy_oracle(reqs, 0.7, seed=len(data))
+    num_blocks = max(-(-(p + o) // bs) for p, o, _, _ in data) + 3
+    runs = []
+    for ff in (True, False):
+        pol = POLICIES.create("vtc", **params)
+        if wrapped:
+            pol = POLICIES.create("kv-admission", inner="vtc", inner_params=params)
+        inst = make_engine(pol, num_blocks=num_blocks, block_size=bs, max_num_seqs=slots,
+                           max_num_batched_tokens=64, fast_forward=ff)  # fmt: skip
+        seqs = run_engine(inst, reqs, est)
+        assert all(s.generated == s.target for s in seqs)
+        runs.append([v for s in seqs for v in (s.first_scheduled, s.finish, s.preemptions)])
+    assert runs[0] == pytest.approx(runs[1])
 
 
 def test_bad_config_names_the_field():

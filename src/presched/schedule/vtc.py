@@ -17,6 +17,18 @@ waiting queue last. A tenant that was idle thus cannot bank credit and then star
 (The artifact implements only the first branch; presched follows the paper.) It applies to every
 transition to backlogged, including a preempted request coming back to an empty tenant queue.
 
+When counters move: the charge for generated tokens (and the refund of an advance charge) is
+kept aside and added to the counters at the next event on this engine: an arrival, an
+admission, a preemption, a completion or a cancellation (and, after a completion, once more at
+the next decision, `TenantQueues.update`: the step that completed a request may hand out tokens
+after it). Between events the head tenant therefore stays the same, as the other policies'
+decisions do (mlfq defers its demotions alike): the engine decides anew only at events, and the
+fast-forwarding simulator skips the decode steps between them. The prompt charge at admission
+is immediate (an admission is an event). Every driver calls the hooks in that order, so the
+simulator, the gateway and the engine plugin charge alike; the fairness bound below is about the
+full service (the deferred tokens included) and is unchanged: the tokens kept aside belong to
+requests running since the last event, which the bound already counts.
+
 Fairness bound (paper, Theorem 4.4): over any interval in which tenants f and g are both
 backlogged, |W_f - W_g| <= 2 * max(w_in * L_in, w_out * M), with L_in the longest prompt and M
 the most tokens the running batch holds. See docs/policies/vtc.md for the form this takes under
@@ -92,6 +104,8 @@ class VTC(Wrapper):
         self.service: dict[str, float] = {}  # tenant -> weighted service (not divided)
         self._charged: dict[int, float] = {}  # id(seq) -> output tokens charged in advance
         self._avg: dict[str, float] = {}  # tenant -> moving average of output lengths
+        self._owed: dict[str, float] = {}  # tenant -> service of tokens not in its counter yet
+        self._done = False  # a request completed since the counters were last settled
 
     def new_queue(self) -> TenantQueues:
         return TenantQueues(self)
@@ -101,8 +115,22 @@ class VTC(Wrapper):
         self.service[tenant] = self.service.get(tenant, 0.0) + amount
         self.counters[tenant] = self.counters.get(tenant, 0.0) + amount / share
 
+    def _settle(self) -> None:
+        """Add what was kept aside (tokens, refunds) to the counters: at events (module doc)."""
+        owed = self._owed
+        if owed:
+            for tenant, amount in owed.items():
+                self._charge(tenant, amount)
+            owed.clear()
+        self._done = False
+
     # --- charging ----------------------------------------------------------------------
+    def on_arrival(self, seq, now):
+        self._settle()
+        self.inner.on_arrival(seq, now)
+
     def on_schedule(self, seq, now):
+        self._settle()
         key = id(seq)
         if key not in self._charged:  # first admission (re-admissions after preemption are free)
             tenant = tenant_of(seq)
@@ -120,15 +148,24 @@ class VTC(Wrapper):
         g = seq.generated
         # tokens beyond the advance charge: max(0, g - pred) - max(0, g - n - pred)
         extra = max(0.0, g - pred) - max(0.0, g - num_tokens - pred)
-        if extra:
-            self._charge(tenant_of(seq), self.w_out * extra)
+        if extra:  # kept aside until the next event (module doc)
+            tenant = tenant_of(seq)
+            self._owed[tenant] = self._owed.get(tenant, 0.0) + self.w_out * extra
         self.inner.on_tokens(seq, num_tokens, now)
+
+    def on_preempt(self, seq, now):
+        self._settle()
+        self.inner.on_preempt(seq, now)
 
     def on_finish(self, seq, now):
         pred = self._charged.pop(id(seq), 0.0)
         tenant, g = tenant_of(seq), seq.generated
         if pred > g:  # refund the over-charge
-            self._charge(tenant, -self.w_out * (pred - g))
+            self._owed[tenant] = self._owed.get(tenant, 0.0) - self.w_out * (pred - g)
+        # the counters are complete after this completion; the step may still hand out tokens
+        # to requests after it in its batch: the next decision settles again (`update`)
+        self._settle()
+        self._done = True
         if self.charge_predicted == "moving-average":
             old = self._avg.get(tenant, 0.0)
             self._avg[tenant] = g if old == 0 else (old * (_MA_WINDOW - 1) + g) / _MA_WINDOW
@@ -139,7 +176,9 @@ class VTC(Wrapper):
         # advance charge for tokens it will not get is refunded; no moving-average sample
         pred = self._charged.pop(id(seq), 0.0)
         if pred > seq.generated:
-            self._charge(tenant_of(seq), -self.w_out * (pred - seq.generated))
+            tenant = tenant_of(seq)
+            self._owed[tenant] = self._owed.get(tenant, 0.0) - self.w_out * (pred - seq.generated)
+        self._settle()
         self.inner.on_cancel(seq, now)
 
     def describe(self) -> str:
@@ -181,6 +220,8 @@ class TenantQueues(RequestQueue):
             counters[tenant] = floor
 
     def update(self, now: float) -> None:
+        if self.policy._done:  # the first decision after a completion (see `VTC`)
+            self.policy._settle()
         for q in self.queues.values():
             if q:
                 q.update(now)
