@@ -242,6 +242,26 @@ def test_tokens_reach_the_counters_at_the_next_event():
     assert pol.counters["A"] == 10.0 + 2 * 5 and pol.service["A"] == 20.0
 
 
+def test_with_hrrn_inside_a_request_overtaking_its_tenants_head_ends_a_decode_run():
+    # 1 s steps, KV 200. r0 (C) holds the KV from t=0 so that h (A) and g (B, the highest ratio:
+    # S = 1) cannot start; c_B > c_A (b0's prompt), so A's head goes first. y (A, fits) overtakes
+    # h inside A at t = 6.7 and starts at the next step. hrrn's own wakeup looks only at the
+    # overall first (g, which nobody overtakes): fast-forward ran to r0's end and started y at 40
+    R = Request
+    reqs = [R(id="b0", prompt_tokens=100, output_tokens=2, arrival=0.0, tenant="B"),
+            R(id="r0", prompt_tokens=60, output_tokens=40, arrival=0.0, tenant="C"),
+            R(id="h", prompt_tokens=160, output_tokens=20, arrival=2.2, tenant="A"),
+            R(id="g", prompt_tokens=160, output_tokens=1, arrival=2.3, tenant="B"),
+            R(id="y", prompt_tokens=5, output_tokens=16, arrival=3.1, tenant="A")]  # fmt: skip
+    est = make_estimates([r.output_tokens for r in reqs])
+    runs = []
+    for ff in (True, False):
+        pol = POLICIES.create("vtc", inner="hrrn", inner_params={"stat": "median"})
+        inst = make_engine(pol, num_blocks=200, block_size=1, max_num_seqs=4, fast_forward=ff)
+        runs.append({s.id: s.first_scheduled for s in run_engine(inst, reqs, est)})
+    assert runs[0] == runs[1] and runs[1]["y"] == 7.0
+
+
 MULTI_TENANT = [
     {}, {"inner": "sjf"}, {"inner": "srpt", "inner_params": {"recompute_weight": 0.0}},
     {"inner": "hrrn"}, {"inner": "rank", "inner_params": {"starvation_s": 1.0}},

@@ -28,7 +28,7 @@ Reference: Brinch Hansen, "Short-term scheduling in multiprogramming systems", S
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import Field
@@ -62,14 +62,20 @@ class HRRN(Policy):
         return max(reversed(candidates), key=lambda s: self.priority(s, now))
 
     def wakeup(self, now: float) -> float | None:
-        """The next time a waiting request overtakes the current head (ratios are lines in
-        time: Y overtakes the head H when 1/S_Y > 1/S_H, at t = (a_Y/S_Y - a_H/S_H) /
+        """The next time a waiting request overtakes the current head (`wakeup_among` of every
+        waiting request)."""
+        return self.wakeup_among(self._waiting.values(), now)
+
+    def wakeup_among(self, seqs: Iterable[SeqView], now: float) -> float | None:
+        """The next time one of the waiting `seqs` overtakes the head among them (ratios are
+        lines in time: Y overtakes the head H when 1/S_Y > 1/S_H, at t = (a_Y/S_Y - a_H/S_H) /
         (1/S_Y - 1/S_H)). A steeper Y that ties H at `now` (H wins the tie by arrival, or
         rounding put the crossing at or before `now`) overtakes right after it: the answer is
-        then the next float after `now`, so the next step decides again."""
-        if len(self._waiting) < 2:
+        then the next float after `now`, so the next step decides again. `vtc` asks it about
+        each tenant's queue (its head is the head of one of them)."""
+        lines = [(1.0 / max(self.length(s), 1e-9), s.arrival) for s in seqs]
+        if len(lines) < 2:
             return None
-        lines = [(1.0 / max(self.length(s), 1e-9), s.arrival) for s in self._waiting.values()]
         head = max(lines, key=lambda ln: ((now - ln[1]) * ln[0], -ln[1]))
         sh, ah = head
         best = math.inf

@@ -106,9 +106,22 @@ class VTC(Wrapper):
         self._avg: dict[str, float] = {}  # tenant -> moving average of output lengths
         self._owed: dict[str, float] = {}  # tenant -> service of tokens not in its counter yet
         self._done = False  # a request completed since the counters were last settled
+        self._queue: TenantQueues | None = None  # the waiting queue (`new_queue`), for `wakeup`
 
     def new_queue(self) -> TenantQueues:
-        return TenantQueues(self)
+        self._queue = TenantQueues(self)
+        return self._queue
+
+    def wakeup(self, now):
+        """The inner policy's, asked about each tenant's waiting requests when it can be
+        (`wakeup_among`, e.g. hrrn): its own wakeup sees every waiting request as one queue and
+        misses a request overtaking the head of its tenant but not the overall first."""
+        among, queue = getattr(self.inner, "wakeup_among", None), self._queue
+        if among is None or queue is None:
+            return self.inner.wakeup(now)
+        times = [among(q, now) for q in queue.queues.values() if len(q) > 1]
+        times = [t for t in times if t is not None]
+        return min(times) if times else None
 
     def _charge(self, tenant: str, amount: float) -> None:
         share = self.weights.get(tenant, 1.0)
