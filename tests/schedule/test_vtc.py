@@ -303,11 +303,62 @@ def test_property_fast_forward_is_exact_with_several_tenants(data, params, wrapp
     assert runs[0] == pytest.approx(runs[1])
 
 
+def cycle(pol, q, tenant, i, now, prompt=4):
+    """One request of `tenant` arrives, starts and finishes at `now` (2 tokens)."""
+    s = Seq(Request(id=f"r{i}", prompt_tokens=prompt, output_tokens=2, arrival=now, tenant=tenant), i)
+    pol.on_arrival(s, now)
+    q.push(s, now)
+    q.update(now)
+    x = q.pop()
+    pol.on_schedule(x, now)
+    x.generated = 2
+    pol.on_tokens(x, 2, now)
+    pol.on_finish(x, now)
+
+
+def test_tenant_churn_keeps_no_empty_queue_and_a_bounded_number_of_idle_tenants():
+    # one tenant per user: the queue kept an empty WaitingQueue for every tenant ever seen and
+    # scanned them all at each decision; the policy kept every counter
+    pol = POLICIES.create("vtc", max_idle_tenants=20)
+    q = pol.new_queue()
+    for i in range(500):
+        cycle(pol, q, f"user{i}", i, float(i))
+    s = Seq(Request(id="w", prompt_tokens=4, output_tokens=2, arrival=600.0, tenant="x"), 600)
+    pol.on_arrival(s, 600.0)  # an event: the last idle tenant is counted
+    q.push(s, 600.0)
+    assert list(q.queues) == ["x"]  # backlogged tenants only
+    kept = set(pol.counters)
+    assert len(kept) <= 22 and {"x", "user499"} <= kept  # 20 idle, the last to leave, x
+    for d in (pol.service, pol._first):
+        assert set(d) <= kept
+    assert len(pol._idle) <= 21 and len(pol._idle_heap) <= 2 * 21 + 64 and not pol._live.keys() - {"x"}
+
+
+def test_idle_tenants_past_the_bound_are_forgotten_smallest_counter_first():
+    pol = POLICIES.create("vtc", max_idle_tenants=1)
+    q = pol.new_queue()
+    cycle(pol, q, "big", 0, 0.0, prompt=100)  # c = 104
+    cycle(pol, q, "small", 1, 1.0, prompt=1)  # lifted to 104, then 109
+    cycle(pol, q, "last", 2, 2.0, prompt=1)  # lifted to 109: the last to leave, always kept
+    s = Seq(Request(id="a", prompt_tokens=1, output_tokens=2, arrival=3.0, tenant="new"), 3)
+    pol.on_arrival(s, 3.0)  # three idle tenants, one allowed: big goes (the smallest), then small
+    assert set(pol.counters) == {"last"} and pol.counters["last"] == 114.0
+    q.push(s, 3.0)  # a new tenant is lifted to the last to leave
+    assert pol.counters["new"] == 114.0
+    # a forgotten tenant comes back as a new one: lifted to the backlogged minimum
+    b = Seq(Request(id="b", prompt_tokens=1, output_tokens=2, arrival=4.0, tenant="big"), 4)
+    pol.on_arrival(b, 4.0)
+    q.push(b, 4.0)
+    assert pol.counters["big"] == 114.0 and pol._first["big"] > pol._first["new"]
+    assert q.pop() is s  # equal counters: the earlier head arrival
+
+
 def test_bad_config_names_the_field():
     for kwargs, field in [
         ({"w_in": -1}, "w_in"), ({"w_out": "x"}, "w_out"), ({"weights": {"a": 0}}, r"weights\.a"),
         ({"charge_predicted": "rank"}, "charge_predicted"), ({"inner": "vtc"}, "inner"),
         ({"inner_params": {"bogus": 1}}, r"inner_params\.bogus"),
+        ({"max_idle_tenants": -1}, "max_idle_tenants"),
     ]:  # fmt: skip
         with pytest.raises(ValueError, match=rf"^{field}: "):
             POLICIES.create("vtc", **kwargs)

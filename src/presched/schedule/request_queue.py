@@ -3,8 +3,8 @@
 
 A policy's `new_queue()` returns one; the simulator's engine and the gateway's admission queue
 hold their waiting requests in it and start its head. Implementations: `WaitingQueue`
-(`queue.py`, one heap keyed by the policy's `priority`) and `TenantQueues` (`vtc.py`, one
-`WaitingQueue` per tenant, the head taken from the tenant with the least service).
+(`queue.py`, one heap keyed by the policy's `priority`) and `TenantQueues` (`tenant_queues.py`,
+one `WaitingQueue` per backlogged tenant, the head taken from the tenant with the least service).
 
 Contract: keys may change with time, so the driver calls `update(now)` before it looks at the
 head (`peek`, `pop`); `next_rekey()` tells it when keys will change by themselves, so it can stop

@@ -41,35 +41,44 @@ generated fewer tokens is refunded the difference. The prediction is `moving-ave
 artifact: per-tenant average of past output lengths, window 5, 0 before the first completion)
 or a statistic of `seq.estimate` (`mean`, `median`, `point`, `q10`...`q99`).
 
+Memory under tenant churn (one tenant per user or API key): the waiting queue keeps a queue
+only for backlogged tenants (`TenantQueues`, tenant_queues.py), so a decision costs
+O(#backlogged tenants). The per-tenant state (counter, service, first appearance, moving
+average) is kept while the tenant has a request (arrived, not ended) and, once idle, for at most
+`max_idle_tenants` tenants: past that, at the next event, the idle ones with the smallest
+counters are forgotten (never the tenant that left the queue last: the lift reads it). A
+forgotten tenant that comes back is a new one: its counter starts at 0 and is lifted to the
+backlogged minimum (or the last to leave), which is what it would have been anyway while its old
+counter was at most that (counters only grow, and so does that minimum, up to refunds of an
+advance charge); one forgotten above it gains at most the difference. Its service restarts at
+0, its moving average is forgotten, and it ranks after the tenants seen before it on ties.
+
 Config (`VTCParams`): `inner`, `inner_params`, `w_in` (1), `w_out` (2; the paper's defaults),
-`weights` ({tenant: weight}, default 1 each), `charge_predicted` (None). Preemption by recompute is not
-charged again (the tenant did not cause it): a request's prompt is charged once.
+`weights` ({tenant: weight}, default 1 each), `charge_predicted` (None), `max_idle_tenants`
+(10,000). Preemption by recompute is not charged again (the tenant did not cause it): a
+request's prompt is charged once.
 
     POLICIES.create("vtc", inner="sjf-oracle", weights={"gold": 2, "free": 1})
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
+import heapq
+import itertools
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from presched.schedule.interface import SeqView
 from presched.schedule.lengths import STATS, total
 from presched.schedule.params import ParamsError
-from presched.schedule.queue import WaitingQueue
 from presched.schedule.registry import POLICIES
-from presched.schedule.request_queue import RequestQueue
+from presched.schedule.tenant_queues import TenantQueues, tenant_of
 from presched.schedule.wrapper import Wrapper, WrapperParams, plain_order
+
+__all__ = ["VTC", "VTCParams", "TenantQueues", "tenant_of"]
 
 _PREDICTED = tuple(s for s in STATS if s != "rank") + ("moving-average",)
 _MA_WINDOW = 5  # the artifact's predict_window
-
-
-def tenant_of(seq: SeqView) -> str:
-    return seq.request.tenant
 
 
 class VTCParams(WrapperParams):
@@ -81,6 +90,9 @@ class VTCParams(WrapperParams):
     )  # fmt: skip
     charge_predicted: Literal[_PREDICTED] | None = Field(  # type: ignore[valid-type]
         None, description="Charge the predicted output at admission: moving-average (the artifact's per-tenant average of past lengths, window 5) or a statistic of seq.estimate; tokens are then charged only beyond the prediction and an over-charge is refunded at completion. None: charge tokens as generated.",
+    )  # fmt: skip
+    max_idle_tenants: int = Field(
+        10_000, ge=0, le=10_000_000, description="Idle tenants (no request waiting or running) whose counters are kept; past it, those with the smallest counters are forgotten and come back as new tenants (lifted to the backlogged minimum, which is exact while their counter is below it). Bounds memory under tenant churn.",
     )  # fmt: skip
 
 
@@ -106,7 +118,15 @@ class VTC(Wrapper):
         self._avg: dict[str, float] = {}  # tenant -> moving average of output lengths
         self._owed: dict[str, float] = {}  # tenant -> service of tokens not in its counter yet
         self._done = False  # a request completed since the counters were last settled
-        self._queue: TenantQueues | None = None  # the waiting queue (`new_queue`), for `wakeup`
+        self._queue: TenantQueues | None = None  # the waiting queue (`new_queue`)
+        # per tenant, kept while it has requests, then among at most max_idle_tenants idle ones
+        self.max_idle_tenants = p.max_idle_tenants
+        self._first: dict[str, int] = {}  # tenant -> order of first appearance (ties)
+        self._seen = itertools.count()
+        self._live: dict[str, int] = {}  # tenant -> its requests arrived and not ended
+        self._gone: list[str] = []  # tenants that may have gone idle since the last settle
+        self._idle: dict[str, float] = {}  # idle tenant -> its counter
+        self._idle_heap: list[tuple[float, int, str]] = []  # (counter, first, tenant), lazy
 
     def new_queue(self) -> TenantQueues:
         self._queue = TenantQueues(self)
@@ -129,16 +149,76 @@ class VTC(Wrapper):
         self.counters[tenant] = self.counters.get(tenant, 0.0) + amount / share
 
     def _settle(self) -> None:
-        """Add what was kept aside (tokens, refunds) to the counters: at events (module doc)."""
+        """At an event (module doc): add what was kept aside (tokens, refunds) to the
+        counters; tenants whose last request ended become idle."""
+        self._add_owed()
+        self._done = False
+        if self._gone:
+            self._retire()
+
+    def _add_owed(self) -> None:
         owed = self._owed
         if owed:
             for tenant, amount in owed.items():
                 self._charge(tenant, amount)
             owed.clear()
-        self._done = False
+
+    # --- tenants: kept while they have requests, a bounded number while idle -------------
+    def _wake(self, tenant: str) -> None:
+        """`tenant` has a request again (arrival, or back in the queue)."""
+        self._idle.pop(tenant, None)
+        if tenant not in self._first:
+            self._first[tenant] = next(self._seen)
+
+    def _ended(self, tenant: str) -> None:
+        n = self._live.get(tenant, 0) - 1
+        if n > 0:
+            self._live[tenant] = n
+        else:
+            self._live.pop(tenant, None)
+            self._gone.append(tenant)
+
+    def _retire(self) -> None:
+        """At a settle (an event): tenants with no request left become idle; past
+        `max_idle_tenants` idle ones, forget those with the smallest counters (module doc)."""
+        backlogged = self._queue.queues if self._queue is not None else {}
+        for t in self._gone:
+            if t not in self._live and t not in backlogged and t not in self._idle:
+                c = self._idle[t] = self.counters.get(t, 0.0)
+                heapq.heappush(self._idle_heap, (c, self._first.get(t, -1), t))
+        self._gone.clear()
+        excess = len(self._idle) - self.max_idle_tenants
+        if excess > 0:
+            self._forget(excess)
+
+    def _forget(self, n: int) -> None:
+        heap, idle = self._idle_heap, self._idle
+        last = self._queue._last_left if self._queue is not None else None
+        kept = None
+        while n > 0 and heap:
+            entry = heapq.heappop(heap)
+            c, _, t = entry
+            if idle.get(t) != c:
+                continue  # stale: the tenant came back (and may be idle again with another c)
+            if t == last:  # the lift reads its counter: keep it
+                kept = entry
+                continue
+            del idle[t]
+            for d in (self.counters, self.service, self._avg, self._first):
+                d.pop(t, None)
+            n -= 1
+        if kept is not None:
+            heapq.heappush(heap, kept)
+        if len(heap) > 2 * len(idle) + 64:
+            first = self._first
+            self._idle_heap = [(c, first.get(t, -1), t) for t, c in idle.items()]
+            heapq.heapify(self._idle_heap)
 
     # --- charging ----------------------------------------------------------------------
     def on_arrival(self, seq, now):
+        tenant = tenant_of(seq)
+        self._live[tenant] = self._live.get(tenant, 0) + 1
+        self._wake(tenant)
         self._settle()
         self.inner.on_arrival(seq, now)
 
@@ -177,11 +257,12 @@ class VTC(Wrapper):
             self._owed[tenant] = self._owed.get(tenant, 0.0) - self.w_out * (pred - g)
         # the counters are complete after this completion; the step may still hand out tokens
         # to requests after it in its batch: the next decision settles again (`update`)
-        self._settle()
+        self._add_owed()
         self._done = True
         if self.charge_predicted == "moving-average":
             old = self._avg.get(tenant, 0.0)
             self._avg[tenant] = g if old == 0 else (old * (_MA_WINDOW - 1) + g) / _MA_WINDOW
+        self._ended(tenant)  # (idle from the next settle on, if it was its last request)
         self.inner.on_finish(seq, now)
 
     def on_cancel(self, seq, now):
@@ -191,109 +272,9 @@ class VTC(Wrapper):
         if pred > seq.generated:
             tenant = tenant_of(seq)
             self._owed[tenant] = self._owed.get(tenant, 0.0) - self.w_out * (pred - seq.generated)
+        self._ended(tenant_of(seq))
         self._settle()
         self.inner.on_cancel(seq, now)
 
     def describe(self) -> str:
         return f"vtc({self.inner.describe()})"
-
-
-class TenantQueues(RequestQueue):
-    """The waiting queue of `vtc`: one `WaitingQueue` per tenant, ordered by the inner policy;
-    the head is the head of the backlogged tenant with the smallest counter (ties: the earlier
-    head arrival, then the tenant seen first). O(#tenants) per peek/pop."""
-
-    def __init__(self, policy: VTC) -> None:
-        self.policy = policy
-        self.queues: dict[str, WaitingQueue] = {}  # in order of first appearance
-        self._n = 0
-        self._last_left: str | None = None  # tenant whose queue emptied last
-
-    def push(self, seq: SeqView, now: float) -> None:
-        tenant = tenant_of(seq)
-        q = self.queues.get(tenant)
-        if q is None:
-            q = self.queues[tenant] = WaitingQueue(self.policy)
-        if not q:
-            self._lift(tenant)
-        q.push(seq, now)
-        self._n += 1
-
-    def _lift(self, tenant: str) -> None:
-        counters = self.policy.counters
-        others = [counters.get(t, 0.0) for t, q in self.queues.items() if q and t != tenant]
-        if others:
-            floor = min(others)
-        elif self._last_left is not None and self._last_left != tenant:
-            floor = counters.get(self._last_left, 0.0)
-        else:
-            return
-        if counters.get(tenant, 0.0) < floor:
-            # keep `service` (the real tokens) as is; only the virtual counter moves
-            counters[tenant] = floor
-
-    def update(self, now: float) -> None:
-        if self.policy._done:  # the first decision after a completion (see `VTC`)
-            self.policy._settle()
-        for q in self.queues.values():
-            if q:
-                q.update(now)
-
-    def _head_queue(self) -> tuple[str, WaitingQueue] | None:
-        counters = self.policy.counters
-        best = None
-        best_key = None
-        for t, q in self.queues.items():
-            if not q:
-                continue
-            key = (counters.get(t, 0.0), q.peek().arrival)
-            if best_key is None or key < best_key:
-                best, best_key = (t, q), key
-        return best
-
-    def peek(self) -> SeqView | None:
-        head = self._head_queue()
-        return head[1].peek() if head else None
-
-    def pop(self) -> SeqView:
-        head = self._head_queue()
-        if head is None:
-            raise IndexError("pop from an empty queue")
-        tenant, q = head
-        seq = q.pop()
-        self._n -= 1
-        if not q:
-            self._last_left = tenant
-        return seq
-
-    def remove(self, seq: SeqView) -> None:
-        tenant = tenant_of(seq)
-        q = self.queues[tenant]
-        q.remove(seq)
-        self._n -= 1
-        if not q:
-            self._last_left = tenant
-
-    def next_rekey(self) -> float:
-        return min((q.next_rekey() for q in self.queues.values() if q), default=math.inf)
-
-    def refresh(self, now: float) -> None:
-        for q in self.queues.values():
-            q.refresh(now)
-
-    def backlogged(self) -> list[str]:
-        """Tenants with waiting requests."""
-        return [t for t, q in self.queues.items() if q]
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __bool__(self) -> bool:
-        return self._n > 0
-
-    def __contains__(self, seq: object) -> bool:
-        q = self.queues.get(tenant_of(seq))  # type: ignore[arg-type]
-        return q is not None and seq in q
-
-    def __iter__(self) -> Iterator[SeqView]:
-        return iter([s for q in self.queues.values() for s in q])
