@@ -43,8 +43,8 @@ def test_every_policy_has_a_frozen_documented_model_whose_defaults_build_it(name
 def test_unknown_and_mistyped_params_name_the_field():
     with pytest.raises(ParamsError, match=r"^bogus: Extra inputs are not permitted$"):
         POLICIES.create("fcfs", bogus=1)
-    with pytest.raises(ParamsError, match=r"^num_levels: Input should be a valid integer \(got True\)$"):
-        POLICIES.create("mlfq", num_levels=True)  # strict: a bool is no number
+    with pytest.raises(ParamsError, match=r"^num_levels: expected an integer, not a boolean \(got True\)$"):
+        POLICIES.create("mlfq", num_levels=True)  # a bool is no number (config.Config's check)
     with pytest.raises(ParamsError, match=r"^rate: Input should be a valid number \(got '5'\)$"):
         POLICIES.create("aging", rate="5")  # strict: no strings for numbers
     with pytest.raises(ParamsError, match=r"^c_frac: Input should be a finite number"):
