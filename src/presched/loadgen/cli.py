@@ -106,8 +106,6 @@ def replay(
         reqs = build_workload(cfg.workload)
     except (ValueError, FileNotFoundError) as e:  # loader errors name the file, line and field
         raise _fail(err, str(e), 2) from None
-    if not reqs:
-        raise _fail(err, "workload: the source gave no request", 2)
     if out.exists() and not out.is_dir():  # found now, not after the whole replay
         raise _fail(err, f"--out: {out} is a file; give a folder for the results", 2)
     count_tokens = None
