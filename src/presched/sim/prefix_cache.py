@@ -169,8 +169,7 @@ class CachingBlockManager(BlockManager):
         if first:
             self.prompt_tokens += seq.prompt_tokens
         if not units:
-            if seq.keys:  # its next unit ends at unit_tokens (`_reset`)
-                self.open[seq] = None
+            self._next_unit(seq, 0)
             return 0
         keys, found, node, m = self._hit
         if keys is not seq.keys or found != units:
@@ -193,11 +192,7 @@ class CachingBlockManager(BlockManager):
         unit = seq.unit_tokens
         seq.blocks = units * (unit // self.block_size)
         seq.cached_upto = units
-        if units < len(keys):
-            seq.next_unit_end = (units + 1) * unit
-            self.open[seq] = None
-        else:
-            seq.next_unit_end = math.inf
+        self._next_unit(seq, units)
         hit = units * unit
         self.hit_tokens += hit
         if first:
@@ -266,8 +261,13 @@ class CachingBlockManager(BlockManager):
                 seq.next_unit_end = math.inf
                 self.open.pop(seq, None)
                 return
-        if i < len(keys):
-            seq.next_unit_end = (i + 1) * unit
+        self._next_unit(seq, i)
+
+    def _next_unit(self, seq: Seq, i: int) -> None:
+        """`seq` (holding blocks) has its first i units cached: its next unit ends at
+        (i + 1) * unit_tokens (it is `open`), or it has no more keys."""
+        if i < len(seq.keys):
+            seq.next_unit_end = (i + 1) * seq.unit_tokens
             self.open[seq] = None
         else:
             seq.next_unit_end = math.inf
@@ -286,12 +286,7 @@ class CachingBlockManager(BlockManager):
         self._sync(node)
         seq: Seq = node.owner  # type: ignore[assignment]
         node.owner = None
-        i = seq.cached_upto
-        if i < len(seq.keys):
-            seq.next_unit_end = (i + 1) * seq.unit_tokens
-            self.open[seq] = None
-        else:
-            seq.next_unit_end = math.inf
+        self._next_unit(seq, seq.cached_upto)
 
     # --- allocation and release -------------------------------------------------------------
     # (`take` is the base class's: the evictions it makes necessary wait for `_settle`)
