@@ -89,6 +89,19 @@ def run_engine(inst: Instance, requests: Sequence[Request], estimates=None) -> l
     return seqs
 
 
+def assert_fast_forward_exact(make_policy, requests: Sequence[Request], estimates=None, **engine) -> None:
+    """Run `requests` with a fresh `make_policy()` fast-forwarded and stepped one at a time:
+    every request completes, with the same first-scheduled and finish times and preemptions."""
+    import pytest
+
+    runs = []
+    for ff in (True, False):
+        seqs = run_engine(make_engine(make_policy(), fast_forward=ff, **engine), requests, estimates)
+        assert all(s.generated == s.target for s in seqs)
+        runs.append([v for s in seqs for v in (s.first_scheduled, s.finish, s.preemptions)])
+    assert runs[0] == pytest.approx(runs[1])
+
+
 def fingerprint(res) -> str:
     """SHA-256 (16 hex digits) of a `SimResult`: every record column, the ITL log, and the step,
     run and preemption counts (tests/sim/test_fingerprints.py, test_prefix_golden.py)."""

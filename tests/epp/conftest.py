@@ -29,6 +29,17 @@ def fitted_predictor() -> LinearPrompt:
     return LinearPrompt().fit(reqs)
 
 
+def log_rows(log: RequestLog) -> list[dict]:
+    """Every row the picker's request log holds (flushed first), in the order written."""
+    log.flush()
+    conn = sqlite3.connect(log.path)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute("SELECT * FROM requests ORDER BY ts, rowid")]
+    finally:
+        conn.close()
+
+
 class Stack:
     """The running stack and helpers the tests share."""
 
@@ -40,13 +51,7 @@ class Stack:
         return self.st.url
 
     def rows(self) -> list[dict]:
-        self.log.flush()
-        conn = sqlite3.connect(self.log.path)
-        conn.row_factory = sqlite3.Row
-        try:
-            return [dict(r) for r in conn.execute("SELECT * FROM requests ORDER BY ts, rowid")]
-        finally:
-            conn.close()
+        return log_rows(self.log)
 
     def idle(self, timeout_s: float = 10.0) -> None:
         """Until every admitted request has ended (its slot freed, its row written)."""

@@ -7,7 +7,6 @@ decided again: a second request admitted, the first never ended, its endpoint sl
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 
 import grpc
@@ -17,6 +16,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp.conftest import log_rows
 from epp.test_grpc import _started
 from presched.serve.log import RequestLog
 
@@ -73,13 +73,7 @@ class Picker:
             time.sleep(0.02)
 
     def rows(self) -> list[dict]:
-        self.log.flush()
-        conn = sqlite3.connect(self.log.path)
-        conn.row_factory = sqlite3.Row
-        try:
-            return [dict(r) for r in conn.execute("SELECT * FROM requests ORDER BY ts, rowid")]
-        finally:
-            conn.close()
+        return log_rows(self.log)
 
     def stop(self) -> None:
         self.st.call(self.server.stop(0))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from builders import make_engine, make_estimates, make_requests, run_engine
+from builders import assert_fast_forward_exact, make_engine, make_estimates, make_requests, run_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -179,15 +179,9 @@ def test_property_fast_forward_is_exact_with_a_preempting_inner(data, inner, bs,
     reqs = make_requests([(p, o) for p, o, _ in data], arrivals, tenants=("a", "b", "c"))
     est = noisy_oracle(reqs, sigma, seed=len(data))
     num_blocks = max(-(-(p + o) // bs) for p, o, _ in data) + 3
-    runs = []
-    for ff in (True, False):
-        pol = POLICIES.create("kv-admission", quantile=0.5, inner=inner[0], inner_params=inner[1])
-        inst = make_engine(pol, num_blocks=num_blocks, block_size=bs, max_num_seqs=slots,
-                           max_num_batched_tokens=64, fast_forward=ff)  # fmt: skip
-        seqs = run_engine(inst, reqs, est)
-        assert all(s.generated == s.target for s in seqs)
-        runs.append([v for s in seqs for v in (s.first_scheduled, s.finish, s.preemptions)])
-    assert runs[0] == pytest.approx(runs[1])
+    make = lambda: POLICIES.create("kv-admission", quantile=0.5, inner=inner[0], inner_params=inner[1])  # noqa: E731
+    assert_fast_forward_exact(make, reqs, est, num_blocks=num_blocks, block_size=bs, max_num_seqs=slots,
+                              max_num_batched_tokens=64)  # fmt: skip
 
 
 def test_bad_config_names_the_field():

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from builders import make_engine, make_estimates, make_requests, run_engine
+from builders import assert_fast_forward_exact, make_engine, make_estimates, make_requests, run_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -290,17 +290,13 @@ def test_property_fast_forward_is_exact_with_several_tenants(data, params, wrapp
     reqs = [replace(r, tenant=x) for r, (*_, x) in zip(reqs, data)]
     est = noisy_oracle(reqs, 0.7, seed=len(data))
     num_blocks = max(-(-(p + o) // bs) for p, o, _, _ in data) + 3
-    runs = []
-    for ff in (True, False):
-        pol = POLICIES.create("vtc", **params)
+    def make():
         if wrapped:
-            pol = POLICIES.create("kv-admission", inner="vtc", inner_params=params)
-        inst = make_engine(pol, num_blocks=num_blocks, block_size=bs, max_num_seqs=slots,
-                           max_num_batched_tokens=64, fast_forward=ff)  # fmt: skip
-        seqs = run_engine(inst, reqs, est)
-        assert all(s.generated == s.target for s in seqs)
-        runs.append([v for s in seqs for v in (s.first_scheduled, s.finish, s.preemptions)])
-    assert runs[0] == pytest.approx(runs[1])
+            return POLICIES.create("kv-admission", inner="vtc", inner_params=params)
+        return POLICIES.create("vtc", **params)
+
+    assert_fast_forward_exact(make, reqs, est, num_blocks=num_blocks, block_size=bs, max_num_seqs=slots,
+                              max_num_batched_tokens=64)  # fmt: skip
 
 
 def cycle(pol, q, tenant, i, now, prompt=4):

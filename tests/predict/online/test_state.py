@@ -9,31 +9,10 @@ import os
 import numpy as np
 import pytest
 
-from presched.predict import PREDICTORS
+from predict.online.test_learner import base, cfg, reqs, serve
+
 from presched.predict.online import OnlineConfig, OnlineLearner
 from presched.predict.online.state import HEADER
-from presched.workload.request import Request
-
-
-def reqs(n, median, start=0, tenant="default", model="m", seed=0):  # as in test_learner.py
-    rng = np.random.default_rng(seed)
-    y = np.maximum(1, median * np.exp(rng.normal(0, 0.8, n))).astype(int)
-    return [Request(id=f"r{start + i}", prompt=f"p{start + i}", prompt_tokens=10, model=model, tenant=tenant,
-                    output_tokens=int(v)) for i, v in enumerate(y)]  # fmt: skip
-
-
-def base(median=100):
-    return PREDICTORS.create("model-median").fit(reqs(300, median, start=10**6, seed=9))
-
-
-def serve(learner, stream, now=0.0):
-    learner.predict(stream)
-    for r in stream:
-        learner.observe(r, r.output_tokens, now=now)
-
-
-def cfg(**kw):
-    return OnlineConfig(enabled=True, refit_every=0, tenant_rate=1e9, tenant_burst=10**9, **kw)
 
 
 def header(folder):
