@@ -13,7 +13,8 @@ predictors are fitted on the train split's records and calibrated on the validat
 (`fit(train, validation)`, as `presched train --from-log` fits them, default parameters), then
 scored on the test split's: at step 0 (tau-b, MAE and max coverage error over q10..q90 of the
 total length) and, after g = 16 / 64 / 256 tokens, on the answers still running then (L > g):
-probe-refine's E[L - g | L > g] from the state at g against the step-0 predictors' own
+probe-refine's E[L - g | L > g] from the state at g (and, on records with answer pools, the
+same with `answer` on: + the mean state over tokens 1..g) against the step-0 predictors' own
 conditional estimate E[L - g | L > g] for the same answers (the prior refinement must beat),
 each ranked against the remaining length L - g. `probe/constant` is the step-0 probe with
 `spread` 'constant' (one spread for every row, probe-refine's default) beside `probe`'s default
@@ -26,7 +27,8 @@ Writes benchmarks/results/probes_records.json and .png; ends with `figure:` line
 `probe_refine<g>_tau` (the issue's name: probe-refine on the test answers still running at g),
 `probe_refine<g>_prior_tau` (the step-0 probe's conditional estimate on the same answers),
 `probe_constant_refine<g>_prior_tau`, `textgbm_refine<g>_prior_tau`,
-`probe_refine<g>_coverage_err_pts`, `probe_refine<g>_test_answers`, `records_probe_step0_tau`
+`probe_refine<g>_coverage_err_pts`, `probe_refine<g>_test_answers`, `probe_refine_answer<g>_tau`
+and `probe_refine_answer<g>_coverage_err_pts` (records with answer pools), `records_probe_step0_tau`
 (rank score), `records_probe_step0_mean_tau` and `records_probe_constant_step0_mean_tau` (the
 mean), `records_textgbm_tau`, `records_probe_coverage_err_pts`,
 `records_probe_constant_coverage_err_pts`, `records_test_answers`.
@@ -92,6 +94,9 @@ def evaluate(splits: dict[str, list[Request]], steps=STEPS) -> dict:
                          f"validate {len(val)}, test {len(test)}")  # fmt: skip
     preds: dict[str, Predictor] = {n: PREDICTORS.create(n).fit(train, validation=val) for n in names}
     preds["probe/constant"] = PREDICTORS.create("probe", spread="constant").fit(train, validation=val)
+    answer = PREDICTORS.create("probe-refine", answer=True)
+    if any(isinstance(r.metadata.get(answer.answer_key()), dict) for r in train):
+        preds["probe-refine/answer"] = answer.fit(train, validation=val)  # records with answer pools (2026-12-07 on)
     L = np.array([r.output_tokens for r in test], dtype=float)
     step0 = {n: preds[n].predict(test) for n in ("text-gbm", "probe", "probe/constant")}
     out: dict = {"answers": {k: len(v) for k, v in splits.items()},
@@ -111,7 +116,14 @@ def evaluate(splits: dict[str, list[Request]], steps=STEPS) -> dict:
         P = np.stack([test[i].metadata[prompt_key] for i in idx])
         est = refine.predict_steps(S, P, np.full(len(idx), float(g)))
         rem = L[idx] - g
-        row = {"test_answers": len(idx), "refine_tau": kendall_tau_b(est.mean_remaining(g), rem),
+        row = {}
+        if "probe-refine/answer" in preds:
+            ans = preds["probe-refine/answer"]
+            A = np.stack([test[i].metadata[ans.answer_key()][g] for i in idx])
+            e_a = ans.predict_steps(S, P, np.full(len(idx), float(g)), A)
+            row |= {"refine_answer_tau": kendall_tau_b(e_a.mean_remaining(g), rem),
+                    "refine_answer_coverage_err_pts": _coverage(L[idx], e_a.quantiles)}  # fmt: skip
+        row |= {"test_answers": len(idx), "refine_tau": kendall_tau_b(est.mean_remaining(g), rem),
                "refine_mae": float(np.abs(est.mean_remaining(g) - rem).mean()),
                "refine_coverage_err_pts": _coverage(L[idx], est.quantiles),
                "coverage_noise_floor_pts": coverage_noise_floor_pts(len(idx))}  # fmt: skip
@@ -135,6 +147,9 @@ def figures_of(res: dict) -> dict[str, float]:
         f[f"probe_constant_refine{g}_prior_tau"] = row["probe/constant_prior_tau"]
         f[f"probe_refine{g}_coverage_err_pts"] = row["refine_coverage_err_pts"]
         f[f"probe_refine{g}_test_answers"] = row["test_answers"]
+        if "refine_answer_tau" in row:
+            f[f"probe_refine_answer{g}_tau"] = row["refine_answer_tau"]
+            f[f"probe_refine_answer{g}_coverage_err_pts"] = row["refine_answer_coverage_err_pts"]
     return f
 
 
@@ -151,6 +166,9 @@ def plot(res: dict, path: Path) -> None:
         taus = [res["step0"][name]["mean_tau"]] + [res["steps"][g][f"{name}_prior_tau"] for g in gs]
         ax.plot(x, taus, marker + "-", label=f"{name} (step 0): E[L-g | L>g]")
     ax.plot(x[1:], [res["steps"][g]["refine_tau"] for g in gs], "^-", label="probe-refine (state at g)")
+    if all("refine_answer_tau" in res["steps"][g] for g in gs):
+        ax.plot(x[1:], [res["steps"][g]["refine_answer_tau"] for g in gs], "D-",
+                label="probe-refine, answer on (+ mean state over tokens 1..g)")  # fmt: skip
     ax.set_xscale("symlog", linthresh=16)
     ax.set_xticks(x, [str(v) for v in x])
     ax.set_xlabel("generated tokens g (test answers still running)")
@@ -191,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     for g, row in res["steps"].items():
         print(f"g = {g:3d}  {row['test_answers']} answers still running: probe-refine tau-b {row['refine_tau']:.3f} "
               f"(coverage error {row['refine_coverage_err_pts']:.1f} pts); priors probe {row['probe_prior_tau']:.3f} "
-              f"(constant spread {row['probe/constant_prior_tau']:.3f}), text-gbm {row['text-gbm_prior_tau']:.3f}")  # fmt: skip
+              f"(constant spread {row['probe/constant_prior_tau']:.3f}), text-gbm {row['text-gbm_prior_tau']:.3f}"
+              + (f"; answer on {row['refine_answer_tau']:.3f}" if "refine_answer_tau" in row else ""))  # fmt: skip
     for k, v in res["figures"].items():
         print(f"figure: {k} = {v:.4g}")
     return 0

@@ -5,8 +5,10 @@ own (prompt state, step states, true length) for every answer (issue 15's probe-
 
 The engine: vLLM CPU serving SmolLM2-135M-Instruct (`presched.engine.smollm2`, fp32), plugin policy
 `fcfs` with `records` (prompt text kept) and the hidden-state hook's defaults (layer 15, sink 1)
-with `features.record_steps` 16 / 64 / 256: each answer's record carries the pooled prompt state
-and the residual stream at its 16th, 64th and 256th generated token (those it reached). The
+with `features.record_steps` 16 / 32 / 64 / 128 / 256 (`--record-steps`; runs before 2026-12-07
+recorded 16 / 64 / 256): each answer's record carries the pooled prompt state, the residual
+stream at those generated tokens (those it reached) and the answer-so-far pool there (the mean
+of the states at tokens 1..g, table `answer_features`). The
 prompts are scripts/smollm2_lengths.py's (CASTILLO's hash order, the same `--limit` slice; those
 longer than ~1,500 tokens left out) with its sampling config (temperature 0.7, top_p 0.9, cap
 `--max-tokens` 512), one answer each, sent `--chunk` at a time all at once (`--max-num-seqs`
@@ -36,6 +38,7 @@ from probes_records import user_text  # noqa: E402
 
 SERVED = "smollm2-135m"
 SAMPLING = {"temperature": 0.7, "top_p": 0.9}
+RECORD_STEPS = sorted({*REFINE_AT, 32, 128})  # 16 32 64 128 256: more rows per answer for probe-refine's fit
 
 
 def done_texts(records: Path) -> set[str]:
@@ -60,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="engine threads (1: the engine core pinned to the first CPU, everything else on the others)")
     ap.add_argument("--kv-gib", type=float, default=6.0, help="VLLM_CPU_KVCACHE_SPACE")
+    ap.add_argument("--record-steps", type=int, nargs="+", default=RECORD_STEPS, metavar="G",
+                    help="generated-token counts whose step states and answer-so-far pools are recorded")
     a = ap.parse_args(argv)
     if min(a.limit, a.chunk, a.max_tokens, a.max_num_seqs, a.threads) < 1:
         ap.error("--limit, --chunk, --max-tokens, --max-num-seqs and --threads must be >= 1")
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if not todo:
         return 0
     plugin = {"policy": "fcfs", "records": str(out), "store_prompts": True,
-              "features": {"sink_tokens": 1, "record_steps": REFINE_AT}}  # fmt: skip
+              "features": {"sink_tokens": 1, "record_steps": a.record_steps}}  # fmt: skip
     split = affinity.split_cpus() if a.threads == 1 else None
     if split:
         affinity.pin(os.getpid(), split[1])

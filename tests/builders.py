@@ -269,12 +269,17 @@ FIGURE = re.compile(r"^figure: (\w+) = (\S+)$")
 
 
 def planted_engine_records(path: Path, n: int, seed: int, dup: int = 0, steps=(16, 64),
-                           text=lambda i, k: f"topic {i}: please answer " + "more " * k) -> list[tuple]:
+                           text=lambda i, k: f"topic {i}: please answer " + "more " * k,
+                           answer: bool = False) -> list[tuple]:
     """Engine-shaped records (the plugin's own RecordWriter) with a planted law: the prompt says
     how long the answer is ("more" k times: L ~ 12 k), the pooled prompt state carries log L
     and the state at token g in `steps` carries log(L - g) (rows only for g < L, as the engine
     records). Ids q0..; `dup`: that many repeats (d0..) of the first request (another run of the
-    same prompt); `text(i, k)`: request i's prompt text. Returns the rows (id, k, L, text)."""
+    same prompt); `text(i, k)`: request i's prompt text; `answer`: also answer-so-far pools at
+    the same g (`answer_features`), whose column 1 carries log(L - g) (the step and prompt
+    states are then noise, so only a predictor reading the pools can rank the remaining
+    length). Returns the rows (id, k,
+    L, text)."""
     from types import SimpleNamespace
 
     from presched.engine.plugin.records import RecordWriter
@@ -295,17 +300,21 @@ def planted_engine_records(path: Path, n: int, seed: int, dup: int = 0, steps=(1
         seq = EngineSeq(SimpleNamespace(request_id=rid, prompt_token_ids=[1] * 9, max_tokens=1000, arrival_time=1.0,
                                         num_output_tokens=0, num_preemptions=0, sampling_params=None))  # fmt: skip
         v = rng.normal(size=6)
-        v[0] = np.log(L)
+        v[0] = np.log(L) if not answer else v[0]
         seq.features_prompt, seq.features_n, seq.feature_pools = v.astype(np.float32), 8, 1
-        seq.features_record = {}
+        seq.features_record, seq.features_record_answer = {}, {}
         for g in steps:
             if g < L:
                 s = rng.normal(size=6)
-                s[0] = np.log(L - g)
+                s[0] = np.log(L - g) if not answer else s[0]
                 seq.features_record[g] = s.astype(np.float32)
+                if answer:
+                    a = rng.normal(size=6)
+                    a[1] = np.log(L - g)
+                    seq.features_record_answer[g] = a.astype(np.float32)
         w.write_features(seq, spec.replace('"step"', '"mean"'))
         if seq.features_record:
-            w.write_step_features(seq, spec)
+            w.write_step_features(seq, spec, spec.replace('"step"', '"answer"') if answer else None)
     w.close()
     return rows
 

@@ -72,9 +72,20 @@ def test_evaluate_finds_the_planted_laws_at_step_0_and_while_running(bench, tmp_
         assert row["refine_coverage_err_pts"] < 25
     assert 256 not in res["steps"]  # L <= 12 * 19 + 5 < 256: no answer runs that long
     figs = bench.figures_of(res)
+    assert "probe_refine_answer64_tau" not in figs  # records without answer pools
     assert figs["probe_refine64_tau"] == res["steps"][64]["refine_tau"]
     assert figs["probe_refine16_prior_tau"] == res["steps"][16]["probe_prior_tau"]
     assert figs["records_test_answers"] == 80
+
+
+def test_records_with_answer_pools_score_probe_refine_with_answer_on(bench, tmp_path):
+    rows = planted_engine_records(tmp_path / "r.sqlite", 400, 2, steps=(16, 64), text=_templated, answer=True)
+    res = bench.evaluate(bench.split_records(tmp_path / "r.sqlite", _prompts(rows, _split)))
+    for g in (16, 64):
+        row = res["steps"][g]  # only the pool at g carries log(L - g): the plain refine reads its prompt prior
+        assert row["refine_answer_tau"] > 0.8 and row["refine_answer_tau"] > row["refine_tau"] + 0.2, row
+    figs = bench.figures_of(res)
+    assert figs["probe_refine_answer64_tau"] == res["steps"][64]["refine_answer_tau"]
 
 
 def test_evaluate_refuses_a_split_without_records(bench, tmp_path):

@@ -144,3 +144,89 @@ def test_probe_refine_trains_from_the_engine_records(tmp_path):
     assert np.corrcoef(np.log(est.mean_remaining(g)), np.log(L - g))[0, 1] > 0.95
     with pytest.raises(ValueError, match=r"^layer: request 'q\d+' has step states of 1, the params say 2"):
         train_from_log(log, "probe-refine", tmp_path / "x.npz", params={"model": MODEL, "layer": 2})
+
+
+ANSWER_KEY = f"hidden:{MODEL}:L1:answer:s1"
+
+
+def test_answer_pools_average_the_states_of_tokens_one_to_g_once_each(tmp_path):
+    """A_g = mean of the states at generated tokens 1..g: with states [n, k, .5, .5] that is
+    [n, (g + 1) / 2, .5, .5]. Fails if token 0's state (the prompt's last position) is pooled,
+    if a repeated state is added again, or if A is not written or read back."""
+    from presched.serve.log_read import load_log_requests
+
+    fc = _consumer(tmp_path, (2, 5))
+    seqs = {"q0": _seq("q0"), "q1": _seq("q1")}
+    _decode(fc, seqs, {"q0": 7, "q1": 5}, again={"q0": 3})  # a second state at g = 3 (+100)
+    assert {g: v.tolist() for g, v in seqs["q0"].features_record_answer.items()} == {
+        2: [0, 1.5, 0.5, 0.5], 5: [0, 3.0, 0.5, 0.5]}
+    assert seqs["q0"].features_answer[1] == 6 and seqs["q0"].features_answer_g == 6
+    assert list(seqs["q1"].features_record_answer) == [2]
+    w = RecordWriter(tmp_path / "r.sqlite")
+    for seq in seqs.values():
+        w.write(record_row(seq, "FINISHED_STOPPED", "tiny"))
+        fc.write(w, seq)
+    w.close()
+    reqs = {r.id: r for r in load_log_requests(tmp_path / "r.sqlite").requests}
+    assert reqs["q0"].metadata[ANSWER_KEY][5].tolist() == [0, 3.0, 0.5, 0.5]
+    assert reqs["q0"].metadata[STEP_KEY][5].tolist() == [0, 5, 0.5, 0.5]
+    assert set(reqs["q1"].metadata[ANSWER_KEY]) == {2}
+
+
+def test_no_answer_sums_without_records_or_an_answer_refine(tmp_path):
+    fc = _consumer(tmp_path, None, records=False)
+    seqs = {"q0": _seq("q0")}
+    _decode(fc, seqs, {"q0": 4})
+    assert seqs["q0"].features_answer is None
+
+
+def test_probe_refine_with_answer_reads_the_answer_pools_from_the_records(tmp_path):
+    """A planted law in the answer pool's column 1 (the step state is noise): the answer model
+    learns it, the plain one cannot; records without answer pools are refused by name."""
+    from presched.predict import load_predictor
+    from presched.serve.log_read import load_log_requests
+    from presched.serve.train_log import train_from_log
+
+    def records(path, n, seed):
+        rng = np.random.default_rng(seed)
+        spec = {"model": MODEL, "layer": 1, "hidden": 6, "sink": 1}
+        w = RecordWriter(path)
+        for i in range(n):
+            L = int(rng.integers(2, 300))
+            w.write({"id": f"q{i}", "ts": float(i), "model": "tiny", "status": 200, "prompt_tokens": 9,
+                     "max_tokens": 1000, "output_tokens": L, "finish_reason": "stop"})  # fmt: skip
+            seq = _seq(f"q{i}")
+            seq.features_prompt, seq.features_n, seq.feature_pools = rng.normal(size=6).astype(np.float32), 8, 1
+            seq.features_record, seq.features_record_answer = {}, {}
+            for g in (4, 16, 64):
+                if g < L:
+                    seq.features_record[g] = rng.normal(size=6).astype(np.float32)
+                    a = rng.normal(size=6)
+                    a[1] = np.log(L - g) - 3 + 0.05 * rng.normal()
+                    seq.features_record_answer[g] = a.astype(np.float32)
+            w.write_features(seq, json.dumps({**spec, "pooling": "mean"}))
+            if seq.features_record:
+                w.write_step_features(seq, json.dumps({**spec, "pooling": "step"}), json.dumps({**spec, "pooling": "answer"}))
+        w.close()
+
+    log, test = tmp_path / "r.sqlite", tmp_path / "t.sqlite"
+    records(log, 300, 0)
+    records(test, 200, 1)
+    rows = [(r.metadata[STEP_KEY][g], r.metadata[PROMPT_KEY], g, r.output_tokens, r.metadata[ANSWER_KEY][g])
+            for r in load_log_requests(test).requests for g in r.metadata.get(STEP_KEY, {})]  # fmt: skip
+    S, P, g, L, A = (np.array(x, dtype=float) for x in zip(*rows))
+    corr = {}
+    for answer in (True, False):
+        path, _ = train_from_log(log, "probe-refine", tmp_path / f"a{answer}.npz",
+                                 params={"model": MODEL, "layer": 1, "answer": answer})  # fmt: skip
+        pred = load_predictor(path)
+        est = pred.predict_steps(S, P, g, A if answer else None)
+        corr[answer] = np.corrcoef(np.log(est.mean_remaining(g)), np.log(L - g))[0, 1]
+    assert corr[True] > 0.95 and corr[False] < 0.5, corr
+    with pytest.raises(ValueError, match="answer true"):
+        pred = load_predictor(tmp_path / "aTrue.npz")
+        pred.predict_steps(S, P, g)
+    _records_with_a_planted_law(tmp_path / "old.sqlite", 100, 2)  # no answer_features table
+    with pytest.raises(ValueError, match="an answer pool"):
+        train_from_log(tmp_path / "old.sqlite", "probe-refine", tmp_path / "y.npz",
+                       params={"model": MODEL, "layer": 1, "answer": True})  # fmt: skip

@@ -195,12 +195,14 @@ def prompt_features(conn) -> dict[str, dict]:
 def step_features(conn) -> dict[str, dict[str, dict[int, Any]]]:
     """{request id: {step FeatureSpec key: {g: vector}}} from the engine plugin's
     `step_features` table (records.py; the state at each request's g-th generated token for g
-    in `features.record_steps`), {} when the log has none."""
-    from presched.engine.plugin.records import STEP_FEATURE_TABLE
+    in `features.record_steps`) and its `answer_features` table (the answer-so-far pools at the
+    same g, under their 'answer' spec's key), {} when the log has none."""
+    from presched.engine.plugin.records import ANSWER_FEATURE_TABLE, STEP_FEATURE_TABLE
 
     out: dict[str, dict] = {}
-    for rid, key, g, vec in _feature_rows(conn, STEP_FEATURE_TABLE, "id, spec, g, vec"):
-        out.setdefault(rid, {}).setdefault(key, {})[int(g)] = vec
+    for table in (STEP_FEATURE_TABLE, ANSWER_FEATURE_TABLE):
+        for rid, key, g, vec in _feature_rows(conn, table, "id, spec, g, vec"):
+            out.setdefault(rid, {}).setdefault(key, {})[int(g)] = vec
     return out
 
 

@@ -11,10 +11,13 @@ Made by `PreschedScheduler` when the plugin config has `features`. For each step
    an error count that moved asks for the stats file to be rewritten.
 
 With `records` and steps on, each per-step state at a `features.record_steps` token g is kept
-on its seq (`features_record`, the first that arrives per g). At a request's end `write` puts its
-pooled states in the records (`prompt_features`, `egtp_features` for the EGTP pool,
-`draft_features` for the draft model's) and its kept step states in `step_features` (one row
-per g), with the `FeatureSpec` of what the hooks pool (pooling 'step' for the step states).
+on its seq (`features_record`, the first that arrives per g), and so is the answer-so-far pool
+A_g (`features_record_answer`: the mean of the states at generated tokens 1..g, summed as they
+arrive in `features_answer`; also summed when the refine model reads it). At a request's end
+`write` puts its pooled states in the records (`prompt_features`, `egtp_features` for the EGTP
+pool, `draft_features` for the draft model's), its kept step states in `step_features` and its
+answer pools in `answer_features` (one row per g), with the `FeatureSpec` of what the hooks
+pool (pooling 'step' for the step states, 'answer' for the answer pools).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from presched.engine.plugin.answer import add_answer, answer_mean
 from presched.engine.plugin.config import PluginConfig
 from presched.engine.plugin.features import StepFeatures, deliver
 from presched.engine.plugin.probe import EngineProbe
@@ -61,11 +65,15 @@ class FeatureConsumer:
         self.egtp_spec_json: str | None = None
         self.draft_spec_json: str | None = None
         self.step_spec_json: str | None = None
+        self.answer_spec_json: str | None = None
         keep = cfg.records is not None and cfg.features is not None and cfg.features.steps
         self.record_steps = frozenset(cfg.features.record_steps) if keep else frozenset()
+        self.answer = bool(self.record_steps) or (self.refine is not None and self.refine.answer)
 
     def step(self, sf: StepFeatures, seqs: dict) -> None:
         deliver(sf, seqs)
+        if self.answer:
+            add_answer(sf.step_ids, seqs)
         if self.record_steps:
             keep_steps(sf.step_ids, seqs, self.record_steps)
         for runner, name, ids, arg in (
@@ -90,6 +98,7 @@ class FeatureConsumer:
             self.spec_json = _spec_json(self.model, sf.layer, sf.hidden, sf.sink, "served")
             self.egtp_spec_json = _spec_json(self.model, sf.layer, sf.hidden, sf.sink, "served", "egtp")
             self.step_spec_json = _spec_json(self.model, sf.layer, sf.hidden, sf.sink, "served", "step")
+            self.answer_spec_json = _spec_json(self.model, sf.layer, sf.hidden, sf.sink, "served", "answer")
         if self.draft_spec_json is None and sf.draft_model is not None:
             self.draft_spec_json = _spec_json(sf.draft_model, sf.draft_layer, sf.draft_hidden, sf.sink, "draft")
 
@@ -102,19 +111,24 @@ class FeatureConsumer:
         if seq.features_draft is not None and self.draft_spec_json is not None:
             records.write_draft_features(seq, self.draft_spec_json)
         if seq.features_record and self.step_spec_json is not None:
-            records.write_step_features(seq, self.step_spec_json)
+            records.write_step_features(seq, self.step_spec_json, self.answer_spec_json)
 
 
 def keep_steps(step_ids, seqs: dict, at: frozenset) -> None:
-    """After `deliver`: keep each delivered per-step state whose token g is in `at` on its seq
-    (`features_record[g]`), the first that arrives for each g (at most len(at) per seq)."""
+    """After `deliver` (and `add_answer`): keep each delivered per-step state whose token g is
+    in `at` on its seq (`features_record[g]`) and its answer-so-far pool
+    (`features_record_answer[g]`), the first that arrives for each g (at most len(at) per seq)."""
     for rid in step_ids:
         seq = seqs.get(rid)
         if seq is not None and seq.features_step_g in at:
             if seq.features_record is None:
-                seq.features_record = {}
-            if seq.features_step_g not in seq.features_record:  # a copy: not a view of the step's array
-                seq.features_record[seq.features_step_g] = seq.features_step.copy()
+                seq.features_record, seq.features_record_answer = {}, {}
+            g = seq.features_step_g
+            if g not in seq.features_record:  # a copy: not a view of the step's array
+                seq.features_record[g] = seq.features_step.copy()
+                a = answer_mean(seq)
+                if a is not None:
+                    seq.features_record_answer[g] = a
 
 
 def _spec_json(model: str, layer: int, hidden: int, sink: int, role: str, pooling: str = "mean") -> str:

@@ -27,7 +27,9 @@ the entropy-weighted pool (spec pooling 'egtp'). With `features.record_steps` (s
 `step_features` gets one row per freed request and generated-token count g in record_steps
 that it reached (L > g): `id`, `g`, `spec` (FeatureSpec JSON, pooling 'step', role 'served', the
 same model, layer, hidden and sink as the pooled prompt state's), `vec` (the state at its g-th
-generated token), primary key (id, g): what `presched train -p probe-refine --from-log` reads.
+generated token), primary key (id, g): what `presched train -p probe-refine --from-log` reads;
+`answer_features`, the same columns, the answer-so-far pool A_g at the same g (the mean of the
+states at generated tokens 1..g; spec pooling 'answer'), for probe-refine with `answer` on.
 
 Each row is committed when its request is freed (WAL, synchronous=NORMAL: no fsync, tens of
 microseconds), so a killed engine loses none.
@@ -57,6 +59,7 @@ FEATURE_COLUMNS: dict[str, str] = {"id": "TEXT PRIMARY KEY", "spec": "TEXT", "n"
                                    "vec": "BLOB"}  # fmt: skip
 STEP_FEATURE_TABLE = "step_features"  # per-step states at `features.record_steps` tokens
 STEP_FEATURE_COLUMNS: dict[str, str] = {"id": "TEXT", "g": "INTEGER", "spec": "TEXT", "vec": "BLOB"}
+ANSWER_FEATURE_TABLE = "answer_features"  # the same columns: answer-so-far pools A_g (pooling 'answer')
 
 
 class RecordError(RuntimeError):
@@ -114,13 +117,19 @@ class RecordWriter:
         self._feature_row(DRAFT_FEATURE_TABLE, seq.features_draft,
                           [seq.id, spec_json, seq.draft_n, seq.draft_missing, seq.draft_pools, 0])  # fmt: skip
 
-    def write_step_features(self, seq, spec_json: str) -> None:
-        """The `step_features` rows of a freed request: one per g in `seq.features_record`."""
+    def write_step_features(self, seq, spec_json: str, answer_spec_json: str | None = None) -> None:
+        """The `step_features` rows of a freed request, one per g in `seq.features_record`, and
+        with `answer_spec_json` its `answer_features` rows, one per g in
+        `seq.features_record_answer`."""
         from presched.engine.plugin.features import pack
 
-        insert = self._feature_insert(STEP_FEATURE_TABLE, STEP_FEATURE_COLUMNS, ", PRIMARY KEY (id, g)")
-        self.conn.executemany(insert, [(seq.id, int(g), spec_json, pack(v))
-                                       for g, v in sorted(seq.features_record.items())])  # fmt: skip
+        tables = [(STEP_FEATURE_TABLE, spec_json, seq.features_record)]
+        answers = getattr(seq, "features_record_answer", None)
+        if answer_spec_json is not None and answers:
+            tables.append((ANSWER_FEATURE_TABLE, answer_spec_json, answers))
+        for table, spec, vecs in tables:
+            insert = self._feature_insert(table, STEP_FEATURE_COLUMNS, ", PRIMARY KEY (id, g)")
+            self.conn.executemany(insert, [(seq.id, int(g), spec, pack(v)) for g, v in sorted(vecs.items())])
 
     def _feature_row(self, table: str, vec, values: list) -> None:
         """One row of a feature table: `values` are FEATURE_COLUMNS but the last, `vec`."""

@@ -4,7 +4,8 @@ states the worker hook ships (plugin config `refine`, needs `features` with `ste
 When a request's per-step state is the state at its g-th generated token for a g in `refine_at`
 (the state of the position that reads token g, shipped in the step that samples token g + 1),
 its estimate is replaced by probe-refine's distribution of the total length given L > g, from
-that state and the request's pooled prompt state; SRPT / MLFQ / victims then read
+that state and the request's pooled prompt state (and, for a model fitted with `answer`, its
+answer-so-far pool A_g, summed by the consumer); SRPT / MLFQ / victims then read
 `mean_remaining(g)` from it at their next decision. A request's own vllm_xargs prediction wins
 and is never replaced (as with `probe`). Refused at start (`PluginConfigError` naming `refine`)
 when the file is not a probe-refine model or its model, layer, sink or width differ from what
@@ -22,6 +23,7 @@ import numpy as np
 
 from presched.engine.plugin.config import FeatureConfig, PluginConfigError
 from presched.engine.plugin.probe import replace_estimates
+from presched.engine.plugin.answer import answer_mean
 
 log = logging.getLogger("presched.engine.plugin")
 SOURCE = "refine"
@@ -51,6 +53,7 @@ class EngineRefine:
         if diff:
             raise PluginConfigError(f"refine ({path}): it reads other hidden states ({'; '.join(diff)})")
         self.predictor, self.at = pred, frozenset(int(g) for g in at)
+        self.answer = pred.answer  # the consumer then sums each request's answer-so-far pool
         self.predictions = self.errors = 0
         log.info("presched: probe-refine loaded from %s (layer %d, refining at %s tokens)", path, layer, sorted(self.at))
 
@@ -62,12 +65,14 @@ class EngineRefine:
         for rid in step_ids:
             seq = seqs.get(rid)
             if (seq is not None and seq.features_step_g in self.at and seq.features_prompt is not None
-                    and seq.pred_source != "xargs"):  # fmt: skip
+                    and seq.pred_source != "xargs" and (not self.answer or seq.features_answer is not None)):  # fmt: skip
                 targets.append(seq)
+
         def predict():
             S = np.stack([s.features_step for s in targets])
             P = np.stack([s.features_prompt for s in targets])
             g = np.array([s.features_step_g for s in targets], dtype=float)
-            return self.predictor.predict_steps(S, P, g)
+            A = np.stack([answer_mean(s) for s in targets]) if self.answer else None
+            return self.predictor.predict_steps(S, P, g, A)
 
         return replace_estimates(self, "probe-refine", SOURCE, targets, predict)

@@ -34,6 +34,13 @@ Hidden-state features (plugin config `features`, worker.py), None / 0 without th
                      only with `records`; written to `step_features` when freed. A recompute
                      after preemption resumes at the next token, so each g arrives once; were
                      one to arrive twice, the first is kept
+    features_answer  [running sum (float64), count] of the per-step states at generated tokens 1..g
+                     (`features_answer_g` = g, the last token added; kept with `records`
+                     and record_steps, or a refine model that reads the answer pool): the
+                     answer-so-far pool, A_g = sum / g. Only a token after the last one added
+                     counts, so a state shipped again after a recompute is not added twice
+    features_record_answer  {g: A_g} for g in `features.record_steps` (with features_record),
+                     written to `answer_features` when freed
     features_draft   the draft model's pooled prompt state (`features.draft_layer`); draft_n,
                      draft_missing, draft_pools as features_n, features_missing, feature_pools
 
@@ -60,7 +67,8 @@ class EngineSeq:
                  "finish", "pred_source", "computed", "features_prompt", "features_n",
                  "features_missing", "feature_pools", "features_step", "feature_steps",
                  "features_step_g", "features_draft", "draft_n", "draft_missing", "draft_pools",
-                 "features_egtp", "features_record")  # fmt: skip
+                 "features_egtp", "features_record", "features_answer", "features_answer_g",
+                 "features_record_answer")  # fmt: skip
 
     def __init__(self, vreq: Any, estimate: Any = None, pred_source: str | None = None,
                  slos: dict[str, float] | None = None) -> None:  # fmt: skip
@@ -93,6 +101,9 @@ class EngineSeq:
         self.features_step_g = 0
         self.features_draft = self.features_egtp = None
         self.features_record: dict[int, Any] | None = None  # g -> per-step state (`features.record_steps`)
+        self.features_answer: list | None = None  # [float64 sum, count] of the per-step states at tokens 1..features_answer_g
+        self.features_answer_g = 0
+        self.features_record_answer: dict[int, Any] | None = None  # g -> answer-so-far pool A_g
         self.draft_n = self.draft_missing = self.draft_pools = 0
 
     @property

@@ -12,6 +12,10 @@ in the step that reads that token); P, the prompt's mean-pooled state (`probe`'s
 TRAIL combines with the step's evidence); g, tokens generated so far. Only requests still running
 (L > g) are fitted and predicted.
 
+With `answer` on, each row also carries A, the answer-so-far pool: the mean of the states at
+generated tokens 1..g (the engine records it in `answer_features` and sums it while serving;
+metadata key of the `answer` FeatureSpec), and the features are [S, A, P, log(1 + g)].
+
 Head (`RidgeHead`, as `probe`): features [S, P, log(1 + g)] standardised -> ridge on
 log(L - g), split-conformal quantiles of the remaining length on the calibration rows, with one
 spread for every row (`spread` 'constant', the default here; 'adaptive' fits a ridge on the
@@ -59,19 +63,23 @@ GENERATED = "generated"
 """`Request.metadata` key: output tokens generated so far (g)."""
 
 DEFAULTS: dict[str, Any] = {"model": "smollm2-135m", "layer": 15, "sink": 1, "alpha": None,
-                            "sigma_floor": 0.05, "spread": "constant"}  # fmt: skip
+                            "sigma_floor": 0.05, "spread": "constant", "answer": False}  # fmt: skip
 
 
-def design(S: np.ndarray, P: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """[S, P, log(1 + g)]: (n, 2d + 1)."""
+def design(S: np.ndarray, P: np.ndarray, g: np.ndarray, A: np.ndarray | None = None) -> np.ndarray:
+    """[S, P, log(1 + g)]: (n, 2d + 1); with the answer-so-far pools A, [S, A, P, log(1 + g)]:
+    (n, 3d + 1)."""
     S, P = np.asarray(S, dtype=float), np.asarray(P, dtype=float)
     g = np.asarray(g, dtype=float).reshape(-1)
     if S.ndim != 2 or S.shape != P.shape or len(g) != len(S):
         raise ValueError(f"features: need step and prompt states of one shape (n, d) and n token counts, "
                          f"got {S.shape}, {P.shape} and {g.shape}")  # fmt: skip
+    if A is not None and np.shape(A) != S.shape:
+        raise ValueError(f"features: answer pools of shape {np.shape(A)}, step states {S.shape}")
     if (g < 1).any():
         raise ValueError("generated: probe-refine reads a state after >= 1 generated token")
-    return np.hstack([S, P, np.log1p(g)[:, None]])
+    parts = [S] if A is None else [S, np.asarray(A, dtype=float)]
+    return np.hstack([*parts, P, np.log1p(g)[:, None]])
 
 
 @PREDICTORS.register("probe-refine")
@@ -86,13 +94,25 @@ class ProbeRefine(Predictor):
         check_alpha(self.name, self.params["alpha"])
         check_spread(self.name, self.params["spread"])
         check_sigma_floor(self.name, self.params["sigma_floor"])
+        if not isinstance(self.params["answer"], bool):
+            raise ValueError(f"{self.name}: answer must be true or false, got {self.params['answer']!r}")
         self.hidden: int | None = None
+
+    @property
+    def answer(self) -> bool:
+        """Whether the design reads the answer-so-far pool A_g too."""
+        return bool(self.params["answer"])
 
     def specs(self, hidden: int) -> tuple[FeatureSpec, FeatureSpec]:
         """(step-state spec, prompt-state spec) this predictor reads."""
         p = self.params
         step = FeatureSpec(model=p["model"], layer=p["layer"], hidden=hidden, pooling="step", sink=p["sink"])
         return step, step.model_copy(update={"pooling": "mean"})
+
+    def answer_key(self) -> str:
+        """The metadata key of the answer-so-far pools (a single row: a vector; the engine's
+        records: {g: vector})."""
+        return self.specs(hidden=1)[0].model_copy(update={"pooling": "answer"}).key()
 
     def fit(self, requests: Sequence[Request], validation: Sequence[Request] | None = None) -> "ProbeRefine":
         """From requests with their true `output_tokens`: each carrying both states and
@@ -101,17 +121,21 @@ class ProbeRefine(Predictor):
         `validation` is required (calibration)."""
         if validation is None:
             raise ValueError("validation: probe-refine calibrates on a separate set of requests")
-        return self.fit_steps(*self._rows(requests, "requests"), *self._rows(validation, "validation"))
+        S, P, g, L, A = self._rows(requests, "requests")
+        Sc, Pc, gc, Lc, Ac = self._rows(validation, "validation")
+        return self.fit_steps(S, P, g, L, Sc, Pc, gc, Lc, A=A, A_cal=Ac)
 
-    def _rows(self, requests: Sequence[Request], where: str) -> tuple[np.ndarray, ...]:
-        """(S, P, g, L) of `requests`: a request with `generated` is one row (`_read`'s rules);
-        one with {g: state} under the step key one row per g < L; others are skipped."""
+    def _rows(self, requests: Sequence[Request], where: str) -> tuple:
+        """(S, P, g, L, A) of `requests` (A None unless `answer`): a request with `generated` is
+        one row (`_read`'s rules); one with {g: state} under the step key one row per g < L
+        (with `answer`, per g that has its answer pool too); others are skipped."""
         step, prompt = self.specs(hidden=1)  # keys leave out the width
         single = [r for r in requests if GENERATED in r.metadata]
-        S, P, g, L = [], [], [], []
+        S, P, g, L, A = [], [], [], [], []
         if single:
-            S1, P1, g1 = self._read(single)
+            S1, P1, g1, A1 = self._read(single)
             S, P, g = list(S1), list(P1), list(g1)
+            A = [] if A1 is None else list(A1)
             L = [float(_label(r)) for r in single]
         for r in requests:
             if GENERATED in r.metadata:
@@ -123,23 +147,29 @@ class ProbeRefine(Predictor):
             p = r.metadata.get(prompt.key())
             if p is None:
                 continue
+            answers = r.metadata.get(self.answer_key()) if self.answer else None
+            if self.answer and not isinstance(answers, Mapping):
+                continue
             n = _label(r)
             for at in sorted(states):
-                if at < n:  # still running after token `at`: remaining n - at >= 1
+                if at < n and (answers is None or at in answers):  # still running after token `at`
                     S.append(np.asarray(states[at], dtype=float).reshape(-1))
                     P.append(np.asarray(p, dtype=float).reshape(-1))
                     g.append(float(at))
                     L.append(float(n))
+                    if answers is not None:
+                        A.append(np.asarray(answers[at], dtype=float).reshape(-1))
         if not S:
+            also = f", an answer pool ({self.answer_key()!r}, records with answer_features)" if self.answer else ""
             raise ValueError(f"{where}: no request has a step state (at a generated token g < its "
-                             f"output_tokens) and a pooled prompt state of {prompt.model!r} layer "
+                             f"output_tokens){also} and a pooled prompt state of {prompt.model!r} layer "
                              f"{prompt.layer} sink {prompt.sink}; train from records written with "
                              "plugin config features.record_steps, or from rows with metadata "
                              f"{step.key()!r}, {prompt.key()!r} and {GENERATED!r}")  # fmt: skip
-        widths = sorted({len(v) for v in S} | {len(v) for v in P})
+        widths = sorted({len(v) for v in S} | {len(v) for v in P} | {len(v) for v in A})
         if len(widths) > 1:
             raise ValueError(f"features: {where} mix states of widths {widths} (records of other models?)")
-        return np.stack(S), np.stack(P), np.array(g), np.array(L)
+        return np.stack(S), np.stack(P), np.array(g), np.array(L), (np.stack(A) if self.answer else None)
 
     def _check_other_specs(self, r: Request) -> None:
         """ValueError naming the field when `r` carries recorded step states of another model,
@@ -156,9 +186,12 @@ class ProbeRefine(Predictor):
                 raise ValueError(f"{'; '.join(diff)}: probe-refine must be fitted on the hidden "
                                  "states it will read")  # fmt: skip
 
-    def fit_steps(self, S, P, g, L, S_cal, P_cal, g_cal, L_cal) -> "ProbeRefine":
-        """Fit on rows of (step state, prompt state, g, true total length L > g)."""
-        X, X_cal = design(S, P, g), design(S_cal, P_cal, g_cal)
+    def fit_steps(self, S, P, g, L, S_cal, P_cal, g_cal, L_cal, A=None, A_cal=None) -> "ProbeRefine":
+        """Fit on rows of (step state, prompt state, g, true total length L > g), and with
+        `answer` the rows' answer-so-far pools A, A_cal."""
+        self._check_answer(A, "A")
+        self._check_answer(A_cal, "A_cal")
+        X, X_cal = design(S, P, g, A), design(S_cal, P_cal, g_cal, A_cal)
         g, g_cal = np.asarray(g, dtype=float).reshape(-1), np.asarray(g_cal, dtype=float).reshape(-1)
         L, L_cal = np.asarray(L, dtype=float).reshape(-1), np.asarray(L_cal, dtype=float).reshape(-1)
         if L.shape != g.shape or L_cal.shape != g_cal.shape:
@@ -166,18 +199,30 @@ class ProbeRefine(Predictor):
         if (L <= g).any() or (L_cal <= g_cal).any():
             raise ValueError("lengths: every row must still be running (L > g): its remaining length is L - g")
         X, rem, X_cal, rem_cal = check_pairs(X, L - g, X_cal, L_cal - g_cal)
-        self.hidden = (X.shape[1] - 1) // 2
+        self.hidden = (X.shape[1] - 1) // self._blocks
         self.head = RidgeHead(self.params["alpha"], self.params["sigma_floor"], self.params["spread"]).fit(X, rem, X_cal, rem_cal)
         self.fitted = True
         return self
 
-    def predict_steps(self, S, P, g) -> LengthEstimate:
-        """Total-length distributions given L > g (see module doc)."""
+    @property
+    def _blocks(self) -> int:
+        return 3 if self.answer else 2
+
+    def _check_answer(self, A, name: str) -> None:
+        if self.answer and A is None:
+            raise ValueError(f"{name}: this probe-refine reads the answer-so-far pools (answer true); pass them")
+        if not self.answer and A is not None:
+            raise ValueError(f"{name}: this probe-refine does not read answer pools (answer false)")
+
+    def predict_steps(self, S, P, g, A=None) -> LengthEstimate:
+        """Total-length distributions given L > g (see module doc); `A`: the answer-so-far
+        pools, with `answer` only."""
         self.check_fitted()
-        X = design(S, P, g)
+        self._check_answer(A, "A")
+        X = design(S, P, g, A)
         g = np.asarray(g, dtype=float).reshape(-1, 1)
-        if X.shape[1] != 2 * self.hidden + 1:
-            raise ValueError(f"features: states of width {(X.shape[1] - 1) // 2}, fitted on {self.hidden}")
+        if X.shape[1] != self._blocks * self.hidden + 1:
+            raise ValueError(f"features: states of width {(X.shape[1] - 1) // self._blocks}, fitted on {self.hidden}")
         if not np.isfinite(X).all():
             raise ValueError("features: must be finite (NaN rows: states that were never read)")
         q, mu = self.head.quantiles(X)
@@ -191,18 +236,23 @@ class ProbeRefine(Predictor):
             raise ValueError("requests: empty")
         return self.predict_steps(*self._read(requests))
 
-    def _read(self, requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _read(self, requests: Sequence[Request]) -> tuple:
         step, prompt = self.specs(hidden=1)  # keys leave out the width
-        rows_s, rows_p, gs = [], [], []
+        keys = [step.key(), prompt.key(), GENERATED] + ([self.answer_key()] if self.answer else [])
+        rows_s, rows_p, gs, rows_a = [], [], [], []
         for r in requests:
-            missing = [k for k in (step.key(), prompt.key(), GENERATED) if r.metadata.get(k) is None]
+            missing = [k for k in keys if r.metadata.get(k) is None]
             if missing:
                 raise ValueError(f"request {r.id!r}: metadata has no {missing} (probe-refine reads the "
-                                 "state at a generated token, the pooled prompt state and the tokens generated)")  # fmt: skip
+                                 "state at a generated token, the pooled prompt state and the tokens generated"
+                                 f"{', and the answer-so-far pool' if self.answer else ''})")  # fmt: skip
             rows_s.append(np.asarray(r.metadata[step.key()], dtype=float).reshape(-1))
             rows_p.append(np.asarray(r.metadata[prompt.key()], dtype=float).reshape(-1))
             gs.append(float(r.metadata[GENERATED]))
-        return np.stack(rows_s), np.stack(rows_p), np.array(gs)
+            if self.answer:
+                rows_a.append(np.asarray(r.metadata[self.answer_key()], dtype=float).reshape(-1))
+        A = np.stack(rows_a) if self.answer else None
+        return np.stack(rows_s), np.stack(rows_p), np.array(gs), A
 
     # --- persistence ------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

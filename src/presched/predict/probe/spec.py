@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Pooling = Literal["mean", "egtp", "step"]
+Pooling = Literal["mean", "egtp", "step", "answer"]
 Role = Literal["served", "draft"]
 
 
@@ -23,7 +23,7 @@ class FeatureSpec(BaseModel):
     model: str = Field(description="the served model whose hidden states these are (its folder name)")
     layer: int = Field(ge=0, description="decoder layer whose output (the residual stream) is pooled")
     hidden: int = Field(ge=1, description="hidden size = vector length")
-    pooling: Pooling = Field(description="mean: mean without the sink tokens; egtp: entropy-weighted; step: no pooling, the state at the last token read (probe-refine)")
+    pooling: Pooling = Field(description="mean: mean without the sink tokens; egtp: entropy-weighted; step: no pooling, the state at the last token read (probe-refine); answer: the mean of the states at generated tokens 1..g (probe-refine with answer on)")
     sink: int = Field(default=1, ge=0, description="leading prompt positions left out of the pool")
     role: Role = Field(default="served", description="served: the served model's own states; draft: a speculative-decoding draft model's (OUTLETS; `model` is then the draft model)")
 
