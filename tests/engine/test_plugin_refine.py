@@ -105,3 +105,40 @@ def test_a_refined_estimate_is_what_remains_given_l_above_g_for_the_policies(ref
         assert remaining("mean")(seq) == pytest.approx(rem.mean, rel=1e-9)
         for stat, p in (("q10", 0.1), ("median", 0.5), ("q90", 0.9)):
             assert remaining(stat)(seq) == pytest.approx(max(rem.quantile(p), 1.0), rel=1e-9)
+
+
+def test_an_answer_model_reads_each_requests_answer_pool_and_skips_one_without(tmp_path):
+    """A model fitted with `answer` on, its law in the answer pool: the engine passes each
+    seq's own mean state (sum / count, `features_answer`), so the refined means follow the
+    pools; a seq with no pool yet keeps its estimate."""
+    from presched.engine.plugin.answer import answer_mean
+    from presched.engine.plugin.consume import FeatureConsumer
+    from presched.engine.plugin.config import parse_plugin_config
+
+    rng = np.random.default_rng(3)
+    S, P, A = (rng.normal(size=(160, HIDDEN)) for _ in range(3))
+    g = np.full(160, 4.0)
+    L = g + np.exp(3 + A[:, 0])
+    pred = PREDICTORS.create("probe-refine", model="tiny-llama", layer=1, answer=True)
+    pred.fit_steps(S[:120], P[:120], g[:120], L[:120], S[120:], P[120:], g[120:], L[120:], A=A[:120], A_cal=A[120:])
+    path = pred.save(tmp_path / "answer.npz")
+    eng = _refine(path)
+    assert eng.answer
+    seqs = {}
+    for i, a in enumerate((-1.0, 0.0, 1.0)):
+        seq = _seq(4, seed=10 + i)
+        total = np.zeros(HIDDEN)
+        total[0] = 3 * a  # a pool of 3 states whose mean's column 0 is a
+        seq.features_answer = [total, 3]
+        seqs[f"s{i}"] = seq
+    seqs["none"] = _seq(4, estimate="kept", seed=20)
+    seqs["none"].features_answer = None
+    assert eng.apply(list(seqs), seqs) == 3 and seqs["none"].estimate == "kept"
+    means = [seqs[f"s{i}"].estimate.mean_remaining(4.0) for i in range(3)]
+    assert means[0] < means[1] < means[2] and means[2] / means[0] > 3  # exp(3 + a): the pool decides
+    assert answer_mean(seqs["s2"]).tolist() == [1.0] + [0.0] * (HIDDEN - 1)
+    # the consumer sums pools for such a model even without records
+    cfg = parse_plugin_config({"features": {}, "refine": str(path), "refine_at": [4]})
+    vcfg = SimpleNamespace(model_config=SimpleNamespace(model="/m/tiny-llama", hf_config=SimpleNamespace(
+        num_hidden_layers=2, hidden_size=HIDDEN)))  # fmt: skip
+    assert FeatureConsumer(cfg, vcfg, {}, lambda: None).answer

@@ -20,8 +20,9 @@ above never reach): a longer request's final estimate must be that model's predi
 reference state at its own REFINE_AT-th generated token and its reference prompt state. The
 records keep the per-step states at `features.record_steps` (RECORD_AT, REFINE_AT): the state
 of a longer request at REFINE_AT must be that same reference state, every request has one at
-RECORD_AT and none at a token it did not reach, and `presched train -p probe-refine --from-log`
-trains on them.
+RECORD_AT and none at a token it did not reach, its answer-so-far pool at REFINE_AT must be the
+mean of the reference states at tokens 1..REFINE_AT, and `presched train -p probe-refine
+--from-log` trains on them.
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ import numpy as np
 import pytest
 
 from presched.engine.plugin.features import unpack
-from presched.engine.plugin.records import EGTP_FEATURE_TABLE, FEATURE_TABLE, STEP_FEATURE_TABLE
+from presched.engine.plugin.records import (
+    ANSWER_FEATURE_TABLE,
+    EGTP_FEATURE_TABLE,
+    FEATURE_TABLE,
+    STEP_FEATURE_TABLE,
+)
 
 PROMPT_LENS = (41, 57, 73, 90)
 OUTPUT = 150
@@ -219,6 +225,14 @@ def test_probe_refine_replaces_the_estimate_from_the_engines_own_step_state(hook
     for p, out in lengths.items():  # every request reached RECORD_AT; none has a row at g >= L
         assert RECORD_AT in states.get(p, {}) and all(g < out for g in states[p]), (p, out, sorted(states.get(p, {})))
         assert set(states[p]) == ({RECORD_AT, REFINE_AT} if out > REFINE_AT else {RECORD_AT})
+    # ... and its answer-so-far pool there the mean of the reference states at tokens 1..REFINE_AT
+    # (a state lost or added twice around a preemption, or token 0's state pooled, fails it)
+    A = fz.encode_steps(list(zip(prompts, answers)), range(1, REFINE_AT + 1)).mean(axis=1)
+    pools, _ = _step_rows(rec, n_at_refine=len(lens), table=ANSWER_FEATURE_TABLE)
+    for i, n in enumerate(lens):
+        spec, vec = pools[n][REFINE_AT]
+        assert json.loads(spec)["pooling"] == "answer"
+        np.testing.assert_allclose(unpack(vec), A[i], rtol=1e-4, atol=1e-4 * np.abs(A[i]).max())
     # presched train -p probe-refine --from-log on the records trains a model that loads
     from presched.predict import load_predictor
     from presched.serve.train_log import train_from_log
@@ -232,12 +246,12 @@ def test_probe_refine_replaces_the_estimate_from_the_engines_own_step_state(hook
     assert np.isfinite(back.predict_steps(S, P, np.full(len(lens), float(REFINE_AT))).quantiles).all()
 
 
-def _step_rows(rec, n_at_refine: int) -> tuple[dict, dict]:
+def _step_rows(rec, n_at_refine: int, table: str = STEP_FEATURE_TABLE) -> tuple[dict, dict]:
     """({prompt tokens: {g: (spec, vec)}} of the records' step_features, {prompt tokens:
     output_tokens} of every request), once `n_at_refine` rows at REFINE_AT are written (a
     request's step rows follow its requests row)."""
     q = (f"SELECT r.prompt_tokens, f.g, f.spec, f.vec FROM requests r "
-         f"JOIN {STEP_FEATURE_TABLE} f ON f.id = r.id")  # fmt: skip
+         f"JOIN {table} f ON f.id = r.id")  # fmt: skip
     t0 = time.monotonic()
     while True:
         with sqlite3.connect(rec) as c:
@@ -246,7 +260,7 @@ def _step_rows(rec, n_at_refine: int) -> tuple[dict, dict]:
         if sum(g == REFINE_AT for _, g, _, _ in rows) >= n_at_refine:
             break
         if time.monotonic() - t0 > 10:
-            pytest.fail(f"step_features: {sum(g == REFINE_AT for _, g, _, _ in rows)} rows at g={REFINE_AT} "
+            pytest.fail(f"{table}: {sum(g == REFINE_AT for _, g, _, _ in rows)} rows at g={REFINE_AT} "
                         f"after 10 s, {n_at_refine} expected ({len(rows)} step rows, {len(lengths)} requests)")
         time.sleep(0.1)
     states: dict = {}
