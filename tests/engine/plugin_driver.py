@@ -232,9 +232,31 @@ def slo_from_xargs() -> dict:
             "bad_xargs": s.counts["bad_xargs"]}  # fmt: skip
 
 
+def preempt_for_all_or_nothing() -> dict:
+    """srpt, 3 slots, 20 blocks of 16 tokens (19 usable): 'long' (96-token prompt, predicted
+    500) and 'short' (96, predicted 3) run, 6-7 blocks each; 'mid' arrives (240 tokens: 15
+    blocks, predicted 50). srpt names long for it (500 > 50), never short (3 < 50), and long's
+    blocks alone leave mid short: nobody may be preempted. Once short has finished, long's
+    blocks are enough: long is preempted in the step mid starts."""
+    s = make_sched({"policy": "srpt"}, num_blocks=20, max_num_seqs=3)
+    s.add_request(req("long", prompt=96, max_tokens=500, arrival=1.0, xargs={"presched_quantiles": [500] * 11}))
+    s.add_request(req("short", prompt=96, max_tokens=3, arrival=1.5, xargs={"presched_quantiles": [3] * 11}))
+    step(s)
+    s.add_request(req("mid", prompt=240, max_tokens=50, arrival=2.0, xargs={"presched_quantiles": [50] * 11}))
+    steps = []
+    for _ in range(10):
+        out = step(s)
+        steps.append({"scheduled": sorted(out.num_scheduled_tokens),
+                      "long_preemptions": s.requests["long"].num_preemptions,
+                      "short_done": "short" not in s.requests})  # fmt: skip
+        if "mid" in out.num_scheduled_tokens:
+            break
+    return {"steps": steps, "preempt_for_count": s.counts["preempt_for"]}
+
+
 SCENARIOS = {f.__name__: f for f in (stopped_while_preempted, batch_queue_refused,
                                      grammar_head_preempt_for, grammar_head_admit, error_finish,
-                                     slo_from_xargs)}  # fmt: skip
+                                     slo_from_xargs, preempt_for_all_or_nothing)}  # fmt: skip
 
 
 def main(argv: list[str]) -> None:

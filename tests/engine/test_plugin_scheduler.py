@@ -16,7 +16,10 @@ importable here). One driver process runs every scenario (~15 s, most of it impo
   of training data by the log reader, and the policy hears on_cancel (it heard on_finish, and
   the row was a 200 whose cut-short length became a label);
 - `slo` reads each request's SLOs from vllm_xargs (presched_slo_e2e / presched_slo_ttft): every
-  priority() raised and every request went through the FCFS fallback.
+  priority() raised and every request went through the FCFS fallback;
+- preempting for the head is all or nothing: a victim whose blocks alone leave the head short
+  is not preempted (the greedy loop preempted it, and it waited behind a head that could not
+  start); it is once they are enough, in the step the head starts.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from presched.serve.log_read import load_log_requests
 
 DRIVER = Path(__file__).with_name("plugin_driver.py")
 SCENARIOS = ("stopped_while_preempted", "batch_queue_refused", "grammar_head_preempt_for",
-             "grammar_head_admit", "error_finish", "slo_from_xargs")  # fmt: skip
+             "grammar_head_admit", "error_finish", "slo_from_xargs", "preempt_for_all_or_nothing")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +111,13 @@ def test_slo_reads_each_requests_slos_from_vllm_xargs(driven):
     assert got["order"] == ["first", "bad", "short", "mid", "long"]
     assert got["policy_errors"] == {"priority": 1}
     assert got["bad_xargs"] == 1
+
+
+def test_preempting_for_the_head_is_all_or_nothing(driven):
+    got = _ok(driven, "preempt_for_all_or_nothing")
+    steps = got["steps"]
+    assert "mid" in steps[-1]["scheduled"] and steps[-1]["short_done"], steps
+    # long kept its KV until the step mid started (the greedy loop preempted it at the first)
+    assert all(st["long_preemptions"] == 0 for st in steps[:-1]), steps
+    assert steps[-1]["long_preemptions"] == 1 and "long" not in steps[-1]["scheduled"]
+    assert got["preempt_for_count"] == 1

@@ -218,3 +218,31 @@ def test_slos_from_vllm_xargs():
         assert len(errors) == 1 and errors[0].startswith("vllm_xargs.presched_slo_e2e:")
     seq = EngineSeq(_vreq("WAITING"), slos=slos_of({"presched_slo_ttft": 4})[0])
     assert (seq.request.slo_e2e, seq.request.slo_ttft) == (None, 4.0)
+
+
+def test_serve_first_pops_that_request_next_and_a_skipped_one_goes_back_in_order():
+    """The head preempted for starts before a victim that ranks first once back (the
+    scheduler's all-or-nothing preemption, as the simulator); without the call, order rules."""
+    from types import SimpleNamespace
+
+    from presched.engine.plugin.guard import Guard
+    from presched.engine.plugin.queue import PolicyRequestQueue
+    from presched.engine.plugin.seq import EngineSeq
+    from presched.schedule import POLICIES
+
+    seqs = {}
+    for rid, t in (("a", 1.0), ("b", 2.0), ("c", 3.0)):
+        seqs[rid] = EngineSeq(SimpleNamespace(request_id=rid, prompt_token_ids=[1] * 4, max_tokens=10,
+                                              arrival_time=t, num_output_tokens=0, num_preemptions=0,
+                                              sampling_params=None))  # fmt: skip
+    popped = []
+    q = PolicyRequestQueue(POLICIES.create("fcfs"), lambda r, create=True: seqs[r.request_id], lambda: 0.0,
+                           Guard(), popped.append, lambda s: None)  # fmt: skip
+    for s in seqs.values():
+        q.add_request(s.vreq)
+    q.serve_first(seqs["c"])
+    assert q.peek_request() is seqs["c"].vreq and len(q) == 3
+    assert [q.pop_request().request_id for _ in range(2)] == ["c", "a"]
+    q.prepend_requests([seqs["c"].vreq])  # vLLM could not start it: back with its own key
+    assert [q.pop_request().request_id for _ in range(2)] == ["b", "c"] and not q
+    assert [s.id for s in popped] == ["c", "a", "b", "c"]

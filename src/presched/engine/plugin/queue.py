@@ -11,6 +11,9 @@ Admission: while the scheduler runs `schedule()` it sets `gate` (a function of t
 the queue then reads as empty when the gate refuses its head, which ends vLLM's admission loop
 for this step (strict order, as in the simulator: a refused head is not skipped).
 
+The head that running requests were preempted for is popped next (`serve_first`), whatever
+the order says once the victims are back.
+
 Failures: a `priority` (push) that raises puts the request in a FIFO that is served before the
 policy's queue; an `update`/`peek` that raises serves the earliest arrival for that decision.
 Both are counted by the `Guard`.
@@ -60,6 +63,14 @@ class PolicyRequestQueue:
         except Exception as e:  # noqa: BLE001
             self.guard.failed("priority", e)
             return min(self.q, key=lambda s: s.arrival), True
+
+    def serve_first(self, seq) -> None:
+        """`seq` (waiting) is the next request popped, whatever the policy's order says now:
+        the head requests were just preempted for starts before them, even if a victim ranks
+        first once back (as the simulator does). Not started this step, it goes back with its key."""
+        if seq in self.q:
+            self.q.remove(seq)
+            self.front.appendleft(seq)
 
     # --- vLLM's RequestQueue methods ----------------------------------------------------------
     def add_request(self, request) -> None:

@@ -13,9 +13,12 @@ put the policy in charge of each decision:
 - waiting order: `self.waiting` is a `PolicyRequestQueue` keyed by `policy.priority` (queue.py);
 - admission: during `schedule()` the queue's head must pass `policy.admit(head, running, now)`
   (vLLM then checks the batch slot and allocates its KV blocks; a refusal ends admission);
-- preemption to admit: before `super().schedule()`, while the head cannot start (batch full or
-  free KV blocks short of its tokens), `policy.preempt_for(head, running, now)` may name a victim,
-  which is preempted by recompute (`_preempt_request`, as vLLM does);
+- preemption to admit: before `super().schedule()`, when the head cannot start (batch full or
+  free KV blocks short of its first chunk), `policy.preempt_for(head, running, now)` may name
+  victims, asked again about the batch without the ones named before until the head would fit
+  (a slot; the blocks the victims alone hold added to the free ones), then `admit` against that
+  batch; only then are they all preempted by recompute (`_preempt_request`, as vLLM does), else
+  none: all or nothing, as the simulator (sim/scheduler.py `_victims_for`);
 - KV-pressure victim: vLLM's priority mode picks `max(running, key=(priority, arrival))`; each
   running request's `priority` is a `VictimKey` whose comparison asks `policy.victim`, so that
   max is the policy's victim among all running requests (vLLM gives the token budget of an
@@ -260,31 +263,54 @@ class PreschedScheduler(Scheduler):
         self.own_s += (t1 - t0) + (time.perf_counter() - t2)
         return out
 
-    def _blocked(self, head: EngineSeq) -> bool:
-        if len(self.running) >= self.max_num_active_reqs:
+    def _blocked(self, head: EngineSeq, running: int, extra_free: int = 0) -> bool:
+        """Whether `head` cannot start with `running` requests in the batch and `extra_free`
+        blocks more than the pool has free: no slot, or fewer free blocks than its first chunk."""
+        if running >= self.max_num_active_reqs:
             return True
         n = min(head.vreq.num_tokens, self.max_num_scheduled_tokens)
         need = -(-n // self.block_size)
-        return need > self.kv_cache_manager.block_pool.get_num_free_blocks()
+        return need > self.kv_cache_manager.block_pool.get_num_free_blocks() + extra_free
+
+    def _blocks_freed(self, seq: EngineSeq) -> int:
+        """Blocks that preempting `seq` returns to the free pool: those it alone holds (a block
+        shared through the prefix cache stays with its other holders)."""
+        groups = self.kv_cache_manager.coordinator.get_blocks(seq.id)
+        return sum(1 for blocks in groups for b in blocks if b.ref_cnt == 1 and not b.is_null)
 
     def _preempt_for_head(self) -> None:
-        """Preempt running requests the policy names for the waiting head (module doc)."""
+        """Preempt the running requests the policy names for the waiting head, all or none
+        (module doc): victims are collected on a trial batch, each `preempt_for` call asked
+        about the batch without the ones named before, until the head would have a slot and
+        its blocks; then `admit` is asked against that batch. Only then are they preempted;
+        if the policy stops naming victims first, or `admit` refuses, nobody is (a victim
+        would lose its KV and wait behind a head that still could not start)."""
         head_req = self.waiting.peek_request()
         head = self._seqs.get(head_req.request_id)
         if head is None or not admissible(head_req):
             return  # vLLM skips this head this step (support.py): a victim would be re-admitted
-        while self.running and self._blocked(head):
-            running = [self._seqs[r.request_id] for r in self.running if r.request_id in self._seqs]
-            victim = self.guard.call("preempt_for", None, self.ps.preempt_for, head, running,
-                                     self._now)  # fmt: skip
-            if victim is None or victim.vreq not in self.running:
+        n_running = len(self.running)
+        if not self._blocked(head, n_running):
+            return
+        trial = [self._seqs[r.request_id] for r in self.running if r.request_id in self._seqs]
+        victims: list[EngineSeq] = []
+        freed = 0
+        while True:
+            victim = self.guard.call("preempt_for", None, self.ps.preempt_for, head, list(trial), self._now)
+            if victim is None or victim not in trial or victim.vreq not in self.running:
                 return
+            trial.remove(victim)
+            victims.append(victim)
+            freed += self._blocks_freed(victim)
+            if not self._blocked(head, n_running - len(victims), freed):
+                break
+        if self._admits and not self.guard.call("admit", True, self.ps.admit, head, trial, self._now):
+            return
+        for victim in victims:
             self.counts["preempt_for"] += 1
             self.running.remove(victim.vreq)
             self._preempt_request(victim.vreq, time.monotonic())
-            new_head = self.waiting.peek_request()
-            if new_head is not head.vreq:
-                return  # the victim ranks first now: let vLLM admit in order
+        self.waiting.serve_first(head)  # before a victim that ranks first once back (vtc ties)
 
     def _preempt_request(self, request, timestamp, drop_stale_output: bool = False) -> None:
         seq = self._seqs.get(request.request_id)
