@@ -10,6 +10,7 @@ import logging
 import random
 import sqlite3
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -435,3 +436,32 @@ def test_cli_trains_from_a_log_of_forced_lengths_only_with_keep_censored(tmp_pat
 
     est = load_predictor(tmp_path / "m.npz").predict([Request(id="q", prompt_tokens=30, model="m")])
     assert 20 < est[0].mean < 200  # learned from the cut lengths (20..98 tokens)
+
+
+def test_a_repetition_stop_is_a_cut_not_a_label(tmp_path):
+    """vLLM's repetition detector ends a looping answer with finish_reason 'repetition': its
+    length is a lower bound, like max_tokens' cut, so it is censored (it was a training label)."""
+    from presched.serve.learn import learn_fields
+
+    path = tmp_path / "log.db"
+    with RequestLog(path, store_prompts=True) as log:
+        log.write(row(1, output_tokens=40, finish_reason="repetition"))
+        log.write(row(2, output_tokens=40, finish_reason="stop"))
+    res = load_log_requests(path)
+    assert [r.id for r in res.requests] == ["r2"] and res.dropped["censored"] == 1
+
+    class Learner:  # records what the gateway teaches (the learner itself: tests/predict/online)
+        alarm = SimpleNamespace(active=False)
+        seen: list = []
+
+        def version_of(self, rid):
+            return 1
+
+        def observe(self, request, tokens, status):
+            self.seen.append(status)
+
+    learner = Learner()
+    seq = SimpleNamespace(id="r", request=SimpleNamespace(max_tokens=100))
+    for reason in ("repetition", "length", "stop"):
+        learn_fields(learner, seq, SimpleNamespace(status=200, tokens=40, finish_reason=reason))
+    assert learner.seen == ["length", "length", "ok"]

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from presched.predict.online import OnlineLearner
 from presched.serve.config import ServeConfig
+from presched.serve.log_read import is_censored
 
 
 def make_learner(cfg: ServeConfig, predictor: Any) -> OnlineLearner | None:
@@ -48,7 +49,7 @@ def learn_fields(learner: OnlineLearner | None, seq: Any, out: Any) -> dict[str,
         return {}
     version = learner.version_of(seq.id)
     if out.status == 200 and out.tokens:
-        status = "length" if out.finish_reason == "length" else "ok"
+        status = "length" if is_censored(out.finish_reason, out.tokens, seq.request.max_tokens) else "ok"
         learner.observe(seq.request, out.tokens, status=status)
     else:
         learner.observe(seq.request, None, status="cancelled" if out.status == 499 else "failed")

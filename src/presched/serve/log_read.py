@@ -85,12 +85,17 @@ class LogRequests:
         return s
 
 
+CUT_REASONS = frozenset({"length", "repetition"})
+"""finish_reasons of a generation the server cut: 'length' (max_tokens, the context window) and
+vLLM's 'repetition' (its repetition detector ended a looping answer)."""
+
+
 def is_censored(finish_reason: str | None, output_tokens: int, max_tokens: int | None) -> bool:
-    """True when generation was cut by a length limit, so the natural length is unknown (only a
-    lower bound): finish_reason 'length' (max_tokens, or the context window), or an unknown
-    finish_reason with output_tokens reaching max_tokens."""
+    """True when generation was cut, so the natural length is unknown (only a lower bound):
+    finish_reason in CUT_REASONS, or an unknown finish_reason with output_tokens reaching
+    max_tokens."""
     if finish_reason is not None:
-        return finish_reason == "length"
+        return finish_reason in CUT_REASONS
     return max_tokens is not None and output_tokens >= max_tokens
 
 
