@@ -180,9 +180,21 @@ def test_client_disconnect_mid_stream_frees_the_slot_and_logs_once(stack):
 def test_an_objective_names_its_targets_and_an_unknown_one_is_refused(stack):
     r = post(stack.url, {"prompt": SHORT, "max_tokens": 2}, headers={"x-gateway-inference-objective": "nope"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "x-gateway-inference-objective"
-    r = post(stack.url, {"prompt": SHORT, "max_tokens": 2}, headers={"x-gateway-inference-objective": "chat"})
+    r = post(stack.url, {"prompt": SHORT, "max_tokens": 2, "vllm_xargs": {"presched_tenant": "evil", "k": 1}},
+             headers={"x-gateway-inference-objective": "chat", "x-gateway-inference-fairness-id": "t1"})  # fmt: skip
     assert r.status_code == 200
+    # the engine plugin's policies (slo, vtc) read the targets and the fairness id from vllm_xargs
+    xa = _seen_body(stack, r)["vllm_xargs"]
+    assert (xa["presched_slo_ttft"], xa["presched_tenant"], xa["k"]) == (0.5, "t1", 1) and "presched_slo_e2e" not in xa
+    r = post(stack.url, {"prompt": SHORT, "max_tokens": 2, "vllm_xargs": {"presched_tenant": "evil"}})
+    xa = _seen_body(stack, r)["vllm_xargs"]  # no fairness header: the default tenant, no claim passes
+    assert "presched_tenant" not in xa and "presched_slo_ttft" not in xa and "presched_pred_mean" in xa
     stack.idle()
+
+
+def _seen_body(stack, r) -> dict:
+    served = r.headers["x-presched-endpoint"]
+    return stack.st.engines[[e.address for e in stack.st.picker.cfg.endpoints].index(served)].seen[-1][1]
 
 
 def test_a_large_body_passes_and_one_over_the_bound_gets_413_not_a_hang(stack):

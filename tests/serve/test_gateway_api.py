@@ -523,3 +523,17 @@ def test_json_deeper_than_the_bound_is_refused(depth, wrap):
     except Done as d:
         refused = json.loads(d.response.body)["error"]["param"] == "body"
     assert refused == (total > MAX_DEPTH)
+
+
+def test_send_prediction_names_the_tenant_to_the_engine_and_drops_a_claimed_one(asgi_server):
+    """With send_prediction the engine plugin's policies (vtc) get the tenant the API key maps
+    to as vllm_xargs presched_tenant; a client's own presched_tenant never reaches the engine."""
+    seen: list[dict] = []
+    up = asgi_server(canned_upstream(seen))
+    url, _ = gateway(asgi_server, up, tenants=TENANTS, send_prediction=True)
+    body = {**CHAT, "stream": False, "vllm_xargs": {"presched_tenant": "gold", "k": 1}}
+    httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer sk-free"})
+    assert seen[-1]["vllm_xargs"] == {"presched_tenant": "free", "k": 1}
+    url, _ = gateway(asgi_server, up, send_prediction=True)  # no tenants: everyone is 'default'
+    httpx.post(url + "/v1/chat/completions", json=body)
+    assert seen[-1]["vllm_xargs"] == {"k": 1}

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from presched import xargs
 from presched.epp.config import EndpointConfig, EppConfig, Objective
 from presched.serve.backend import Backend
 from presched.serve.config import BackendConfig
@@ -227,12 +228,19 @@ class Picker:
             up["priority"] = int(seq.key or 0)
         else:
             up.pop("priority", None)
-        if self.cfg.send_prediction and seq.estimate is not None:
-            mean, q90 = float(seq.estimate.mean), float(seq.estimate.quantile(0.9))
-            xargs = dict(body.get("vllm_xargs") or {})
-            xargs.update(presched_pred_mean=mean, presched_pred_q90=q90)
-            up["vllm_xargs"] = xargs
-            extra[self.cfg.prediction_header] = f"{mean:.1f}"
+        if self.cfg.send_prediction:
+            req = seq.request  # the objective's targets and the fairness id, for the engine's policy
+            add = {key: v for field, key in xargs.SLOS.items() if (v := getattr(req, field)) is not None}
+            if req.tenant != "default":
+                add[xargs.TENANT] = req.tenant
+            if seq.estimate is not None:
+                mean, q90 = float(seq.estimate.mean), float(seq.estimate.quantile(0.9))
+                add.update({xargs.MEAN: mean, xargs.Q90: q90})
+                extra[self.cfg.prediction_header] = f"{mean:.1f}"
+            own = dict(body.get("vllm_xargs") or {})
+            claimed = own.pop(xargs.TENANT, None) is not None  # the fairness header names the tenant, not the body
+            if add or claimed:
+                up["vllm_xargs"] = {**own, **add}
         extra["x-request-id"] = seq.id
         return json.dumps(up).encode(), injected, extra
 

@@ -41,6 +41,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
 from starlette.routing import Route
 
+from presched import xargs
 from presched.predict.served_models import fallback_note
 from presched.serve.asgi import RawASGI, until_disconnect
 from presched.serve.backend import Backend
@@ -279,11 +280,14 @@ class GatewayApp:
             up["priority"] = int(seq.key or 0)
         else:  # the gateway's queue decides the order; the engine's priority is not the client's
             up.pop("priority", None)
-        if self.cfg.send_prediction and seq.estimate is not None:
-            xargs = dict(body.get("vllm_xargs") or {})
-            xargs.update(presched_pred_mean=float(seq.estimate.mean),
-                         presched_pred_q90=float(seq.estimate.quantile(0.9)))  # fmt: skip
-            up["vllm_xargs"] = xargs
+        if self.cfg.send_prediction:  # the prediction and the tenant, for the engine plugin's policies
+            own = dict(body.get("vllm_xargs") or {})
+            claimed = own.pop(xargs.TENANT, None) is not None  # the gateway names the tenant, not the body
+            add = {xargs.TENANT: seq.request.tenant} if seq.request.tenant != "default" else {}
+            if seq.estimate is not None:
+                add |= {xargs.MEAN: float(seq.estimate.mean), xargs.Q90: float(seq.estimate.quantile(0.9))}
+            if add or claimed:
+                up["vllm_xargs"] = {**own, **add}
         return up, injected
 
     def _payload(self, seq: GatewaySeq, body: dict) -> tuple[bytes, bool]:

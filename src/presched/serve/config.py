@@ -67,7 +67,7 @@ class ServeConfig(Config):
     predictor: Path | None = Field(None, description="Length predictor file from `presched train` (.npz); none: policies that need predictions cannot be used.")
     tokenizer: Path | None = Field(None, description="A tokenizer.json of the served model to count prompt tokens exactly (default: o200k_base if toktok is installed, else ~4 characters per token).")
     priority_stat: str = Field("mean", description="Passthrough mode: the statistic of the predicted length sent as vLLM `priority` (mean, median, q90, ...; lower runs first).")
-    send_prediction: bool = Field(False, description="Add the prediction to the upstream body as vllm_xargs (presched_pred_mean, presched_pred_q90), for engine-side plug-ins.")
+    send_prediction: bool = Field(False, description="Add the prediction to the upstream body as vllm_xargs (presched_pred_mean, presched_pred_q90), and the request's tenant (presched_tenant, replacing one the client put in its body), for engine-side plug-ins.")
     tenants: list[TenantConfig] = Field(default_factory=list, description="API keys and their tenants. Empty: no authentication, every request is tenant 'default'.")
     max_queue: int = Field(10_000, ge=1, le=10_000_000, description="Most requests waiting in the gateway; more get 429 with Retry-After. With tenants, each tenant may fill only its share, max_queue * weight / (sum of weights) (docs/gateway.md, Queue shares).")
     max_prompt_tokens: int = Field(32_768, ge=1, description="Longer prompts get 413.")

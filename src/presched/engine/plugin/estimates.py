@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 
 from presched.predict.estimate import LEVELS, RequestEstimate
+from presched.xargs import MEAN as XARG_MEAN
+from presched.xargs import POINT as XARG_POINT
+from presched.xargs import Q90 as XARG_Q90
+from presched.xargs import QUANTILES as XARG_QUANTILES
 
 log = logging.getLogger(__name__)
 
-XARG_QUANTILES = "presched_quantiles"
-XARG_POINT = "presched_point"
-XARG_MEAN = "presched_pred_mean"
-XARG_Q90 = "presched_pred_q90"
 _Z = {0.1: -1.2816, 0.2: -0.8416, 0.3: -0.5244, 0.4: -0.2533, 0.5: 0.0, 0.6: 0.2533,
       0.7: 0.5244, 0.8: 0.8416, 0.9: 1.2816, 0.95: 1.6449, 0.99: 2.3263}  # fmt: skip
 _MAX_TOKENS = 1e7

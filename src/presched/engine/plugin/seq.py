@@ -54,10 +54,10 @@ import math
 from typing import Any
 
 from presched.workload.request import Request
+from presched.xargs import SLOS as XARG_SLOS
+from presched.xargs import TARGET as XARG_TARGET
+from presched.xargs import TENANT as XARG_TENANT
 
-XARG_TARGET = "presched_target"
-XARG_TENANT = "presched_tenant"
-XARG_SLOS = {"slo_e2e": "presched_slo_e2e", "slo_ttft": "presched_slo_ttft"}  # Request field: xarg
 _MAX_SLO_S = 1e7
 
 

@@ -1,0 +1,17 @@
+"""The `vllm_xargs` keys presched's gateways send and its engine plugin reads.
+
+vLLM passes a request body's `vllm_xargs` object to the engine as `SamplingParams.extra_args`;
+the engine plugin (`engine/plugin/seq.py`, `estimates.py`) reads these keys from it, and the
+gateway (`serve/app.py`) and the endpoint picker (`epp/core.py`) write them. One list, so the
+senders and the reader cannot drift apart (and no driver imports another to find them).
+"""
+
+from __future__ import annotations
+
+QUANTILES = "presched_quantiles"  # the predicted length quantiles at LEVELS
+POINT = "presched_point"  # a point prediction (tokens)
+MEAN = "presched_pred_mean"  # the predicted mean length (with Q90: a log-normal)
+Q90 = "presched_pred_q90"  # the predicted 90th percentile
+TARGET = "presched_target"  # ORACLE ONLY: the true length (benchmarks)
+TENANT = "presched_tenant"  # the fairness id
+SLOS = {"slo_e2e": "presched_slo_e2e", "slo_ttft": "presched_slo_ttft"}  # Request field: key (seconds)
