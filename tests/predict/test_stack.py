@@ -11,7 +11,7 @@ import pytest
 from presched.predict import LEVELS, PREDICTORS, load_predictor
 from presched.predict.base import reads_text
 from presched.predict.metrics import kendall_tau_b
-from presched.predict.stack import simplex
+from presched.predict.stack import grid_points, simplex
 from presched.workload.request import Request
 
 MEMBERS = dict(members=["model-median", "linear-prompt"], member_params={})
@@ -36,6 +36,20 @@ def test_simplex_weights_sum_to_one_first_member_heaviest_first():
     assert len(grid) == 15 and grid[0] == (1.0, 0.0, 0.0)
     assert all(abs(sum(w) - 1) < 1e-12 and min(w) >= 0 for w in grid)
     assert simplex(2, 2) == [(1.0, 0.0), (0.5, 0.5), (0.0, 1.0)]
+    # the same order as filtering every tuple, without building (steps + 1)^n of them
+    import itertools
+
+    want = [c for c in itertools.product(range(6, -1, -1), repeat=4) if sum(c) == 6]
+    assert simplex(4, 6) == [tuple(x / 6 for x in c) for c in want]
+    assert len(simplex(4, 6)) == grid_points(4, 6) == 84
+
+
+def test_a_grid_too_large_to_search_is_refused_naming_grid():
+    members = ["text-gbm", "ssjf", "model-median", "linear-prompt", "lexical-gbm"]
+    with pytest.raises(ValueError, match=r"5 members on a grid of 100 make 4,598,126 weight vectors.*'grid'"):
+        PREDICTORS.create("stack", members=members, grid=100)
+    PREDICTORS.create("stack", members=members, grid=10)  # 1,001 points: fine
+    PREDICTORS.create("stack", members=members, grid=100, weights=[0.2] * 5)  # no search
 
 
 def test_the_weight_is_the_calibration_sets_best_ranker_and_quantiles_cover():

@@ -26,7 +26,6 @@ its own early stopping and calibration, so choosing w and the offsets there reus
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -51,10 +50,28 @@ _Z90 = 2 * 1.2815515655446004  # q10..q90 width of a standard normal
 _I10, _I50, _I90 = LEVELS.index(0.1), LEVELS.index(0.5), LEVELS.index(0.9)
 
 
+MAX_GRID_POINTS = 10_000  # weight vectors tried at fit time (each a tau-b on the calibration set)
+
+
+def grid_points(n: int, steps: int) -> int:
+    """How many weight vectors `simplex(n, steps)` gives: C(steps + n - 1, n - 1)."""
+    return math.comb(steps + n - 1, n - 1)
+
+
 def simplex(n: int, steps: int) -> list[tuple[float, ...]]:
-    """Weights of n members in steps of 1/steps, summing to 1, first member's largest first."""
-    out = [c for c in itertools.product(range(steps, -1, -1), repeat=n) if sum(c) == steps]
-    return [tuple(x / steps for x in c) for c in out]
+    """Weights of n members in steps of 1/steps, summing to 1, first member's largest first
+    (the compositions of `steps` into n parts, generated directly: not a filter over all
+    (steps + 1)^n tuples)."""
+
+    def parts(k: int, left: int):
+        if k == 1:
+            yield (left,)
+            return
+        for first in range(left, -1, -1):
+            for rest in parts(k - 1, left - first):
+                yield (first, *rest)
+
+    return [tuple(x / steps for x in c) for c in parts(n, steps)]
 
 
 @PREDICTORS.register("stack")
@@ -77,6 +94,10 @@ class Stack(Predictor):
         if "stack" in names:
             raise ValueError(f"{self.name}: parameter 'members' cannot hold a stack")
         w = p["weights"]
+        if w is None and grid_points(len(names), p["grid"]) > MAX_GRID_POINTS:
+            raise ValueError(f"{self.name}: {len(names)} members on a grid of {p['grid']} make "
+                             f"{grid_points(len(names), p['grid']):,} weight vectors to try, over "
+                             f"{MAX_GRID_POINTS:,}: lower parameter 'grid' or give 'weights'")  # fmt: skip
         if w is not None and (len(w) != len(names) or min(w) < 0 or not math.isclose(sum(w), 1.0)):
             raise ValueError(f"{self.name}: parameter 'weights' must be {len(names)} numbers >= 0 summing "
                              f"to 1, got {w!r}")  # fmt: skip
