@@ -73,22 +73,29 @@ def test_a_model_left_by_a_crashed_save_is_never_taken_for_the_running_one(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([HEADER, named["model"], named["buffer"]])
 
 
-def test_a_learner_resumed_between_batches_refits_as_one_never_stopped(tmp_path):
+@pytest.mark.parametrize("anchor_rows", [0, 60])
+def test_a_learner_resumed_between_batches_refits_as_one_never_stopped(tmp_path, anchor_rows):
+    """With anchor rows the refits draw them at random: the draws go on after a resume (the
+    generator's state is saved); restarted from the seed, the refitted models differ."""
     rcfg = OnlineConfig(enabled=True, refit_every=2000, min_refit=250, holdout=50, tenant_rate=1e9,
-                        tenant_burst=10**9, anchor_rows=0)  # fmt: skip
+                        tenant_burst=10**9, anchor_rows=anchor_rows)  # fmt: skip
+    anchor = reqs(400, 500, start=90_000, seed=99) if anchor_rows else ()
     batches = [reqs(100, 300 if b < 5 else 900, start=b * 100, seed=b) for b in range(10)]
-    steady = OnlineLearner(base(100), rcfg, background=False)
+    steady = OnlineLearner(base(100), rcfg, anchor, background=False)
     for stream in batches:
         serve(steady, stream)
     assert steady.counts["refits"] == 3 and steady.alarm.alarms  # alarms restart the schedule on the way
-    learner = OnlineLearner(base(100), rcfg, background=False)
+    learner = OnlineLearner(base(100), rcfg, anchor, background=False)
     for stream in batches:  # saved and resumed between batches (`presched learn` run now and then)
         serve(learner, stream)
         learner.save(str(tmp_path))
-        learner = OnlineLearner.resume(str(tmp_path), rcfg, background=False)
+        learner = OnlineLearner.resume(str(tmp_path), rcfg, anchor, background=False)
     assert learner.counts["refits"] == 3 and learner.version == steady.version
     probe = reqs(20, 300, start=50_000)
     assert np.allclose(learner.predict(probe).quantiles, steady.predict(probe).quantiles)
+    # the refitted model itself (the recalibration divides its point out of the quantiles above):
+    # its median is of the same recent and anchor rows (758 vs 773 tokens with the draws restarted)
+    assert learner.base.predict(probe).point[0] == steady.base.predict(probe).point[0]
 
 
 def test_a_learner_resumed_with_other_settings_runs_on_them(tmp_path):

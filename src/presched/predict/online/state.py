@@ -72,6 +72,7 @@ def save_state(learner: Any, folder: str | Path) -> Path:
             position = learner.position  # the caller's mark of the last completion this state holds
             schedule = {"since_refit": learner._since_refit, "interval": learner._interval,
                         "since_change": learner._since_change}  # fmt: skip
+            rng = {"seed": learner.cfg.seed, "state": learner._rng.bit_generator.state}  # the anchor draws
             n = learner.counts["saves"] = _fresh(folder, learner.counts["saves"] + 1, version)
             counts = dict(learner.counts)
         model = folder / f"base-v{version}-{n}.npz"
@@ -81,7 +82,7 @@ def save_state(learner: Any, folder: str | Path) -> Path:
         _replace(save_generic(buffer, folder / f".tmp-{buf.name}"), buf)
         header = {"format": FORMAT, "version": version, "model": model.name, "buffer": buf.name, "counts": counts,
                   "alarm": alarm, "conformal": cal_values, "schedule": schedule, "per_tenant": per_tenant,
-                  "position": position}  # fmt: skip
+                  "position": position, "rng": rng}  # fmt: skip
         tmp = folder / f".tmp-{HEADER}"
         with open(tmp, "wb") as f:
             np.savez(f, __header__=np.array(json.dumps(header)), **cal_arrays)
@@ -134,6 +135,9 @@ def load_state(cls: type, folder: str | Path, cfg: OnlineConfig, anchor: Sequenc
         interval = max(int(sched["interval"]), c.min_refit)  # within this config's bounds
         learner._interval = min(interval, max(c.refit_every, c.min_refit)) if c.refit_every else interval
         learner._since_change = None if sched["since_change"] is None else int(sched["since_change"])
+    rng = header.get("rng")  # the anchor rows' draws go on where they stopped (a new seed starts over)
+    if rng is not None and rng["seed"] == c.seed:
+        learner._rng.bit_generator.state = rng["state"]
     return learner
 
 
