@@ -254,9 +254,40 @@ def preempt_for_all_or_nothing() -> dict:
     return {"steps": steps, "preempt_for_count": s.counts["preempt_for"]}
 
 
+def preempt_for_counts_as_vllm() -> dict:
+    """Two cases where the head's first chunk fits the victim's blocks but vLLM would still not
+    start it (19 usable blocks of 16 tokens; every request fits them whole): (full_isl) a
+    240-token head with 64 tokens per step, which vLLM 0.32 admits only when its whole prompt
+    fits (scheduler_reserve_full_isl); (growth) a 196-token head (13 blocks) against 7 free +
+    long's 6, where the other running request's next token takes a new block before the head
+    is reached. Per step: whether the plugin preempted for the head then (vLLM's own KV-pressure
+    preemptions not counted) and whether mid started; a preemption in a step where mid does not
+    start is wasted."""
+    out = {}
+    for case, batched, other, mid in (("full_isl", 64, (160, 140), 240), ("growth", 256, (96, 150), 196)):
+        s = make_sched({"policy": "srpt"}, num_blocks=20, max_num_seqs=3, max_batched=batched)
+        s.add_request(req("long", prompt=96, max_tokens=200, arrival=1.0, xargs={"presched_quantiles": [500] * 11}))
+        s.add_request(req("other", prompt=other[0], max_tokens=other[1], arrival=1.5,
+                          xargs={"presched_quantiles": [3] * 11}))  # fmt: skip
+        for _ in range(5 if case == "full_isl" else 1):
+            step(s)
+        s.add_request(req("mid", prompt=mid, max_tokens=50, arrival=2.0, xargs={"presched_quantiles": [50] * 11}))
+        steps, before = [], 0
+        for _ in range(600):
+            o = step(s)
+            steps.append([s.counts["preempt_for"] > before, "mid" in o.num_scheduled_tokens])
+            before = s.counts["preempt_for"]
+            if "mid" in o.num_scheduled_tokens:
+                break
+        out[case] = {"steps": steps, "pinned_after": getattr(s.waiting, "pinned", None) is not None,
+                     "preempt_for": s.counts["preempt_for"]}  # fmt: skip
+    return out
+
+
 SCENARIOS = {f.__name__: f for f in (stopped_while_preempted, batch_queue_refused,
                                      grammar_head_preempt_for, grammar_head_admit, error_finish,
-                                     slo_from_xargs, preempt_for_all_or_nothing)}  # fmt: skip
+                                     slo_from_xargs, preempt_for_all_or_nothing,
+                                     preempt_for_counts_as_vllm)}  # fmt: skip
 
 
 def main(argv: list[str]) -> None:

@@ -19,7 +19,9 @@ importable here). One driver process runs every scenario (~15 s, most of it impo
   priority() raised and every request went through the FCFS fallback;
 - preempting for the head is all or nothing: a victim whose blocks alone leave the head short
   is not preempted (the greedy loop preempted it, and it waited behind a head that could not
-  start); it is once they are enough, in the step the head starts.
+  start); it is once they are enough, in the step the head starts; "enough" as vLLM counts it
+  (the whole prompt under vLLM 0.32's scheduler_reserve_full_isl, the blocks the running
+  requests take first in the step), and the head is popped first in that step only.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from presched.serve.log_read import load_log_requests
 
 DRIVER = Path(__file__).with_name("plugin_driver.py")
 SCENARIOS = ("stopped_while_preempted", "batch_queue_refused", "grammar_head_preempt_for",
-             "grammar_head_admit", "error_finish", "slo_from_xargs", "preempt_for_all_or_nothing")  # fmt: skip
+             "grammar_head_admit", "error_finish", "slo_from_xargs", "preempt_for_all_or_nothing",
+             "preempt_for_counts_as_vllm")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +124,13 @@ def test_preempting_for_the_head_is_all_or_nothing(driven):
     assert all(st["long_preemptions"] == 0 for st in steps[:-1]), steps
     assert steps[-1]["long_preemptions"] == 1 and "long" not in steps[-1]["scheduled"]
     assert got["preempt_for_count"] == 1
+
+
+@pytest.mark.parametrize("case", ["full_isl", "growth"])
+def test_a_victim_is_preempted_only_in_a_step_vllm_starts_the_head(driven, case):
+    got = _ok(driven, "preempt_for_counts_as_vllm")[case]
+    steps = got["steps"]
+    assert steps[-1][1], f"mid never started: {steps[-5:]}"
+    wasted = [i for i, (preempted, started) in enumerate(steps) if preempted and not started]
+    assert wasted == [], f"long preempted in steps {wasted} where mid did not start"
+    assert not got["pinned_after"]

@@ -220,9 +220,10 @@ def test_slos_from_vllm_xargs():
     assert (seq.request.slo_e2e, seq.request.slo_ttft) == (None, 4.0)
 
 
-def test_serve_first_pops_that_request_next_and_a_skipped_one_goes_back_in_order():
+def test_serve_first_pops_that_request_first_in_this_step_only():
     """The head preempted for starts before a victim that ranks first once back (the
-    scheduler's all-or-nothing preemption, as the simulator); without the call, order rules."""
+    scheduler's all-or-nothing preemption, as the simulator); after `unpin` (the end of that
+    schedule()) the policy's order rules again, so a head vLLM did not start blocks no one."""
     from types import SimpleNamespace
 
     from presched.engine.plugin.guard import Guard
@@ -242,7 +243,13 @@ def test_serve_first_pops_that_request_next_and_a_skipped_one_goes_back_in_order
         q.add_request(s.vreq)
     q.serve_first(seqs["c"])
     assert q.peek_request() is seqs["c"].vreq and len(q) == 3
-    assert [q.pop_request().request_id for _ in range(2)] == ["c", "a"]
-    q.prepend_requests([seqs["c"].vreq])  # vLLM could not start it: back with its own key
-    assert [q.pop_request().request_id for _ in range(2)] == ["b", "c"] and not q
-    assert [s.id for s in popped] == ["c", "a", "b", "c"]
+    q.unpin()  # vLLM did not start it this step: the order again
+    assert q.peek_request() is seqs["a"].vreq
+    q.serve_first(seqs["c"])
+    assert [q.pop_request().request_id for _ in range(2)] == ["c", "a"] and q.pinned is None
+    assert [q.pop_request().request_id for _ in range(1)] == ["b"] and not q
+    q.add_request(seqs["b"].vreq)
+    q.serve_first(seqs["b"])
+    q.remove_requests([seqs["b"].vreq])  # aborted while pinned
+    assert q.pinned is None and not q
+    assert [s.id for s in popped] == ["c", "a", "b"]

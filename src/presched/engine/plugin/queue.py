@@ -11,8 +11,8 @@ Admission: while the scheduler runs `schedule()` it sets `gate` (a function of t
 the queue then reads as empty when the gate refuses its head, which ends vLLM's admission loop
 for this step (strict order, as in the simulator: a refused head is not skipped).
 
-The head that running requests were preempted for is popped next (`serve_first`), whatever
-the order says once the victims are back.
+The head that running requests were preempted for is popped first in that `schedule()`
+(`serve_first`, until `unpin`), whatever the order says once the victims are back.
 
 Failures: a `priority` (push) that raises puts the request in a FIFO that is served before the
 policy's queue; an `update`/`peek` that raises serves the earliest arrival for that decision.
@@ -37,6 +37,7 @@ class PolicyRequestQueue:
         self.seq_of, self.clock, self.guard = seq_of, clock, guard
         self.on_pop, self.on_requeue = on_pop, on_requeue
         self.gate: Callable[[Any], bool] | None = None
+        self.pinned: Any = None  # a seq popped first in this schedule() (`serve_first`)
 
     # --- the policy's order ---------------------------------------------------------------------
     def _push(self, seq) -> None:
@@ -52,6 +53,8 @@ class PolicyRequestQueue:
         """(head seq or None, whether it came from the FCFS fallback)."""
         if self.front:
             return self.front[0], True
+        if self.pinned is not None:
+            return self.pinned, True  # popped out of the policy's queue by remove(), as the fallback
         if not self.q:
             return None, False
         try:
@@ -65,12 +68,16 @@ class PolicyRequestQueue:
             return min(self.q, key=lambda s: s.arrival), True
 
     def serve_first(self, seq) -> None:
-        """`seq` (waiting) is the next request popped, whatever the policy's order says now:
-        the head requests were just preempted for starts before them, even if a victim ranks
-        first once back (as the simulator does). Not started this step, it goes back with its key."""
+        """Pin `seq` (waiting, in the policy's queue) as the head for this `schedule()`: the
+        head requests were just preempted for is popped before them, even if a victim ranks
+        first once back (as the simulator does). It stays in the policy's queue with its key;
+        `unpin` (after vLLM's `schedule()`) ends the pin, so a head vLLM did not start is
+        ordered by the policy again from the next step."""
         if seq in self.q:
-            self.q.remove(seq)
-            self.front.appendleft(seq)
+            self.pinned = seq
+
+    def unpin(self) -> None:
+        self.pinned = None
 
     # --- vLLM's RequestQueue methods ----------------------------------------------------------
     def add_request(self, request) -> None:
@@ -89,6 +96,8 @@ class PolicyRequestQueue:
         if self.front and head is self.front[0]:
             self.front.popleft()
         elif fallback:
+            if head is self.pinned:
+                self.pinned = None
             self.q.remove(head)
         else:
             self.q.pop()
@@ -114,6 +123,8 @@ class PolicyRequestQueue:
             seq = self.seq_of(r, create=False)
             if seq is None:
                 continue
+            if seq is self.pinned:
+                self.pinned = None
             if seq in self.front:
                 self.front.remove(seq)
             elif seq in self.q:

@@ -13,12 +13,15 @@ put the policy in charge of each decision:
 - waiting order: `self.waiting` is a `PolicyRequestQueue` keyed by `policy.priority` (queue.py);
 - admission: during `schedule()` the queue's head must pass `policy.admit(head, running, now)`
   (vLLM then checks the batch slot and allocates its KV blocks; a refusal ends admission);
-- preemption to admit: before `super().schedule()`, when the head cannot start (batch full or
-  free KV blocks short of its first chunk), `policy.preempt_for(head, running, now)` may name
+- preemption to admit: before `super().schedule()`, when vLLM would not start the head (`_fits`:
+  no slot, no token budget left after the running requests, or too few free KV blocks for its
+  whole prompt under vLLM's `scheduler_reserve_full_isl`, else its first chunk, once the
+  running requests have taken theirs), `policy.preempt_for(head, running, now)` may name
   victims, asked again about the batch without the ones named before until the head would fit
-  (a slot; the blocks the victims alone hold added to the free ones), then `admit` against that
-  batch; only then are they all preempted by recompute (`_preempt_request`, as vLLM does), else
-  none: all or nothing, as the simulator (sim/scheduler.py `_victims_for`);
+  (the blocks the victims alone hold added to the free ones), then `admit` against that batch;
+  only then are they all preempted by recompute (`_preempt_request`, as vLLM does) and the head
+  popped first in this step, else none is: all or nothing, as the simulator
+  (sim/scheduler.py `_victims_for`);
 - KV-pressure victim: vLLM's priority mode picks `max(running, key=(priority, arrival))`; each
   running request's `priority` is a `VictimKey` whose comparison asks `policy.victim`, so that
   max is the policy's victim among all running requests (vLLM gives the token budget of an
@@ -256,6 +259,7 @@ class PreschedScheduler(Scheduler):
             out = super().schedule(*args, **kwargs)
         finally:
             self.waiting.gate = None
+            self.waiting.unpin()
         t2 = time.perf_counter()
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
         if free < self.min_free_blocks:
@@ -263,14 +267,34 @@ class PreschedScheduler(Scheduler):
         self.own_s += (t1 - t0) + (time.perf_counter() - t2)
         return out
 
-    def _blocked(self, head: EngineSeq, running: int, extra_free: int = 0) -> bool:
-        """Whether `head` cannot start with `running` requests in the batch and `extra_free`
-        blocks more than the pool has free: no slot, or fewer free blocks than its first chunk."""
-        if running >= self.max_num_active_reqs:
-            return True
-        n = min(head.vreq.num_tokens, self.max_num_scheduled_tokens)
-        need = -(-n // self.block_size)
-        return need > self.kv_cache_manager.block_pool.get_num_free_blocks() + extra_free
+    def _fits(self, head: EngineSeq, victims: list[EngineSeq]) -> bool:
+        """Whether vLLM's `schedule()` would start `head` this step were `victims` preempted:
+        a slot (as vLLM counts them, paused streaming sessions included), token budget left
+        after the running requests (vLLM schedules them first), and free blocks, plus those
+        the victims alone hold, less what the running requests take this step (a decode that
+        crosses a block boundary; a prefill chunk), for the head's whole prompt when vLLM
+        reserves it (`scheduler_reserve_full_isl`, vLLM 0.32's default) or else its first
+        chunk, plus vLLM's watermark. Prefix-cache hits are not counted (the head may fit
+        with fewer)."""
+        gone = {v.id for v in victims}
+        running = [r for r in self.running if r.request_id not in gone]
+        if len(running) + getattr(self, "num_waiting_for_streaming_input", 0) >= self.max_num_active_reqs:
+            return False
+        km, bs = self.kv_cache_manager, self.block_size
+        budget, take = self.max_num_scheduled_tokens, 0
+        for r in running:
+            n = min(max(r.num_tokens_with_spec - r.num_computed_tokens, 0), budget)
+            budget -= n
+            held = len(km.coordinator.get_blocks(r.request_id)[0])
+            take += max(0, -(-(r.num_computed_tokens + n + self.num_lookahead_tokens) // bs) - held)
+        if budget <= 0:
+            return False
+        tokens = head.vreq.num_tokens
+        if not getattr(self, "scheduler_reserve_full_isl", False):
+            tokens = min(tokens, budget)
+        need = -(-min(tokens, self.max_model_len) // bs) + (km.watermark_blocks if running else 0)
+        free = km.block_pool.get_num_free_blocks() + sum(self._blocks_freed(v) for v in victims) - take
+        return need <= free
 
     def _blocks_freed(self, seq: EngineSeq) -> int:
         """Blocks that preempting `seq` returns to the free pool: those it alone holds (a block
@@ -281,28 +305,25 @@ class PreschedScheduler(Scheduler):
     def _preempt_for_head(self) -> None:
         """Preempt the running requests the policy names for the waiting head, all or none
         (module doc): victims are collected on a trial batch, each `preempt_for` call asked
-        about the batch without the ones named before, until the head would have a slot and
-        its blocks; then `admit` is asked against that batch. Only then are they preempted;
+        about the batch without the ones named before, until vLLM would start the head
+        (`_fits`); then `admit` is asked against that batch. Only then are they preempted;
         if the policy stops naming victims first, or `admit` refuses, nobody is (a victim
         would lose its KV and wait behind a head that still could not start)."""
         head_req = self.waiting.peek_request()
         head = self._seqs.get(head_req.request_id)
         if head is None or not admissible(head_req):
             return  # vLLM skips this head this step (support.py): a victim would be re-admitted
-        n_running = len(self.running)
-        if not self._blocked(head, n_running):
+        if self._fits(head, []):
             return
         trial = [self._seqs[r.request_id] for r in self.running if r.request_id in self._seqs]
         victims: list[EngineSeq] = []
-        freed = 0
         while True:
             victim = self.guard.call("preempt_for", None, self.ps.preempt_for, head, list(trial), self._now)
             if victim is None or victim not in trial or victim.vreq not in self.running:
                 return
             trial.remove(victim)
             victims.append(victim)
-            freed += self._blocks_freed(victim)
-            if not self._blocked(head, n_running - len(victims), freed):
+            if self._fits(head, victims):
                 break
         if self._admits and not self.guard.call("admit", True, self.ps.admit, head, trial, self._now):
             return
@@ -310,7 +331,7 @@ class PreschedScheduler(Scheduler):
             self.counts["preempt_for"] += 1
             self.running.remove(victim.vreq)
             self._preempt_request(victim.vreq, time.monotonic())
-        self.waiting.serve_first(head)  # before a victim that ranks first once back (vtc ties)
+        self.waiting.serve_first(head)  # before a victim that ranks first once back (vtc ties), this step
 
     def _preempt_request(self, request, timestamp, drop_stale_output: bool = False) -> None:
         seq = self._seqs.get(request.request_id)
