@@ -15,3 +15,13 @@ Q90 = "presched_pred_q90"  # the predicted 90th percentile
 TARGET = "presched_target"  # ORACLE ONLY: the true length (benchmarks)
 TENANT = "presched_tenant"  # the fairness id
 SLOS = {"slo_e2e": "presched_slo_e2e", "slo_ttft": "presched_slo_ttft"}  # Request field: key (seconds)
+
+KEYS = frozenset({QUANTILES, POINT, MEAN, Q90, TARGET, TENANT, *SLOS.values()})
+
+
+def from_client(value: object, trust: bool) -> dict:
+    """A client's own `vllm_xargs` as a gateway forwards it: without `trust`, every key above
+    dropped (a client must not set its own prediction, tenant, oracle length or SLOs for the
+    engine's policies: the gateway or the picker sets them); other keys kept."""
+    own = dict(value) if isinstance(value, dict) else {}
+    return own if trust else {k: v for k, v in own.items() if k not in KEYS}

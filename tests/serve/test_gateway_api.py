@@ -537,3 +537,23 @@ def test_send_prediction_names_the_tenant_to_the_engine_and_drops_a_claimed_one(
     url, _ = gateway(asgi_server, up, send_prediction=True)  # no tenants: everyone is 'default'
     httpx.post(url + "/v1/chat/completions", json=body)
     assert seen[-1]["vllm_xargs"] == {"k": 1}
+
+
+def test_a_clients_own_presched_xargs_never_reach_the_engine_unless_trusted(asgi_server):
+    """A client's presched_quantiles would outrank the gateway's prediction in the engine (and
+    presched_tenant, _target, _slo_* set its share, oracle length, deadlines): dropped, with or
+    without send_prediction; `trust_client_xargs` forwards them (a benchmark's oracle lengths)."""
+    seen: list[dict] = []
+    up = asgi_server(canned_upstream(seen))
+    claim = {"presched_quantiles": [1] * 11, "presched_point": 1, "presched_pred_mean": 1, "presched_pred_q90": 2,
+             "presched_target": 1, "presched_tenant": "gold", "presched_slo_ttft": 0.001, "presched_slo_e2e": 1}
+    body = {**CHAT, "stream": False, "vllm_xargs": {**claim, "k": 1}}
+    for send in (False, True):
+        url, _ = gateway(asgi_server, up, send_prediction=send)
+        httpx.post(url + "/v1/chat/completions", json=body)
+        assert seen[-1]["vllm_xargs"] == {"k": 1}
+    httpx.post(url + "/v1/chat/completions", json={**body, "vllm_xargs": claim})
+    assert "vllm_xargs" not in seen[-1]  # nothing left to forward
+    url, _ = gateway(asgi_server, up, trust_client_xargs=True)
+    httpx.post(url + "/v1/chat/completions", json=body)
+    assert seen[-1]["vllm_xargs"] == {**claim, "k": 1}

@@ -79,7 +79,8 @@ class EppConfig(Config):
     predictor: Path | None = Field(None, description="Length predictor file from `presched train` (.npz).")
     tokenizer: Path | None = Field(None, description="A tokenizer.json to count prompt tokens exactly (default: o200k_base or ~4 characters per token).")
     inline_predict_ms: float = Field(0.5, ge=0, description="A predictor whose calls take at most this many ms (moving average of the measured calls) predicts an idle picker's request at once on the event loop instead of in the worker thread, whose hand-off costs more (~0.7 ms on a busy machine); 0 = always the worker thread (calls batched).")
-    send_prediction: bool = Field(True, description="Pass the prediction to the engine: header x-presched-predicted-tokens and vllm_xargs presched_pred_mean / presched_pred_q90 in the body; also the request's objective targets (presched_slo_ttft / presched_slo_e2e) and its fairness id (presched_tenant, replacing one the client put in its body), which the engine plugin's policies read.")
+    send_prediction: bool = Field(True, description="Pass the prediction to the engine: header x-presched-predicted-tokens and vllm_xargs presched_pred_mean / presched_pred_q90 in the body; also the request's objective targets (presched_slo_ttft / presched_slo_e2e) and its fairness id (presched_tenant, unless 'default'), which the engine plugin's policies read.")
+    trust_client_xargs: bool = Field(False, description="Forward the presched keys of a client's own vllm_xargs (presched_quantiles, presched_point, presched_pred_mean / _q90, presched_target, presched_tenant, presched_slo_*) to the engine. Off: they are dropped, so a client cannot set its own prediction, tenant or SLOs for the engine plugin's policies; other vllm_xargs keys always pass. Turn on only for trusted clients (a benchmark sending oracle lengths).")
     tenants: list[FairnessTenant] = Field(default_factory=list, description="Fairness ids with weights; an id not listed shares the rest of the queue with weight 1.")
     objectives: list[Objective] = Field(default_factory=list, description="Inference objectives: a request naming one in the objective header gets its latency targets (policy `slo` orders by them); a name not listed is refused (400).")
     max_queue: int = Field(10_000, ge=1, le=10_000_000, description="Most requests held in the picker; more get 429. Each tenant may fill only its share.")
@@ -151,6 +152,7 @@ class EppConfig(Config):
             router_params=self.router_params, predictor=self.predictor, tokenizer=self.tokenizer,
             tenants=[TenantConfig(name=t.name, api_key=f"unused:{t.name}", weight=t.weight) for t in self.tenants],
             max_queue=self.max_queue, max_prompt_tokens=self.max_prompt_tokens, retries=self.fallbacks,
-            send_prediction=self.send_prediction, health_interval_s=self.health_interval_s,
+            send_prediction=self.send_prediction, trust_client_xargs=self.trust_client_xargs,
+            health_interval_s=self.health_interval_s,
             max_event_bytes=self.max_event_bytes, log=self.log,
         )  # fmt: skip

@@ -228,6 +228,8 @@ class Picker:
             up["priority"] = int(seq.key or 0)
         else:
             up.pop("priority", None)
+        own = xargs.from_client(body.get("vllm_xargs"), self.cfg.trust_client_xargs)
+        add = {}
         if self.cfg.send_prediction:
             req = seq.request  # the objective's targets and the fairness id, for the engine's policy
             add = {key: v for field, key in xargs.SLOS.items() if (v := getattr(req, field)) is not None}
@@ -237,10 +239,10 @@ class Picker:
                 mean, q90 = float(seq.estimate.mean), float(seq.estimate.quantile(0.9))
                 add.update({xargs.MEAN: mean, xargs.Q90: q90})
                 extra[self.cfg.prediction_header] = f"{mean:.1f}"
-            own = dict(body.get("vllm_xargs") or {})
-            claimed = own.pop(xargs.TENANT, None) is not None  # the fairness header names the tenant, not the body
-            if add or claimed:
-                up["vllm_xargs"] = {**own, **add}
+        if own or add:
+            up["vllm_xargs"] = {**own, **add}
+        else:
+            up.pop("vllm_xargs", None)
         extra["x-request-id"] = seq.id
         return json.dumps(up).encode(), injected, extra
 
