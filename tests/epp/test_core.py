@@ -47,3 +47,23 @@ def test_a_request_without_prompt_text_is_refused_400_naming_prompt_by_a_text_pr
     finally:
         st.call(server.stop(0))
     stack.idle()
+
+
+def test_the_objectives_targets_reach_the_engine_less_the_time_held_in_the_picker():
+    """The engine times a request's deadlines from when it gets it: a target sent whole would
+    give the engine the time the request already waited in the picker's queue again. A real
+    Picker (no server); its gateway clock is moved on by hand."""
+    from presched.epp.config import EppConfig
+    from presched.epp.core import MIN_SLO_S, Admission, Picker
+    from presched.serve.seq import GatewaySeq
+
+    cfg = EppConfig(endpoints=[{"address": "127.0.0.1:9", "model": "tiny"}], log={"path": None})
+    picker = Picker(cfg)
+    now = [100.0]
+    picker.gw.now = lambda: now[0]
+    req = Request(id="r1", prompt_tokens=5, tenant="t1", slo_ttft=0.5, slo_e2e=30.0)
+    adm = Admission(GatewaySeq(req, 98.0, 0.0, None, None), {"model": "tiny", "prompt": "hi"}, False, "hi", None)
+    xa = json.loads(picker.upstream_body(adm)[0])["vllm_xargs"]
+    assert xa == {"presched_slo_ttft": MIN_SLO_S, "presched_slo_e2e": 28.0, "presched_tenant": "t1"}
+    now[0] = 98.0  # released at once
+    assert json.loads(picker.upstream_body(adm)[0])["vllm_xargs"]["presched_slo_ttft"] == 0.5

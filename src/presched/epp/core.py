@@ -37,6 +37,8 @@ INLINE_COUNT_CHARS = 8192
 longer ones in the worker thread."""
 _NO_OBJECTIVE = Objective(name="-")
 
+MIN_SLO_S = 0.001  # what a target already missed while held here is sent as (the engine wants > 0)
+
 
 class Refusal(Exception):
     """The request is answered by the proxy with `status` (OpenAI-format body)."""
@@ -232,7 +234,9 @@ class Picker:
         add = {}
         if self.cfg.send_prediction:
             req = seq.request  # the objective's targets and the fairness id, for the engine's policy
-            add = {key: v for field, key in xargs.SLOS.items() if (v := getattr(req, field)) is not None}
+            waited = max(0.0, self.gw.now() - seq.arrival)  # the engine's clock starts when it gets it
+            add = {key: max(v - waited, MIN_SLO_S) for field, key in xargs.SLOS.items()
+                   if (v := getattr(req, field)) is not None}  # fmt: skip
             if req.tenant != "default":
                 add[xargs.TENANT] = req.tenant
             if seq.estimate is not None:
