@@ -341,7 +341,7 @@ def test_requests_from_log_keeps_complete_successful_rows(tmp_path, caplog):
     assert (
         "3 of 10 log rows usable "
         "(dropped: 2 status, 1 no output tokens, 1 no prompt tokens, 3 censored); "
-        "50% of the completed requests were cut by max_tokens"
+        "50% of the completed requests were cut (max_tokens, the context window or a repetition stop)"
         in caplog.text
     )
 

@@ -5,8 +5,9 @@
                                                 # the learner, returns the log row's learning columns
 
 `learn_fields` maps what happened to a request to what it teaches: a 200 with usage is a label
-(`ok`), or a lower bound when the engine stopped at max_tokens (finish_reason `length`:
-censored); anything else (an error, a client that left, no usage) teaches nothing. It runs on
+(`ok`), or a lower bound when the engine cut it (`log_read.is_censored`: finish_reason
+`length`, max_tokens or the context window, or `repetition`, vLLM's repetition detector; an
+unknown finish_reason at max_tokens too); anything else (an error, a client that left, no usage) teaches nothing. It runs on
 the event loop and costs one `OnlineLearner.observe` (tens of microseconds); refits run on the
 learner's own thread. `LearnCollector` exports the learner's state in /metrics:
 `presched_predictor_version`, `presched_drift_alarm` (1 while raised), `presched_drift_statistic`

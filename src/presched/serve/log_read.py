@@ -78,8 +78,8 @@ class LogRequests:
         if self.censored_kept:
             s += f"; {self.censored_kept:,} censored rows kept as complete"
         if self.censored_share > 0.1:
-            s += (f"; {self.censored_share:.0%} of the completed requests were cut by max_tokens: "
-                  f"long requests are under-represented")  # fmt: skip
+            s += (f"; {self.censored_share:.0%} of the completed requests were cut (max_tokens, the "
+                  f"context window or a repetition stop): long requests are under-represented")  # fmt: skip
         if self.without_prompt:
             s += f"; {self.without_prompt:,} without prompt text"
         return s
@@ -121,7 +121,8 @@ def load_log_requests(
     on (its `fit` makes one row per g < output_tokens).
 
     Censored lengths: a request whose generation was cut by `max_tokens` (finish_reason 'length'
-    and output_tokens == max_tokens) or by the context window did not end on its own: its true
+    and output_tokens == max_tokens), by the context window, or by vLLM's repetition detector
+    (finish_reason 'repetition') did not end on its own: its true
     length is only known to be at least output_tokens. Such rows are dropped by default and
     counted in `dropped["censored"]` (`is_censored` is the rule; a row with unknown
     finish_reason counts as censored when output_tokens >= max_tokens), so every label is a true

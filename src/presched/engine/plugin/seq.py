@@ -37,7 +37,7 @@ Hidden-state features (plugin config `features`, worker.py), None / 0 without th
     features_answer  [running sum (float64), count] of the per-step states at generated tokens 1..g
                      (`features_answer_g` = g, the last token added; kept with `records`
                      and record_steps, or a refine model that reads the answer pool): the
-                     answer-so-far pool, A_g = sum / g. Only a token after the last one added
+                     answer-so-far pool, A_g = sum / count (count = g unless speculative decoding skipped states). Only a token after the last one added
                      counts, so a state shipped again after a recompute is not added twice
     features_record_answer  {g: A_g} for g in `features.record_steps` (with features_record),
                      written to `answer_features` when freed
