@@ -281,6 +281,11 @@ class PreschedScheduler(Scheduler):
         if len(running) + getattr(self, "num_waiting_for_streaming_input", 0) >= self.max_num_active_reqs:
             return False
         km, bs = self.kv_cache_manager, self.block_size
+        full = getattr(self, "scheduler_reserve_full_isl", False)
+        free = km.block_pool.get_num_free_blocks() + sum(self._blocks_freed(v) for v in victims)
+        watermark = km.watermark_blocks if running else 0
+        if -(-min(head.vreq.num_tokens if full else 1, self.max_model_len) // bs) + watermark > free:
+            return False  # short even before the running requests take theirs (no loop over them)
         budget, take = self.max_num_scheduled_tokens, 0
         for r in running:
             n = min(max(r.num_tokens_with_spec - r.num_computed_tokens, 0), budget)
@@ -289,12 +294,8 @@ class PreschedScheduler(Scheduler):
             take += max(0, -(-(r.num_computed_tokens + n + self.num_lookahead_tokens) // bs) - held)
         if budget <= 0:
             return False
-        tokens = head.vreq.num_tokens
-        if not getattr(self, "scheduler_reserve_full_isl", False):
-            tokens = min(tokens, budget)
-        need = -(-min(tokens, self.max_model_len) // bs) + (km.watermark_blocks if running else 0)
-        free = km.block_pool.get_num_free_blocks() + sum(self._blocks_freed(v) for v in victims) - take
-        return need <= free
+        tokens = head.vreq.num_tokens if full else min(head.vreq.num_tokens, budget)
+        return -(-min(tokens, self.max_model_len) // bs) + watermark <= free - take
 
     def _blocks_freed(self, seq: EngineSeq) -> int:
         """Blocks that preempting `seq` returns to the free pool: those it alone holds (a block
