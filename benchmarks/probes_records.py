@@ -27,8 +27,10 @@ Writes benchmarks/results/probes_records.json and .png; ends with `figure:` line
 `probe_refine<g>_tau` (the issue's name: probe-refine on the test answers still running at g),
 `probe_refine<g>_prior_tau` (the step-0 probe's conditional estimate on the same answers),
 `probe_constant_refine<g>_prior_tau`, `textgbm_refine<g>_prior_tau`,
-`probe_refine<g>_coverage_err_pts`, `probe_refine<g>_test_answers`, `probe_refine_answer<g>_tau`
-and `probe_refine_answer<g>_coverage_err_pts` (records with answer pools), `records_probe_step0_tau`
+`probe_refine<g>_coverage_err_pts`, `probe_refine<g>_test_answers`, `probe_refine_answer<g>_tau`,
+`probe_refine_answer<g>_coverage_err_pts` and `probe_refine_answer<g>_gain_lo90` / `_hi90` (a paired
+bootstrap 90 % interval of answer-on minus plain tau-b on the same answers; records with answer
+pools), `records_probe_step0_tau`
 (rank score), `records_probe_step0_mean_tau` and `records_probe_constant_step0_mean_tau` (the
 mean), `records_textgbm_tau`, `records_probe_coverage_err_pts`,
 `records_probe_constant_coverage_err_pts`, `records_test_answers`.
@@ -122,7 +124,8 @@ def evaluate(splits: dict[str, list[Request]], steps=STEPS) -> dict:
             A = np.stack([test[i].metadata[ans.answer_key()][g] for i in idx])
             e_a = ans.predict_steps(S, P, np.full(len(idx), float(g)), A)
             row |= {"refine_answer_tau": kendall_tau_b(e_a.mean_remaining(g), rem),
-                    "refine_answer_coverage_err_pts": _coverage(L[idx], e_a.quantiles)}  # fmt: skip
+                    "refine_answer_coverage_err_pts": _coverage(L[idx], e_a.quantiles),
+                    "answer_gain_90": paired_gain(e_a.mean_remaining(g), est.mean_remaining(g), rem)}  # fmt: skip
         row |= {"test_answers": len(idx), "refine_tau": kendall_tau_b(est.mean_remaining(g), rem),
                "refine_mae": float(np.abs(est.mean_remaining(g) - rem).mean()),
                "refine_coverage_err_pts": _coverage(L[idx], est.quantiles),
@@ -131,6 +134,17 @@ def evaluate(splits: dict[str, list[Request]], steps=STEPS) -> dict:
             row[f"{n}_prior_tau"] = kendall_tau_b(e.mean_remaining(np.full(len(e), float(g)))[idx], rem)
         out["steps"][g] = row
     return out
+
+
+def paired_gain(a: np.ndarray, b: np.ndarray, y: np.ndarray, n: int = 1000, seed: int = 0) -> list[float]:
+    """90 % interval of tau-b(a, y) - tau-b(b, y) over `n` bootstrap resamples of the same rows
+    (paired: both rank the same answers, so the difference is far less noisy than either)."""
+    rng = np.random.default_rng(seed)
+    d = []
+    for _ in range(n):
+        k = rng.integers(0, len(y), len(y))
+        d.append(kendall_tau_b(a[k], y[k]) - kendall_tau_b(b[k], y[k]))
+    return [float(np.nanquantile(d, 0.05)), float(np.nanquantile(d, 0.95))]
 
 
 def figures_of(res: dict) -> dict[str, float]:
@@ -150,6 +164,7 @@ def figures_of(res: dict) -> dict[str, float]:
         if "refine_answer_tau" in row:
             f[f"probe_refine_answer{g}_tau"] = row["refine_answer_tau"]
             f[f"probe_refine_answer{g}_coverage_err_pts"] = row["refine_answer_coverage_err_pts"]
+            f[f"probe_refine_answer{g}_gain_lo90"], f[f"probe_refine_answer{g}_gain_hi90"] = row["answer_gain_90"]
     return f
 
 
@@ -210,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"g = {g:3d}  {row['test_answers']} answers still running: probe-refine tau-b {row['refine_tau']:.3f} "
               f"(coverage error {row['refine_coverage_err_pts']:.1f} pts); priors probe {row['probe_prior_tau']:.3f} "
               f"(constant spread {row['probe/constant_prior_tau']:.3f}), text-gbm {row['text-gbm_prior_tau']:.3f}"
-              + (f"; answer on {row['refine_answer_tau']:.3f}" if "refine_answer_tau" in row else ""))  # fmt: skip
+              + (f"; answer on {row['refine_answer_tau']:.3f} (gain over the plain one, paired 90 % interval "
+                 f"[{row['answer_gain_90'][0]:+.3f}, {row['answer_gain_90'][1]:+.3f}])" if "refine_answer_tau" in row else ""))  # fmt: skip
     for k, v in res["figures"].items():
         print(f"figure: {k} = {v:.4g}")
     return 0

@@ -86,6 +86,7 @@ def test_records_with_answer_pools_score_probe_refine_with_answer_on(bench, tmp_
         assert row["refine_answer_tau"] > 0.8 and row["refine_answer_tau"] > row["refine_tau"] + 0.2, row
     figs = bench.figures_of(res)
     assert figs["probe_refine_answer64_tau"] == res["steps"][64]["refine_answer_tau"]
+    assert figs["probe_refine_answer64_gain_lo90"] > 0.2  # paired: the pools rank, the plain one cannot
 
 
 def test_evaluate_refuses_a_split_without_records(bench, tmp_path):
@@ -108,3 +109,13 @@ def test_script_writes_json_plot_and_figures(tmp_path):
     assert res["figures"]["probe_refine64_tau"] == pytest.approx(figs["probe_refine64_tau"], abs=1e-3)
     assert (tmp_path / "out" / "probes_records.png").stat().st_size > 0
     assert np.isfinite(res["coverage_noise_floor_pts"])
+
+
+def test_paired_gain_brackets_a_real_difference_and_zero_for_twins(bench):
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=300)
+    good, bad = y + 0.3 * rng.normal(size=300), y + 3 * rng.normal(size=300)
+    lo, hi = bench.paired_gain(good, bad, y, n=300)
+    assert 0 < lo < hi  # good ranks y better on every resample's bulk
+    lo, hi = bench.paired_gain(good, good, y, n=50)
+    assert lo == hi == 0
