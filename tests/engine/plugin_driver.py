@@ -68,15 +68,16 @@ if "test-recording" not in POLICIES:
 
 
 def make_sched(plugin: dict, num_blocks: int = 100, block_size: int = 16, max_num_seqs: int = 4,
-               max_batched: int = 256, async_scheduling: bool = False, pipeline: int = 1):
+               max_batched: int = 256, async_scheduling: bool = False, pipeline: int = 1,
+               chunked: bool = True, prefix: bool = False, threshold: int = 0, max_model_len: int = 2048):
     os.environ["PRESCHED_PLUGIN_CONFIG"] = json.dumps(plugin)
     from presched.engine.plugin.scheduler import PreschedScheduler
 
-    mc = ModelConfig(model=MODEL, dtype="float32", seed=0, max_model_len=2048)
+    mc = ModelConfig(model=MODEL, dtype="float32", seed=0, max_model_len=max_model_len)
     sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
-                         max_model_len=2048, enable_chunked_prefill=True, policy="priority",
-                         is_encoder_decoder=False)  # fmt: skip
-    cc = CacheConfig(block_size=block_size, cache_dtype="auto", enable_prefix_caching=False)
+                         max_model_len=max_model_len, enable_chunked_prefill=chunked, policy="priority",
+                         is_encoder_decoder=False, long_prefill_token_threshold=threshold)  # fmt: skip
+    cc = CacheConfig(block_size=block_size, cache_dtype="auto", enable_prefix_caching=prefix)
     vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc,
                     device_config=DeviceConfig("cpu"))  # fmt: skip
     vc.cache_config.num_gpu_blocks = num_blocks
@@ -284,7 +285,81 @@ def preempt_for_counts_as_vllm() -> dict:
     return out
 
 
-SCENARIOS = {f.__name__: f for f in (stopped_while_preempted, batch_queue_refused,
+def _hashed(rid: str, toks, max_tokens: int, arrival: float) -> Request:
+    """A request with vLLM's block hasher (what prefix caching needs), sampling ignore_eos."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    fn = get_hash_fn_by_name("sha256")
+    init_none_hash(fn)
+    return Request(rid, list(toks), SamplingParams(max_tokens=max_tokens, ignore_eos=True), None,
+                   arrival_time=arrival, block_hasher=get_request_block_hasher(16, fn))  # fmt: skip
+
+
+def _watch(s, head: str, n: int) -> list[list]:
+    """Up to n steps until `head` starts: [preempted for it in that step, it started]."""
+    rows, before = [], s.counts["preempt_for"]
+    for _ in range(n):
+        o = step(s)
+        rows.append([s.counts["preempt_for"] > before, head in o.num_scheduled_tokens])
+        before = s.counts["preempt_for"]
+        if rows[-1][1]:
+            break
+    return rows
+
+
+def fits_edge_cases() -> dict:
+    """What vLLM 0.32's admission counts besides the head's first chunk (test-recording names
+    the latest running request for any head): chunked prefill off (the head's whole prompt in
+    the budget left), spec-decode lookahead (the head's chunk + 4 lookahead tokens in blocks),
+    victims sharing prefix-cache blocks (freed once both go), long_prefill_token_threshold (a
+    running prefill takes only its capped chunk of the budget: no preemption needed)."""
+    out = {}
+    s = make_sched({"policy": "test-recording"}, num_blocks=21, max_batched=256, max_model_len=256, chunked=False)
+    for i, rid in enumerate("ABC"):
+        s.add_request(_hashed(rid, range(100 * i + 1, 100 * i + 21), 200, 1.0 + i))
+    step(s), step(s)
+    s.add_request(_hashed("H", range(1000, 1255), 1, 5.0))  # 255 tokens: 16 blocks, the budget after 3 decodes is 253
+    out["chunked_off"] = _watch(s, "H", 10)
+    s = make_sched({"policy": "test-recording"}, num_blocks=21, max_batched=512)
+    s.num_lookahead_tokens = 4  # what an EAGLE drafter with 4 speculative tokens sets
+    for i, (rid, n) in enumerate((("A", 80), ("B", 12), ("C", 20))):
+        s.add_request(_hashed(rid, range(100 * i + 1, 100 * i + 1 + n), 300, 1.0 + i))
+    step(s)
+    s.add_request(_hashed("H", range(1000, 1192), 1, 5.0))  # 12 blocks, 13 with the lookahead
+    out["lookahead"] = _watch(s, "H", 8)
+    s = make_sched({"policy": "test-recording"}, num_blocks=21, prefix=True)
+    s.add_request(_hashed("A", [*range(1, 161), 7001, 7002], 300, 1.0))
+    step(s)
+    s.add_request(_hashed("B", [*range(1, 161), 8001, 8002], 300, 2.0))  # shares A's 10 blocks
+    step(s)
+    s.add_request(_hashed("H", range(2000, 2000 + 16 * 18), 1, 5.0))  # 18 blocks of 20
+    out["shared_victims"] = _watch(s, "H", 8)
+    s = make_sched({"policy": "test-recording"}, num_blocks=200, threshold=64)
+    s.add_request(_hashed("L", range(1, 1001), 10, 1.0))
+    step(s)
+    s.add_request(_hashed("H", range(2000, 2050), 1, 5.0))
+    out["long_threshold"] = _watch(s, "H", 4)
+    return out
+
+
+def refused_once() -> dict:
+    """A preemption vLLM does not use (here forced: `_fits` replaced by one that believes any
+    victim is enough, a stand-in for what it cannot see) is not repeated for that head while
+    the running batch stays the same: test-recording would otherwise preempt every step."""
+    s = make_sched({"policy": "test-recording"}, num_blocks=21, max_num_seqs=4)
+    for i, rid in enumerate("ABC"):
+        s.add_request(_hashed(rid, range(100 * i + 1, 100 * i + 81), 200, 1.0 + i))  # 5-6 blocks each
+    step(s)
+    s.add_request(_hashed("H", range(1000, 1000 + 16 * 19), 1, 5.0))  # 19 blocks: only with all three gone
+    from presched.engine.plugin.admission import would_start
+
+    s._fits = lambda head, victims: bool(victims) if head.id == "H" else would_start(s, head, victims)
+    rows = _watch(s, "H", 6)
+    return {"steps": rows, "preempt_for": s.counts["preempt_for"], "refused": s.counts["preempt_for_refused"]}
+
+
+SCENARIOS = {f.__name__: f for f in (fits_edge_cases, refused_once, stopped_while_preempted, batch_queue_refused,
                                      grammar_head_preempt_for, grammar_head_admit, error_finish,
                                      slo_from_xargs, preempt_for_all_or_nothing,
                                      preempt_for_counts_as_vllm)}  # fmt: skip

@@ -39,7 +39,7 @@ from presched.serve.log_read import load_log_requests
 DRIVER = Path(__file__).with_name("plugin_driver.py")
 SCENARIOS = ("stopped_while_preempted", "batch_queue_refused", "grammar_head_preempt_for",
              "grammar_head_admit", "error_finish", "slo_from_xargs", "preempt_for_all_or_nothing",
-             "preempt_for_counts_as_vllm")  # fmt: skip
+             "preempt_for_counts_as_vllm", "fits_edge_cases", "refused_once")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +134,22 @@ def test_a_victim_is_preempted_only_in_a_step_vllm_starts_the_head(driven, case)
     wasted = [i for i, (preempted, started) in enumerate(steps) if preempted and not started]
     assert wasted == [], f"long preempted in steps {wasted} where mid did not start"
     assert not got["pinned_after"]
+
+
+@pytest.mark.parametrize("case", ["chunked_off", "lookahead", "shared_victims", "long_threshold"])
+def test_what_vllm_counts_beyond_the_first_chunk(driven, case):
+    """Each case the review found: a wasted preemption (chunked prefill off, lookahead), none
+    where one was needed (victims sharing blocks), one where none was needed (a capped prefill)."""
+    steps = _ok(driven, "fits_edge_cases")[case]
+    assert steps[-1][1], f"{case}: the head never started: {steps}"
+    assert not any(p and not started for p, started in steps), f"{case}: a wasted preemption: {steps}"
+    if case == "long_threshold":
+        assert not any(p for p, _ in steps)  # vLLM gives the running prefill 64 tokens, the head the rest
+    else:
+        assert steps[-1][0] and len(steps) == 1  # preempted for, and started, at once
+
+
+def test_a_preemption_vllm_did_not_use_is_not_repeated_while_the_batch_stays(driven):
+    got = _ok(driven, "refused_once")
+    assert (got["preempt_for"], got["refused"]) == (1, 1), got
+    assert [p for p, _ in got["steps"]] == [True] + [False] * (len(got["steps"]) - 1)

@@ -185,7 +185,8 @@ def test_an_objective_names_its_targets_and_an_unknown_one_is_refused(stack):
     assert r.status_code == 200
     # the engine plugin's policies (slo, vtc) read the targets and the fairness id from vllm_xargs
     xa = _seen_body(stack, r)["vllm_xargs"]
-    assert (xa["presched_slo_ttft"], xa["presched_tenant"], xa["k"]) == (0.5, "t1", 1) and "presched_slo_e2e" not in xa
+    assert (xa["presched_tenant"], xa["k"]) == ("t1", 1) and "presched_slo_e2e" not in xa
+    assert 0.3 < xa["presched_slo_ttft"] < 0.5  # 0.5 less the time the picker held it (test_core.py)
     claim = {"presched_tenant": "evil", "presched_quantiles": [1] * 11, "presched_slo_e2e": 0.001}
     r = post(stack.url, {"prompt": SHORT, "max_tokens": 2, "vllm_xargs": claim})
     xa = _seen_body(stack, r)["vllm_xargs"]  # no fairness header, no objective: none of the claims passes

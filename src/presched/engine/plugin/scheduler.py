@@ -58,6 +58,7 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
+from presched.engine.plugin.admission import would_start
 from presched.engine.plugin.config import PluginConfigError, build_policy, load_plugin_config
 from presched.engine.plugin.estimates import BadPrediction, EnginePredictor, from_xargs
 from presched.engine.plugin.consume import FeatureConsumer
@@ -116,7 +117,7 @@ class PreschedScheduler(Scheduler):
         self.guard = Guard()
         self.guard.on_error = self._save_stats
         self.counts = {"arrivals": 0, "pred_xargs": 0, "pred_predictor": 0, "pred_none": 0,
-                       "bad_xargs": 0, "preempt_for": 0, "finished": 0, "aborted": 0,
+                       "bad_xargs": 0, "preempt_for": 0, "preempt_for_refused": 0, "finished": 0, "aborted": 0,
                        "errors": 0}  # fmt: skip
         self._seqs: dict[str, EngineSeq] = {}
         self._now = time.time()
@@ -154,6 +155,10 @@ class PreschedScheduler(Scheduler):
                                _load_tokenizer(cfg.tokenizer or mc.tokenizer))  # fmt: skip
         self.records = RecordWriter(cfg.records) if cfg.records is not None else None
         self.min_free_blocks = self.usable_blocks
+        # a preemption for a head that vLLM then did not start: (head id, the running ids before
+        # it, requests ended by then); `_attempt` is the one in flight this step
+        self._refused: tuple[str, frozenset, int] | None = None
+        self._attempt: tuple[str, frozenset] | None = None
         log.info("presched in-engine scheduler: policy %s, %s KV tokens (%d usable blocks of "
                  "%d), max_num_seqs %d", policy.describe(), self.engine_info.kv_tokens, num_blocks - 1,
                  self.block_size, self.max_num_running_reqs)  # fmt: skip
@@ -259,7 +264,12 @@ class PreschedScheduler(Scheduler):
             out = super().schedule(*args, **kwargs)
         finally:
             self.waiting.gate = None
+            pinned = self.waiting.pinned
             self.waiting.unpin()
+        if pinned is not None and self._attempt is not None:  # preempted for, and vLLM did not start it
+            self._refused = (*self._attempt, self._ended())
+            self.counts["preempt_for_refused"] += 1
+        self._attempt = None
         t2 = time.perf_counter()
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
         if free < self.min_free_blocks:
@@ -268,40 +278,8 @@ class PreschedScheduler(Scheduler):
         return out
 
     def _fits(self, head: EngineSeq, victims: list[EngineSeq]) -> bool:
-        """Whether vLLM's `schedule()` would start `head` this step were `victims` preempted:
-        a slot (as vLLM counts them, paused streaming sessions included), token budget left
-        after the running requests (vLLM schedules them first), and free blocks, plus those
-        the victims alone hold, less what the running requests take this step (a decode that
-        crosses a block boundary; a prefill chunk), for the head's whole prompt when vLLM
-        reserves it (`scheduler_reserve_full_isl`, vLLM 0.32's default) or else its first
-        chunk, plus vLLM's watermark. Prefix-cache hits are not counted (the head may fit
-        with fewer)."""
-        gone = {v.id for v in victims}
-        running = [r for r in self.running if r.request_id not in gone]
-        if len(running) + getattr(self, "num_waiting_for_streaming_input", 0) >= self.max_num_active_reqs:
-            return False
-        km, bs = self.kv_cache_manager, self.block_size
-        full = getattr(self, "scheduler_reserve_full_isl", False)
-        free = km.block_pool.get_num_free_blocks() + sum(self._blocks_freed(v) for v in victims)
-        watermark = km.watermark_blocks if running else 0
-        if -(-min(head.vreq.num_tokens if full else 1, self.max_model_len) // bs) + watermark > free:
-            return False  # short even before the running requests take theirs (no loop over them)
-        budget, take = self.max_num_scheduled_tokens, 0
-        for r in running:
-            n = min(max(r.num_tokens_with_spec - r.num_computed_tokens, 0), budget)
-            budget -= n
-            held = len(km.coordinator.get_blocks(r.request_id)[0])
-            take += max(0, -(-(r.num_computed_tokens + n + self.num_lookahead_tokens) // bs) - held)
-        if budget <= 0:
-            return False
-        tokens = head.vreq.num_tokens if full else min(head.vreq.num_tokens, budget)
-        return -(-min(tokens, self.max_model_len) // bs) + watermark <= free - take
-
-    def _blocks_freed(self, seq: EngineSeq) -> int:
-        """Blocks that preempting `seq` returns to the free pool: those it alone holds (a block
-        shared through the prefix cache stays with its other holders)."""
-        groups = self.kv_cache_manager.coordinator.get_blocks(seq.id)
-        return sum(1 for blocks in groups for b in blocks if b.ref_cnt == 1 and not b.is_null)
+        """Whether vLLM would start `head` this step were `victims` preempted (admission.py)."""
+        return would_start(self, head, victims)
 
     def _preempt_for_head(self) -> None:
         """Preempt the running requests the policy names for the waiting head, all or none
@@ -309,13 +287,21 @@ class PreschedScheduler(Scheduler):
         about the batch without the ones named before, until vLLM would start the head
         (`_fits`); then `admit` is asked against that batch. Only then are they preempted;
         if the policy stops naming victims first, or `admit` refuses, nobody is (a victim
-        would lose its KV and wait behind a head that still could not start)."""
+        would lose its KV and wait behind a head that still could not start). Should vLLM
+        still not start the head (`_fits` cannot see everything: the head's prefix-cache
+        hits, resumed streaming sessions, a paused engine), that is counted
+        (`preempt_for_refused`) and nothing is preempted for that head again until a request
+        ends or one that was not running then runs (the victims coming back do not count): at
+        most one wasted preemption per head and batch, never a loop."""
         head_req = self.waiting.peek_request()
         head = self._seqs.get(head_req.request_id)
         if head is None or not admissible(head_req):
             return  # vLLM skips this head this step (support.py): a victim would be re-admitted
         if self._fits(head, []):
             return
+        if self._refused is not None and self._refused[0] == head.id and self._refused[2] == self._ended() \
+                and all(r.request_id in self._refused[1] for r in self.running):  # fmt: skip
+            return  # preempted for once and not started: not again until a request ends or a new one runs
         trial = [self._seqs[r.request_id] for r in self.running if r.request_id in self._seqs]
         victims: list[EngineSeq] = []
         while True:
@@ -328,11 +314,15 @@ class PreschedScheduler(Scheduler):
                 break
         if self._admits and not self.guard.call("admit", True, self.ps.admit, head, trial, self._now):
             return
+        self._attempt = (head.id, frozenset(r.request_id for r in self.running))
         for victim in victims:
             self.counts["preempt_for"] += 1
             self.running.remove(victim.vreq)
             self._preempt_request(victim.vreq, time.monotonic())
         self.waiting.serve_first(head)  # before a victim that ranks first once back (vtc ties), this step
+
+    def _ended(self) -> int:
+        return self.counts["finished"] + self.counts["aborted"] + self.counts["errors"]
 
     def _preempt_request(self, request, timestamp, drop_stale_output: bool = False) -> None:
         seq = self._seqs.get(request.request_id)

@@ -1,0 +1,76 @@
+"""Whether vLLM 0.32's `schedule()` would start the waiting head this step, were some running
+requests preempted: the test of the plugin's all-or-nothing preemption (scheduler.py
+`_preempt_for_head`). Each function takes the `PreschedScheduler` (`s`) and reads vLLM's own
+state off it (running requests, the KV cache manager and block pool, the scheduler config), so
+the numbers are the ones vLLM's admission loop will see; vLLM's code paths this mirrors are named
+in `would_start`'s doc. Only the engine process imports it (through scheduler.py).
+"""
+
+from __future__ import annotations
+
+
+def would_start(s, head, victims: list) -> bool:
+    """Whether vLLM's `schedule()` would start `head` this step were `victims` preempted,
+    counted as vLLM 0.32 counts: a slot (paused streaming sessions hold one); the token
+    budget left after the running requests, which vLLM schedules first (each capped by
+    `long_prefill_token_threshold` as vLLM caps it); the head's chunk likewise capped, and
+    whole when chunked prefill is off; free blocks plus those the victims give back (a
+    block they all share counts once, a block someone else holds not at all), less the
+    blocks the running requests take this step (a decode crossing a block boundary, a
+    prefill chunk, spec-decode lookahead), against the head's whole prompt when vLLM
+    reserves it (`scheduler_reserve_full_isl`, the default) and its chunk plus lookahead,
+    plus vLLM's watermark. The head's prefix-cache hits are not counted: with caching on
+    it may be preempted for where a hit would have let it in (`_preempt_for_head` then
+    does not try again for it until the batch changes)."""
+    gone = {v.id for v in victims}
+    running = [r for r in s.running if r.request_id not in gone]
+    if len(running) + getattr(s, "num_waiting_for_streaming_input", 0) >= s.max_num_active_reqs:
+        return False
+    km, bs, ahead = s.kv_cache_manager, s.block_size, s.num_lookahead_tokens
+    full = getattr(s, "scheduler_reserve_full_isl", False)
+    free = km.block_pool.get_num_free_blocks() + freed(s, victims)
+    watermark = km.watermark_blocks if running else 0
+    total = min(head.vreq.num_tokens, s.max_model_len)
+    if -(-(total if full else 1) // bs) + watermark > free:
+        return False  # short even before the running requests take theirs (no loop over them)
+    thr = prefill_cap(s)
+    budget, take = s.max_num_scheduled_tokens, 0
+    for r in running:
+        n = max(r.num_tokens_with_spec - r.num_computed_tokens, 0)
+        n = min(thr if 0 < thr < n else n, budget)
+        budget -= n
+        held = len(km.coordinator.get_blocks(r.request_id)[0])
+        take += max(0, -(-(r.num_computed_tokens + n + ahead) // bs) - held)
+    chunk = thr if 0 < thr < total else total
+    if budget <= 0 or (chunk > budget and not s.scheduler_config.enable_chunked_prefill):
+        return False
+    chunk = min(chunk, budget)
+    need = max(-(-total // bs) if full else 0, -(-(chunk + ahead) // bs))
+    return need + watermark <= free - take
+
+
+def prefill_cap(s) -> int:
+    """vLLM's `long_prefill_token_threshold` for this step (0: none): only with more than
+    one request to schedule, floored at a fair share of the budget when adaptive."""
+    thr = s.scheduler_config.long_prefill_token_threshold or 0
+    n_running, n_waiting = s.get_request_counts()
+    if n_running + n_waiting <= 1:
+        return 0
+    if thr > 0 and getattr(s, "adaptive_long_prefill_threshold", False):
+        thr = max(thr, s.scheduler_config.max_num_batched_tokens // (n_running + n_waiting))
+    return thr
+
+
+def freed(s, victims: list) -> int:
+    """Blocks that preempting all of `victims` returns to the free pool: each block whose
+    every holder is among them (a block shared through the prefix cache with a request
+    that stays is not freed; one the victims share is freed once)."""
+    if not victims:
+        return 0
+    held: dict[int, list] = {}
+    for v in victims:
+        for blocks in s.kv_cache_manager.coordinator.get_blocks(v.id):
+            for b in blocks:
+                if not b.is_null:
+                    held.setdefault(id(b), [b, 0])[1] += 1
+    return sum(1 for b, k in held.values() if b.ref_cnt == k)
