@@ -102,11 +102,13 @@ def test_nothing_is_kept_without_records_or_record_steps(tmp_path):
         assert seqs["q0"].features_record is None and seqs["q0"].feature_steps == 4
 
 
-def _records_with_a_planted_law(path, n: int, seed: int, at=(4, 16, 64)) -> None:
+def _records_with_a_planted_law(path, n: int, seed: int, at=(4, 16, 64), answer: bool = False) -> None:
     """Records of `n` requests whose remaining length after token g is read off column 0 of the
-    state at g (each row only for g < L, as the engine records)."""
+    state at g (each row only for g < L, as the engine records); with `answer`, off column 1 of
+    the answer pool at g instead (`answer_features`), the step states then noise."""
     rng = np.random.default_rng(seed)
-    step = json.dumps({"model": MODEL, "layer": 1, "hidden": 6, "pooling": "step", "sink": 1})
+    spec = {"model": MODEL, "layer": 1, "hidden": 6, "sink": 1}
+    step, pool = (json.dumps({**spec, "pooling": p}) for p in ("step", "answer"))
     w = RecordWriter(path)
     for i in range(n):
         L = int(rng.integers(2, 300))
@@ -114,15 +116,21 @@ def _records_with_a_planted_law(path, n: int, seed: int, at=(4, 16, 64)) -> None
                  "max_tokens": 1000, "output_tokens": L, "finish_reason": "stop"})  # fmt: skip
         seq = _seq(f"q{i}")
         seq.features_prompt, seq.features_n, seq.feature_pools = rng.normal(size=6).astype(np.float32), 8, 1
-        seq.features_record = {}
+        seq.features_record, seq.features_record_answer = {}, {}
         for g in at:
             if g < L:
                 s = rng.normal(size=6)
-                s[0] = np.log(L - g) - 3 + 0.05 * rng.normal()
-                seq.features_record[g] = s.astype(np.float32)
-        w.write_features(seq, step.replace('"step"', '"mean"'))
+                if answer:
+                    seq.features_record[g] = s.astype(np.float32)
+                    s = rng.normal(size=6)
+                    s[1] = np.log(L - g) - 3 + 0.05 * rng.normal()
+                    seq.features_record_answer[g] = s.astype(np.float32)
+                else:
+                    s[0] = np.log(L - g) - 3 + 0.05 * rng.normal()
+                    seq.features_record[g] = s.astype(np.float32)
+        w.write_features(seq, json.dumps({**spec, "pooling": "mean"}))
         if seq.features_record:
-            w.write_step_features(seq, step)
+            w.write_step_features(seq, step, pool if answer else None)
     w.close()
 
 
@@ -187,31 +195,9 @@ def test_probe_refine_with_answer_reads_the_answer_pools_from_the_records(tmp_pa
     from presched.serve.log_read import load_log_requests
     from presched.serve.train_log import train_from_log
 
-    def records(path, n, seed):
-        rng = np.random.default_rng(seed)
-        spec = {"model": MODEL, "layer": 1, "hidden": 6, "sink": 1}
-        w = RecordWriter(path)
-        for i in range(n):
-            L = int(rng.integers(2, 300))
-            w.write({"id": f"q{i}", "ts": float(i), "model": "tiny", "status": 200, "prompt_tokens": 9,
-                     "max_tokens": 1000, "output_tokens": L, "finish_reason": "stop"})  # fmt: skip
-            seq = _seq(f"q{i}")
-            seq.features_prompt, seq.features_n, seq.feature_pools = rng.normal(size=6).astype(np.float32), 8, 1
-            seq.features_record, seq.features_record_answer = {}, {}
-            for g in (4, 16, 64):
-                if g < L:
-                    seq.features_record[g] = rng.normal(size=6).astype(np.float32)
-                    a = rng.normal(size=6)
-                    a[1] = np.log(L - g) - 3 + 0.05 * rng.normal()
-                    seq.features_record_answer[g] = a.astype(np.float32)
-            w.write_features(seq, json.dumps({**spec, "pooling": "mean"}))
-            if seq.features_record:
-                w.write_step_features(seq, json.dumps({**spec, "pooling": "step"}), json.dumps({**spec, "pooling": "answer"}))
-        w.close()
-
     log, test = tmp_path / "r.sqlite", tmp_path / "t.sqlite"
-    records(log, 300, 0)
-    records(test, 200, 1)
+    _records_with_a_planted_law(log, 300, 0, answer=True)
+    _records_with_a_planted_law(test, 200, 1, answer=True)
     rows = [(r.metadata[STEP_KEY][g], r.metadata[PROMPT_KEY], g, r.output_tokens, r.metadata[ANSWER_KEY][g])
             for r in load_log_requests(test).requests for g in r.metadata.get(STEP_KEY, {})]  # fmt: skip
     S, P, g, L, A = (np.array(x, dtype=float) for x in zip(*rows))
