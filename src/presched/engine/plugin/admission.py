@@ -1,5 +1,6 @@
 """Whether vLLM 0.32's `schedule()` would start the waiting head this step, were some running
-requests preempted: the test of the plugin's all-or-nothing preemption (scheduler.py
+requests preempted (`would_start`), and which running requests to preempt for it, all or none
+(`victims_for`): the plugin's preemption for the head of the queue (scheduler.py
 `_preempt_for_head`). Each function takes the `PreschedScheduler` (`s`) and reads vLLM's own
 state off it (running requests, the KV cache manager and block pool, the scheduler config), so
 the numbers are the ones vLLM's admission loop will see; vLLM's code paths this mirrors are named
@@ -7,6 +8,27 @@ in `would_start`'s doc. Only the engine process imports it (through scheduler.py
 """
 
 from __future__ import annotations
+
+
+def victims_for(s, head) -> list | None:
+    """The running requests to preempt so that vLLM starts `head` this step, or None: each
+    `preempt_for` call is asked about the batch without the ones it named before, until
+    `s._fits` (`would_start`) says the head would start; then `admit` against that batch.
+    None if the policy stops naming victims first or `admit` refuses: nobody is preempted for
+    a head that still could not start (a victim would lose its KV and wait behind it)."""
+    trial = [s._seqs[r.request_id] for r in s.running if r.request_id in s._seqs]
+    victims: list = []
+    while True:
+        victim = s.guard.call("preempt_for", None, s.ps.preempt_for, head, list(trial), s._now)
+        if victim is None or victim not in trial or victim.vreq not in s.running:
+            return None
+        trial.remove(victim)
+        victims.append(victim)
+        if s._fits(head, victims):
+            break
+    if s._admits and not s.guard.call("admit", True, s.ps.admit, head, trial, s._now):
+        return None
+    return victims
 
 
 def would_start(s, head, victims: list) -> bool:

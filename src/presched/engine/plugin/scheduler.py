@@ -58,7 +58,7 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
-from presched.engine.plugin.admission import would_start
+from presched.engine.plugin.admission import victims_for, would_start
 from presched.engine.plugin.config import PluginConfigError, build_policy, load_plugin_config
 from presched.engine.plugin.estimates import BadPrediction, EnginePredictor, from_xargs
 from presched.engine.plugin.consume import FeatureConsumer
@@ -282,17 +282,13 @@ class PreschedScheduler(Scheduler):
         return would_start(self, head, victims)
 
     def _preempt_for_head(self) -> None:
-        """Preempt the running requests the policy names for the waiting head, all or none
-        (module doc): victims are collected on a trial batch, each `preempt_for` call asked
-        about the batch without the ones named before, until vLLM would start the head
-        (`_fits`); then `admit` is asked against that batch. Only then are they preempted;
-        if the policy stops naming victims first, or `admit` refuses, nobody is (a victim
-        would lose its KV and wait behind a head that still could not start). Should vLLM
-        still not start the head (`_fits` cannot see everything: the head's prefix-cache
-        hits, resumed streaming sessions, a paused engine), that is counted
-        (`preempt_for_refused`) and nothing is preempted for that head again until a request
-        ends or one that was not running then runs (the victims coming back do not count): at
-        most one wasted preemption per head and batch, never a loop."""
+        """Preempt, all or none, the running requests the policy names for the waiting head
+        (admission.py `victims_for`; module doc), then pop the head first in this step. Should
+        vLLM still not start it (`_fits` cannot see everything: the head's prefix-cache hits,
+        resumed streaming sessions, a paused engine), that is counted (`preempt_for_refused`)
+        and nothing is preempted for that head again until a request ends or one that was not
+        running then runs (the victims coming back do not count): at most one wasted
+        preemption per head and batch, never a loop."""
         head_req = self.waiting.peek_request()
         head = self._seqs.get(head_req.request_id)
         if head is None or not admissible(head_req):
@@ -302,17 +298,8 @@ class PreschedScheduler(Scheduler):
         if self._refused is not None and self._refused[0] == head.id and self._refused[2] == self._ended() \
                 and all(r.request_id in self._refused[1] for r in self.running):  # fmt: skip
             return  # preempted for once and not started: not again until a request ends or a new one runs
-        trial = [self._seqs[r.request_id] for r in self.running if r.request_id in self._seqs]
-        victims: list[EngineSeq] = []
-        while True:
-            victim = self.guard.call("preempt_for", None, self.ps.preempt_for, head, list(trial), self._now)
-            if victim is None or victim not in trial or victim.vreq not in self.running:
-                return
-            trial.remove(victim)
-            victims.append(victim)
-            if self._fits(head, victims):
-                break
-        if self._admits and not self.guard.call("admit", True, self.ps.admit, head, trial, self._now):
+        victims = victims_for(self, head)
+        if not victims:
             return
         self._attempt = (head.id, frozenset(r.request_id for r in self.running))
         for victim in victims:
