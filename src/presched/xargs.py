@@ -25,3 +25,18 @@ def from_client(value: object, trust: bool) -> dict:
     engine's policies: the gateway or the picker sets them); other keys kept."""
     own = dict(value) if isinstance(value, dict) else {}
     return own if trust else {k: v for k, v in own.items() if k not in KEYS}
+
+
+def prediction(estimate) -> dict:
+    """The keys a gateway sends for its length prediction (a `RequestEstimate` row)."""
+    return {MEAN: float(estimate.mean), Q90: float(estimate.quantile(0.9))}
+
+
+def set_upstream(up: dict, trust: bool, add: dict) -> None:
+    """`up["vllm_xargs"]`: the client's own (`from_client`) with `add` over it; left out when
+    nothing remains."""
+    merged = {**from_client(up.get("vllm_xargs"), trust), **add}
+    if merged:
+        up["vllm_xargs"] = merged
+    else:
+        up.pop("vllm_xargs", None)

@@ -230,7 +230,6 @@ class Picker:
             up["priority"] = int(seq.key or 0)
         else:
             up.pop("priority", None)
-        own = xargs.from_client(body.get("vllm_xargs"), self.cfg.trust_client_xargs)
         add = {}
         if self.cfg.send_prediction:
             req = seq.request  # the objective's targets and the fairness id, for the engine's policy
@@ -240,13 +239,9 @@ class Picker:
             if req.tenant != "default":
                 add[xargs.TENANT] = req.tenant
             if seq.estimate is not None:
-                mean, q90 = float(seq.estimate.mean), float(seq.estimate.quantile(0.9))
-                add.update({xargs.MEAN: mean, xargs.Q90: q90})
-                extra[self.cfg.prediction_header] = f"{mean:.1f}"
-        if own or add:
-            up["vllm_xargs"] = {**own, **add}
-        else:
-            up.pop("vllm_xargs", None)
+                add |= xargs.prediction(seq.estimate)
+                extra[self.cfg.prediction_header] = f"{add[xargs.MEAN]:.1f}"
+        xargs.set_upstream(up, self.cfg.trust_client_xargs, add)
         extra["x-request-id"] = seq.id
         return json.dumps(up).encode(), injected, extra
 

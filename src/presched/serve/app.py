@@ -280,16 +280,12 @@ class GatewayApp:
             up["priority"] = int(seq.key or 0)
         else:  # the gateway's queue decides the order; the engine's priority is not the client's
             up.pop("priority", None)
-        own = xargs.from_client(body.get("vllm_xargs"), self.cfg.trust_client_xargs)
         add = {}
         if self.cfg.send_prediction:  # the prediction and the tenant, for the engine plugin's policies
             add = {xargs.TENANT: seq.request.tenant} if seq.request.tenant != "default" else {}
             if seq.estimate is not None:
-                add |= {xargs.MEAN: float(seq.estimate.mean), xargs.Q90: float(seq.estimate.quantile(0.9))}
-        if own or add:
-            up["vllm_xargs"] = {**own, **add}
-        else:
-            up.pop("vllm_xargs", None)
+                add |= xargs.prediction(seq.estimate)
+        xargs.set_upstream(up, self.cfg.trust_client_xargs, add)
         return up, injected
 
     def _payload(self, seq: GatewaySeq, body: dict) -> tuple[bytes, bool]:
