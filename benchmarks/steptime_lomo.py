@@ -11,8 +11,9 @@ one shape and number format are held out together. A family with one has no out-
 Which knobs are fitted is itself chosen without the held-out model: each fold runs an inner
 leave-one-model-out on its training models for each candidate set in `KNOB_SETS` (base:
 step_overhead, overhead_per_decode, memory_efficiency, collective_latency; then
-+compute_efficiency; then +overhead_per_layer) and keeps the set with the smallest inner median
-error (base when fewer than 3 training models).
++compute_efficiency; then +overhead_per_layer) and keeps, by the one-standard-error rule, the
+set with the fewest knobs whose mean inner error (per architecture) is within one standard
+error of the best (base when fewer than 3 training models).
 
 The fit needs thousands of evaluations, too many for full simulations, so it uses a surrogate
 calibrated by one full simulation per configuration (the default knobs' run):
@@ -146,23 +147,39 @@ def fit_knobs(rows: list[dict], configs: dict[str, MeasuredConfig], mean_prompt:
     return knobs_of(sol.x)
 
 
+def one_se_choice(fold_errors: dict[str, list[float]]) -> str:
+    """The one-standard-error rule (Hastie, Tibshirani & Friedman, ESL 7.10): of the candidate
+    sets, in `KNOB_SETS` order (fewest knobs first), the first whose mean fold error is at most
+    the best mean plus that best set's standard error (sample sd / sqrt(folds)). Fold errors
+    are per held-out architecture, so an architecture weighs the same however many
+    configurations it has."""
+    stats = {name: (float(np.mean(e)), float(np.std(e, ddof=1) / math.sqrt(len(e))))
+             for name, e in fold_errors.items()}  # fmt: skip
+    best = min(stats, key=lambda n: stats[n][0])
+    bound = stats[best][0] + stats[best][1]
+    return next(n for n in fold_errors if stats[n][0] <= bound)
+
+
 def select_knob_set(rows: list[dict], configs: dict, mean_prompt: MeanPrompt) -> tuple[str, dict]:
-    """The `KNOB_SETS` entry with the smallest median |surrogate error| in a leave-one-model-out
-    over `rows` alone (nested inside the outer fold: the held-out model is never seen); 'base'
-    when `rows` hold fewer than 3 models. Returns (name, {name: inner median |err| %})."""
+    """The `KNOB_SETS` entry picked by `one_se_choice` from an inner leave-one-model-out over
+    `rows` alone (nested inside the outer fold: the held-out model is never seen); each inner
+    fold's error is the median |surrogate error| of its held-out architecture. 'base' when
+    `rows` hold fewer than 3 models. Returns (name, {name: {"mean", "se", "folds"}} in %)."""
     models = sorted({r[HELD_OUT] for r in rows})
     if len(models) < 3:
         return "base", {}
-    scores = {}
+    fold_errors: dict[str, list[float]] = {}
     for name, free in KNOB_SETS.items():
-        errs = []
+        fold_errors[name] = []
         for m in models:
             knobs = fit_knobs([r for r in rows if r[HELD_OUT] != m], configs, mean_prompt, free)
-            errs += [100 * abs(surrogate_itl(r, configs, knobs, mean_prompt)
-                               / (r["measured"]["median_itl_ms"] / 1e3) - 1)
-                     for r in rows if r[HELD_OUT] == m]  # fmt: skip
-        scores[name] = float(np.median(errs))
-    return min(scores, key=scores.get), scores
+            fold_errors[name].append(float(np.median(
+                [100 * abs(surrogate_itl(r, configs, knobs, mean_prompt)
+                           / (r["measured"]["median_itl_ms"] / 1e3) - 1)
+                 for r in rows if r[HELD_OUT] == m])))  # fmt: skip
+    inner = {name: {"mean": float(np.mean(e)), "se": float(np.std(e, ddof=1) / math.sqrt(len(e))),
+                    "folds": dict(zip(models, e))} for name, e in fold_errors.items()}  # fmt: skip
+    return one_se_choice(fold_errors), inner
 
 
 def leave_one_model_out(
@@ -194,7 +211,7 @@ def leave_one_model_out(
                              if knob_set == "auto" else (knob_set, {}))  # fmt: skip
             knobs = fit_knobs(train, configs, mean_prompt, KNOB_SETS[chosen])
             folds.append({"family": fam, "held_out": m, "knobs": knobs, "knob_set": chosen,
-                          "inner_median_abs_err_pct": inner,
+                          "inner_fold_err_pct": inner,
                           "trained_on": sorted({r[HELD_OUT] for r in train})})
             for r in fam_rows:
                 if r[HELD_OUT] == m:
@@ -217,7 +234,7 @@ def fit_families(default_rows: list[dict], configs: dict[str, MeasuredConfig],
         out[fam] = {"knob_set": chosen, "knobs": fit_knobs(rows, configs, mean_prompt,
                                                             KNOB_SETS[chosen]),
                     "architectures": sorted({r[HELD_OUT] for r in rows}),
-                    "configurations": len(rows), "inner_median_abs_err_pct": inner}  # fmt: skip
+                    "configurations": len(rows), "inner_fold_err_pct": inner}  # fmt: skip
     return out
 
 

@@ -133,3 +133,16 @@ def test_fit_recovers_knobs_that_generated_the_measurements(data_dir):
     want = np.array([lomo.decode_surrogate(c, truth, 250.0) for c in configs])
     assert np.max(np.abs(pred / want - 1)) < 1e-3  # the fitted knobs reproduce the data
     assert got["memory_efficiency"] == pytest.approx(0.6, rel=0.05)
+
+
+def test_one_se_rule_keeps_the_fewest_knobs_within_one_standard_error_of_the_best():
+    lomo = _load("steptime_lomo")
+    # best: +compute, mean 11, se = 2 / sqrt(3) = 1.155 -> bound 12.155; base (mean 12) is inside
+    assert lomo.one_se_choice({"base": [10.0, 12.0, 14.0], "+compute": [9.0, 11.0, 13.0],
+                               "+compute+layer": [11.0, 12.0, 13.0]}) == "base"  # fmt: skip
+    # best: +compute+layer, mean 6, se 0.577 -> bound 6.577; neither simpler set is inside
+    assert lomo.one_se_choice({"base": [10.0, 12.0, 14.0], "+compute": [9.0, 11.0, 13.0],
+                               "+compute+layer": [5.0, 6.0, 7.0]}) == "+compute+layer"  # fmt: skip
+    # the bound is the best set's own standard error, not a wider one's
+    assert lomo.one_se_choice({"base": [7.0, 7.0, 7.0], "+compute": [1.0, 11.0, 12.0],
+                               "+compute+layer": [6.0, 6.5, 7.0]}) == "+compute+layer"  # fmt: skip
