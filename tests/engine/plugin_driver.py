@@ -343,6 +343,36 @@ def fits_edge_cases() -> dict:
     return out
 
 
+def head_cache_hit() -> dict:
+    """The head's prefix-cache hit, as vLLM 0.32 counts it (test-recording names the latest
+    running request for any head; 20 usable blocks of 16 tokens, prefix caching on).
+    held: A (a 160-token prefix P + 2 tokens: 11 blocks) and B (80 + 1 generated: 6 blocks)
+    run, 3 blocks free; the head is P + 30 tokens (12 blocks), 10 of them A's cached blocks:
+    vLLM starts it with 2 new blocks, so nobody may be preempted (counting its whole prompt
+    preempted B and then A). revive: A (P + 1 token) has finished, its 10 full blocks are
+    cached but free; B and C run (5 blocks each), 10 blocks free, all of them A's; the head
+    is P + 48 tokens (13 blocks): taking A's cached blocks takes them out of the free pool,
+    so it needs all 13 and starts only once C is preempted (counting the hit blocks as held
+    preempted no one, and the head waited behind B and C)."""
+    out = {}
+    s = make_sched({"policy": "test-recording"}, num_blocks=21, max_batched=512, prefix=True)
+    s.add_request(_hashed("A", [*range(1, 161), 7001, 7002], 300, 1.0))
+    s.add_request(_hashed("B", range(3001, 3081), 300, 2.0))
+    step(s), step(s)
+    s.add_request(_hashed("H", [*range(1, 161), *range(9001, 9031)], 1, 5.0))
+    out["held_free"] = s.kv_cache_manager.block_pool.get_num_free_blocks()
+    out["held"] = _watch(s, "H", 6)
+    s = make_sched({"policy": "test-recording"}, num_blocks=21, max_batched=512, prefix=True)
+    s.add_request(_hashed("A", [*range(1, 161), 7001], 1, 1.0))
+    s.add_request(_hashed("B", range(3001, 3065), 300, 2.0))
+    s.add_request(_hashed("C", range(4001, 4065), 300, 3.0))
+    step(s), step(s)
+    s.add_request(_hashed("H", [*range(1, 161), *range(9001, 9049)], 1, 5.0))
+    out["revive_free"] = s.kv_cache_manager.block_pool.get_num_free_blocks()
+    out["revive"] = _watch(s, "H", 6)
+    return out
+
+
 def refused_once() -> dict:
     """A preemption vLLM does not use (here forced: `_fits` replaced by one that believes any
     victim is enough, a stand-in for what it cannot see) is not repeated for that head while
@@ -359,7 +389,7 @@ def refused_once() -> dict:
     return {"steps": rows, "preempt_for": s.counts["preempt_for"], "refused": s.counts["preempt_for_refused"]}
 
 
-SCENARIOS = {f.__name__: f for f in (fits_edge_cases, refused_once, stopped_while_preempted, batch_queue_refused,
+SCENARIOS = {f.__name__: f for f in (fits_edge_cases, head_cache_hit, refused_once, stopped_while_preempted, batch_queue_refused,
                                      grammar_head_preempt_for, grammar_head_admit, error_finish,
                                      slo_from_xargs, preempt_for_all_or_nothing,
                                      preempt_for_counts_as_vllm)}  # fmt: skip

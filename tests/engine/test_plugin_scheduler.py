@@ -39,7 +39,7 @@ from presched.serve.log_read import load_log_requests
 DRIVER = Path(__file__).with_name("plugin_driver.py")
 SCENARIOS = ("stopped_while_preempted", "batch_queue_refused", "grammar_head_preempt_for",
              "grammar_head_admit", "error_finish", "slo_from_xargs", "preempt_for_all_or_nothing",
-             "preempt_for_counts_as_vllm", "fits_edge_cases", "refused_once")  # fmt: skip
+             "preempt_for_counts_as_vllm", "fits_edge_cases", "head_cache_hit", "refused_once")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +147,18 @@ def test_what_vllm_counts_beyond_the_first_chunk(driven, case):
         assert not any(p for p, _ in steps)  # vLLM gives the running prefill 64 tokens, the head the rest
     else:
         assert steps[-1][0] and len(steps) == 1  # preempted for, and started, at once
+
+
+def test_the_heads_prefix_cache_hit_counts_as_vllm_counts_it(driven):
+    """held: the hit's blocks are held by a running request, so the head needs 2 new blocks of
+    its 12 and vLLM starts it at once: no preemption (counting the whole prompt preempted two).
+    revive: the hit's blocks are cached but free, and taking them empties the free pool: the
+    head starts only with a victim (counting them as held, nobody was preempted and the head
+    waited)."""
+    got = _ok(driven, "head_cache_hit")
+    assert (got["held_free"], got["revive_free"]) == (3, 10), got  # the setup the doc describes
+    assert got["held"] == [[False, True]], got
+    assert got["revive"] == [[True, True]], got
 
 
 def test_a_preemption_vllm_did_not_use_is_not_repeated_while_the_batch_stays(driven):

@@ -41,19 +41,23 @@ def would_start(s, head, victims: list) -> bool:
     blocks the running requests take this step (a decode crossing a block boundary, a
     prefill chunk, spec-decode lookahead), against the head's whole prompt when vLLM
     reserves it (`scheduler_reserve_full_isl`, the default) and its chunk plus lookahead,
-    plus vLLM's watermark. The head's prefix-cache hits are not counted: with caching on
-    it may be preempted for where a hit would have let it in (`_preempt_for_head` then
-    does not try again for it until the batch changes)."""
+    less its prefix-cache hit (`cache_hit`), plus vLLM's watermark."""
     gone = {v.id for v in victims}
     running = [r for r in s.running if r.request_id not in gone]
     if len(running) + getattr(s, "num_waiting_for_streaming_input", 0) >= s.max_num_active_reqs:
         return False
     km, bs, ahead = s.kv_cache_manager, s.block_size, s.num_lookahead_tokens
     full = getattr(s, "scheduler_reserve_full_isl", False)
-    free = km.block_pool.get_num_free_blocks() + freed(s, victims)
+    refs = victim_refs(s, victims)
+    free = km.block_pool.get_num_free_blocks() + freed(refs)
     watermark = km.watermark_blocks if running else 0
     total = min(head.vreq.num_tokens, s.max_model_len)
-    if -(-(total if full else 1) // bs) + watermark > free:
+    hit, have, extra = cache_hit(s, head, refs)
+
+    def blocks_for(tokens: int) -> int:  # vLLM's get_num_blocks_to_allocate for the head
+        return max(-(-min(tokens, s.max_model_len) // bs) - have, 0) + extra
+
+    if blocks_for(total if full else hit + 1) + watermark > free:
         return False  # short even before the running requests take theirs (no loop over them)
     thr = prefill_cap(s)
     budget, take = s.max_num_scheduled_tokens, 0
@@ -69,12 +73,32 @@ def would_start(s, head, victims: list) -> bool:
         need_r = -(-(done + n + ahead) // bs) - len(blocks_of(r.request_id, ()))
         if need_r > 0:
             take += need_r
-    chunk = thr if 0 < thr < total else total
+    rest = total - hit
+    chunk = thr if 0 < thr < rest else rest
     if budget <= 0 or (chunk > budget and not s.scheduler_config.enable_chunked_prefill):
         return False
     chunk = min(chunk, budget)
-    need = max(-(-total // bs) if full else 0, -(-(chunk + ahead) // bs))
+    need = max(blocks_for(total) if full else 0, blocks_for(hit + chunk + ahead))
     return need + watermark <= free - take
+
+
+def cache_hit(s, head, refs: dict) -> tuple[int, int, int]:
+    """The head's prefix-cache hit as vLLM's `get_computed_blocks` finds it (the same read-only
+    lookup: `find_longest_cache_hit` up to all but the last prompt token), in KV cache group 0
+    as the rest of this module counts: (hit tokens, hit blocks, blocks the head takes from the
+    free pool beyond its new ones). The last are vLLM's evictable computed blocks, cached
+    blocks nobody holds once the victims (`refs`: `victim_refs`) are preempted, plus one for a
+    hit that ends inside a block (copied on write). (0, 0, 0) with caching off or for a head
+    with computed tokens (vLLM looks up only for a request with none)."""
+    req, km = head.vreq, s.kv_cache_manager
+    if req.num_computed_tokens or not km.prefix_cache_lookup_enabled(req):
+        return 0, 0, 0
+    blocks, tokens, _ = km.coordinator.find_longest_cache_hit(req.block_hashes, req.num_tokens - 1)
+    if not tokens:
+        return 0, 0, 0
+    mine = blocks[0]
+    extra = sum(1 for b in mine if not b.is_null and b.ref_cnt == refs.get(id(b), (b, 0))[1])
+    return tokens, len(mine), extra + (tokens % s.block_size != 0)
 
 
 def prefill_cap(s) -> int:
@@ -89,16 +113,19 @@ def prefill_cap(s) -> int:
     return thr
 
 
-def freed(s, victims: list) -> int:
-    """Blocks that preempting all of `victims` returns to the free pool: each block whose
-    every holder is among them (a block shared through the prefix cache with a request
-    that stays is not freed; one the victims share is freed once)."""
-    if not victims:
-        return 0
+def victim_refs(s, victims: list) -> dict[int, list]:
+    """{id(block): [block, how many of `victims` hold it]}, over every KV cache group."""
     held: dict[int, list] = {}
     for v in victims:
         for blocks in s.kv_cache_manager.coordinator.get_blocks(v.id):
             for b in blocks:
                 if not b.is_null:
                     held.setdefault(id(b), [b, 0])[1] += 1
-    return sum(1 for b, k in held.values() if b.ref_cnt == k)
+    return held
+
+
+def freed(refs: dict[int, list]) -> int:
+    """Blocks that preempting all of the victims (`refs`: `victim_refs`) returns to the free
+    pool: each block whose every holder is among them (a block shared through the prefix
+    cache with a request that stays is not freed; one the victims share is freed once)."""
+    return sum(1 for b, k in refs.values() if b.ref_cnt == k)
