@@ -58,7 +58,9 @@ def test_recalibrates_a_shifted_stream_and_ignores_what_teaches_nothing():
 
 
 def test_censored_answers_calibrate_but_are_never_labels():
-    learner = OnlineLearner(base(100), cfg(), background=False)
+    # (every answer "cut" at its own length reads as answers longer than predicted: the alarm,
+    # off here, would fire and forget rows; test_drift.py checks what censored rows do to it)
+    learner = OnlineLearner(base(100), cfg(alarm_h=1e9, alarm_band=0.99), background=False)
     serve(learner, reqs(200, 100), status="length")
     assert learner.counts["censored"] == 200 and len(learner.buffer) == 0
     assert learner.conformal.groups["m"].censored.sum() == 200
@@ -239,7 +241,7 @@ def test_the_learners_estimate_keeps_the_base_lower_bound_and_scores_its_pit_fro
     est = learner.predict(stream)
     assert np.array_equal(est.lower, np.full(50, 50.0))
     seen = []
-    monkeypatch.setattr(learner.alarm, "add", lambda q, y, q90, lower=1.0: seen.append(lower) or False)
+    monkeypatch.setattr(learner.alarm, "add", lambda q, y, q90, lower=1.0, censored=False: seen.append(lower) or False)
     for r in stream:
         learner.observe(r, max(r.output_tokens, 51), status="ok")
     assert seen == [50.0] * 50

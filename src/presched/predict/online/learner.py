@@ -11,7 +11,8 @@ What one completion does (`observe`, on the caller's thread, O(levels) plus an a
   conformal recalibration (Kaplan-Meier, `calibrate.py`), never a training label;
 - a tenant over its label rate (`caps.py`) is counted and dropped;
 - otherwise the score goes to the recalibration of its group, the drift alarm (`drift.py`) sees
-  the PIT of the recalibrated prediction, and the request joins the bounded refit buffer.
+  the PIT of the recalibrated prediction (a censored one, what its lower bound tells), and a
+  labelled request joins the bounded refit buffer.
 
 Refits: after `min_refit` labelled completions, then after twice as many each time up to one
 every `refit_every` (a doubling schedule: early models while little is known, O(log n) refits),
@@ -145,7 +146,7 @@ class OnlineLearner:
             else:
                 self.conformal.add(rec.group, None, length, censored, log_q=rec.log_q, stamp=self.alarm.count)
                 raised = self.alarm.active
-                if not censored and self.alarm.add(rec.cal_q, length, rec.cal_q[_I90], rec.lower):
+                if self.alarm.add(rec.cal_q, length, rec.cal_q[_I90], rec.lower, censored):
                     self._on_alarm(first=not raised)
             self.counts["censored" if censored else "learned"] += 1
             if censored or not request.prompt:  # no label, or nothing a text predictor can read
