@@ -12,7 +12,7 @@ import pytest
 from predict.online.test_learner import base, cfg, reqs, serve
 
 from presched.predict.online import OnlineConfig, OnlineLearner
-from presched.predict.online.state import HEADER
+from presched.predict.online.state import HEADER, _unique_ids
 
 
 def header(folder):
@@ -146,3 +146,20 @@ def test_a_buffer_with_a_reused_request_id_is_saved_and_resumed(tmp_path):
     assert len(set(ids)) == 60 and ids[:30] == [f"r{i}" for i in range(30)] and ids[30] == "r0~30"
     back.save(tmp_path)  # ids stay as they are from save to save
     assert [r.id for r, _ in OnlineLearner.resume(tmp_path, cfg()).buffer] == ids
+
+
+def test_buffer_ids_are_made_unique_without_taking_an_id_a_row_brings():
+    """Clients reuse ids; the saved buffer's must be unique (the loader refuses a repeat), each
+    first occurrence keeping its own. A made-up `x~<row>` once repeated an id a row brought
+    (["x~2", "x", "x"] wrote x~2 twice, and the state could not be resumed)."""
+    rng = np.random.default_rng(0)
+    names = ["x", "x~1", "x~2", "x~3", "x~5", "y"]
+    for _ in range(300):
+        ids = [names[i] for i in rng.integers(0, len(names), rng.integers(1, 8))]
+        pairs = [(reqs(1, 100)[0].__class__(id=i, prompt="p", prompt_tokens=1, output_tokens=5), 5) for i in ids]
+        out = _unique_ids(pairs)
+        assert len(set(out)) == len(out), (ids, out)
+        firsts = {}
+        for i, rid in enumerate(ids):
+            firsts.setdefault(rid, i)
+        assert all(out[i] == rid for rid, i in firsts.items()), (ids, out)

@@ -145,10 +145,16 @@ def _unique_ids(pairs) -> list[str]:
     """The buffer rows' ids, a repeat made unique (`<id>~<row>`): clients may reuse request ids,
     and the generic loader that reads the buffer back refuses a repeated id. The first keeps its
     own, so a resumed buffer's ids stay the same from save to save."""
+    taken = {r.id for r, _ in pairs}  # a made-up id must not be one a later row brings
     seen: set[str] = set()
     out = []
     for i, (r, _) in enumerate(pairs):
-        rid = r.id if r.id not in seen else f"{r.id}~{i}"
+        rid, j = r.id, i
+        if rid in seen:
+            rid = f"{r.id}~{j}"
+            while rid in seen or rid in taken:
+                j += len(pairs)
+                rid = f"{r.id}~{j}"
         seen.add(rid)
         out.append(rid)
     return out
