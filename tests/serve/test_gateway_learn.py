@@ -154,3 +154,12 @@ def test_the_drift_alarm_turns_fallback_to_arrival_order_and_back(asgi_server, s
     assert burst() == sjf
     pol = gw.backends[0].policy
     assert [m for _, _, m in pol.switches] == ["conservative", "predictive"] and pol.tracked == "predictive"
+
+
+def test_a_usage_count_past_any_answer_is_not_a_count():
+    from presched.serve.relay import MAX_USAGE_TOKENS, usage_tokens
+
+    assert usage_tokens({"completion_tokens": 42}) == 42
+    assert usage_tokens({"completion_tokens": MAX_USAGE_TOKENS}) == MAX_USAGE_TOKENS
+    for bad in (10**400, MAX_USAGE_TOKENS + 1, -1, 1.5, True, "7", None):
+        assert usage_tokens({"completion_tokens": bad}) is None, bad

@@ -234,10 +234,14 @@ def inspect_event(ev: bytes, seq: GatewaySeq, out: Outcome, clock) -> bool:
     return True
 
 
+MAX_USAGE_TOKENS = 10**9
+"""A backend's `completion_tokens` above this is not a count (10**400 overflowed the metrics)."""
+
+
 def usage_tokens(usage: Any) -> int | None:
-    """`completion_tokens` of a backend's usage object, if it is a count."""
+    """`completion_tokens` of a backend's usage object, if it is a count (0..MAX_USAGE_TOKENS)."""
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return tokens if type(tokens) is int and tokens >= 0 else None
+    return tokens if type(tokens) is int and 0 <= tokens <= MAX_USAGE_TOKENS else None
 
 
 def _text_or_none(v: Any) -> str | None:

@@ -4,6 +4,7 @@ thread, and atomic save / resume."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 
@@ -245,3 +246,37 @@ def test_the_learners_estimate_keeps_the_base_lower_bound_and_scores_its_pit_fro
     for r in stream:
         learner.observe(r, max(r.output_tokens, 51), status="ok")
     assert seen == [50.0] * 50
+
+
+def test_rows_without_prompt_text_still_save_every_save_every(tmp_path):
+    """Engine-plugin records without prompt text (store_prompts off) teach the recalibration
+    only; the periodic save used to sit after their early return and never ran."""
+    learner = OnlineLearner(base(), cfg(state_dir=str(tmp_path), save_every=50), background=False)
+    stream = [dataclasses.replace(r, prompt=None) for r in reqs(200, 100)]
+    serve(learner, stream)
+    assert learner.counts["learned"] == 200 and learner.counts["saves"] == 4
+    assert (tmp_path / "online.npz").exists() and len(learner.buffer) == 0
+
+
+def test_a_refit_that_raises_is_counted_and_the_model_kept(caplog):
+    class Broken(type(PREDICTORS.create("model-median"))):
+        def fit(self, requests, validation=None):
+            if validation is not None:  # (the refit's fit; the first one works)
+                raise RuntimeError("fit blew up")
+            return super().fit(requests, validation)
+
+    learner = OnlineLearner(Broken().fit(reqs(300, 100, start=10**6, seed=9)),
+                            OnlineConfig(enabled=True, refit_every=2000, min_refit=100, holdout=20,
+                                         tenant_rate=1e9, tenant_burst=10**9), background=False)  # fmt: skip
+    with caplog.at_level("ERROR", logger="presched.learn"):
+        serve(learner, reqs(250, 100))
+    assert learner.version == 1 and learner.counts["refits"] == 0
+    assert learner.counts["refit_failed"] >= 1 and "refit failed" in caplog.text
+
+
+def test_an_absurd_length_is_ignored_not_a_traceback():
+    learner = OnlineLearner(base(), cfg(), background=False)
+    r = reqs(1, 100)[0]
+    learner.predict([r])
+    assert learner.observe(r, 10**400) is False and learner.counts["ignored"] == 1
+    assert learner.observe(r, float("nan")) is False and learner.counts["ignored"] == 2

@@ -30,7 +30,7 @@ in at once under a lock; predictions made by an older version are not scored aga
 from __future__ import annotations
 
 import dataclasses
-import math
+import logging
 import threading
 import time
 from collections import Counter, OrderedDict, deque
@@ -47,7 +47,11 @@ from presched.predict.online.config import OnlineConfig
 from presched.predict.online.drift import DriftAlarm
 from presched.workload.request import Request
 
+log = logging.getLogger("presched.learn")
 STATUSES = ("ok", "length", "failed", "cancelled")
+MAX_LENGTH = 10**8
+"""Longest answer taken as a label (tokens): beyond any context window; a larger one is ignored
+(and an integer past float range cannot overflow a comparison)."""
 _I50, _I90 = LEVELS.index(0.5), LEVELS.index(0.9)
 
 
@@ -131,8 +135,8 @@ class OnlineLearner:
             raise ValueError(f"field 'status': expected one of {STATUSES}, got {status!r}")
         with self._lock:
             rec = self._pending.pop(request.id, None)
-        if status in ("failed", "cancelled") or length is None or not length >= 1 or not math.isfinite(length):
-            return self._taught_nothing("ignored", position)
+        if status in ("failed", "cancelled") or length is None or not 1 <= length <= MAX_LENGTH:
+            return self._taught_nothing("ignored", position)  # (no label; NaN; past any context)
         if not self.caps.take(request.tenant, time.monotonic() if now is None else now):
             return self._taught_nothing("capped", position)
         censored = status == "length"
@@ -149,16 +153,17 @@ class OnlineLearner:
                 if self.alarm.add(rec.cal_q, length, rec.cal_q[_I90], rec.lower, censored):
                     self._on_alarm(first=not raised)
             self.counts["censored" if censored else "learned"] += 1
-            if censored or not request.prompt:  # no label, or nothing a text predictor can read
-                return True
-            self.buffer.append((request, int(length)))  # made a labelled Request at refit (off this thread)
-            self._since_refit += 1
-            if self._since_change is not None:
-                self._since_change += 1
-            due = self._refit_due()
+            save = bool(self.cfg.state_dir) and not censored and self.counts["learned"] % self.cfg.save_every == 0
+            due = False
+            if not censored and request.prompt:  # a label a text predictor can read
+                self.buffer.append((request, int(length)))  # made a labelled Request at refit (off this thread)
+                self._since_refit += 1
+                if self._since_change is not None:
+                    self._since_change += 1
+                due = self._refit_due()
         if due:
             self.refit()
-        if self.cfg.state_dir and self.counts["learned"] % self.cfg.save_every == 0:
+        if save:
             self._submit(self.save, self.cfg.state_dir)
         return True
 
@@ -203,7 +208,17 @@ class OnlineLearner:
             take = min(self.cfg.anchor_rows, len(self.anchor), len(recent))  # recent traffic >= half
             anchor = [self.anchor[i] for i in self._rng.choice(len(self.anchor), take, replace=False)] if take else []
             self._job = self._submit(self._refit_job, recent, anchor)
+            self._job.add_done_callback(self._refit_done)
             return self._job
+
+    def _refit_done(self, job: Future) -> None:
+        """A refit that raised: logged and counted (`refit_failed`), the model in use kept."""
+        e = None if job.cancelled() else job.exception()
+        if e is not None:
+            with self._lock:
+                self.counts["refit_failed"] += 1
+            log.error("online learner: refit failed, keeping predictor version %d: %s: %s",
+                      self.version, type(e).__name__, e)  # fmt: skip
 
     def _refit_job(self, recent_pairs: list[tuple[Request, int]], anchor: list[Request]) -> None:
         t0 = time.process_time()
