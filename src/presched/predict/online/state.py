@@ -1,7 +1,7 @@
 """Saving and resuming an `OnlineLearner`, atomically.
 
 A state folder holds `online.npz` (the commit point: a JSON header with the version, counters,
-drift alarm, refit schedule, the caller's position (`OnlineLearner.position`: `presched learn`'s
+drift alarm, refit schedule, the tenants' label buckets, the caller's position (`OnlineLearner.position`: `presched learn`'s
 log and last row, written with the state it describes) and the names of the other two files, and
 the recalibration scores as arrays), the base model `base-v{version}-{n}.npz` (the ordinary
 `.npz` of `presched train`) and the refit buffer `buffer-{n}.jsonl` (the generic schema), `n`
@@ -73,6 +73,7 @@ def save_state(learner: Any, folder: str | Path) -> Path:
             schedule = {"since_refit": learner._since_refit, "interval": learner._interval,
                         "since_change": learner._since_change}  # fmt: skip
             rng = {"seed": learner.cfg.seed, "state": learner._rng.bit_generator.state}  # the anchor draws
+            caps = learner.caps.state()  # the tenants' label buckets
             n = learner.counts["saves"] = _fresh(folder, learner.counts["saves"] + 1, version)
             counts = dict(learner.counts)
         model = folder / f"base-v{version}-{n}.npz"
@@ -82,7 +83,7 @@ def save_state(learner: Any, folder: str | Path) -> Path:
         _replace(save_generic(buffer, folder / f".tmp-{buf.name}"), buf)
         header = {"format": FORMAT, "version": version, "model": model.name, "buffer": buf.name, "counts": counts,
                   "alarm": alarm, "conformal": cal_values, "schedule": schedule, "per_tenant": per_tenant,
-                  "position": position, "rng": rng}  # fmt: skip
+                  "position": position, "rng": rng, "caps": caps}  # fmt: skip
         tmp = folder / f".tmp-{HEADER}"
         with open(tmp, "wb") as f:
             np.savez(f, __header__=np.array(json.dumps(header)), **cal_arrays)
@@ -135,6 +136,8 @@ def load_state(cls: type, folder: str | Path, cfg: OnlineConfig, anchor: Sequenc
         interval = max(int(sched["interval"]), c.min_refit)  # within this config's bounds
         learner._interval = min(interval, max(c.refit_every, c.min_refit)) if c.refit_every else interval
         learner._since_change = None if sched["since_change"] is None else int(sched["since_change"])
+    if header.get("caps") is not None:  # (a state saved before they were kept: full buckets)
+        learner.caps.restore(header["caps"])
     rng = header.get("rng")  # the anchor rows' draws go on where they stopped (a new seed starts over)
     if rng is not None and rng["seed"] == c.seed:
         learner._rng.bit_generator.state = rng["state"]
