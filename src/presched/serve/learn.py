@@ -74,6 +74,7 @@ class LearnCollector:
         yield CounterMetricFamily("presched_drift_alarms", "Drift alarms raised.", value=s["drift_alarms"])
         c = CounterMetricFamily("presched_learn_completions", "Completions the learner saw, by what it "
                                 "did with them (learned, censored, ignored, capped, stale, ...).", labels=["kind"])  # fmt: skip
-        for kind in ("learned", "censored", "ignored", "capped", "stale", "unpredicted", "refits", "refit_failed"):
+        for kind in ("learned", "censored", "ignored", "capped", "stale", "unpredicted", "refits", "refit_failed",
+                     "refit_discarded"):
             c.add_metric([kind], float(s.get(kind, 0)))
         yield c

@@ -37,7 +37,7 @@ def serve(learner, stream, status="ok", now=0.0):
 
 
 def cfg(**kw):
-    return OnlineConfig(enabled=True, refit_every=0, tenant_rate=1e9, tenant_burst=10**9, **kw)
+    return OnlineConfig(**({"enabled": True, "refit_every": 0, "tenant_rate": 1e9, "tenant_burst": 10**9} | kw))
 
 
 def test_recalibrates_a_shifted_stream_and_ignores_what_teaches_nothing():
@@ -280,3 +280,72 @@ def test_an_absurd_length_is_ignored_not_a_traceback():
     learner.predict([r])
     assert learner.observe(r, 10**400) is False and learner.counts["ignored"] == 1
     assert learner.observe(r, float("nan")) is False and learner.counts["ignored"] == 2
+
+
+def test_a_refit_seeds_its_recalibration_with_the_cut_answers_too():
+    """~30 % of the answers cut by max_tokens: the new model's recalibration got only the
+    held-out labelled rows (the short ones) and its q90 covered 76 % of fresh answers; with the
+    cut rows of the same span it covers ~90 %, as before the refit."""
+    I90 = LEVELS.index(0.9)
+    rng = np.random.default_rng(3)
+    c = cfg(refit_every=100000, min_refit=800, holdout=200, alarm_h=1e9, alarm_band=0.99)  # alarm off
+    learner = OnlineLearner(base(100), c, background=False)
+    stream, cuts = reqs(1200, 100, seed=1), rng.uniform(20, 400, 1200).astype(int)
+    learner.predict(stream)
+    for r, cut in zip(stream, cuts):
+        learner.observe(r, min(r.output_tokens, cut), status="length" if r.output_tokens >= cut else "ok", now=0.0)
+    assert learner.version == 2
+    pool = learner.conformal.pool
+    assert 0.15 < pool.censored[: pool.n].mean() < 0.45  # the cut rows of the held-out span
+    fresh = reqs(5000, 100, start=900000, seed=5)
+    est = learner.predict(fresh)
+    covered = np.mean(np.array([r.output_tokens for r in fresh]) <= est.quantiles[:, I90])
+    assert 0.85 < covered < 0.95
+
+
+def test_a_refit_under_way_when_the_alarm_fires_is_discarded():
+    """Its data predate the change: swapping it in replaced the alarm's forgetting with a
+    recalibration of pre-change rows (q90 coverage of the new answers fell to 0.04)."""
+    gate = threading.Event()
+
+    class Slow(type(PREDICTORS.create("model-median"))):
+        def fit(self, requests, validation=None):
+            if validation is not None:
+                gate.wait(30)
+            return super().fit(requests, validation)
+
+    c = OnlineConfig(enabled=True, refit_every=4000, min_refit=250, holdout=200, tenant_rate=1e9,
+                     tenant_burst=10**9, anchor_rows=0)  # fmt: skip
+    learner = OnlineLearner(Slow().fit(reqs(300, 100, start=10**6, seed=9)), c)
+    try:
+        serve(learner, reqs(250, 100, seed=1))
+        assert learner._job is not None and not learner._job.done()  # the refit waits on the gate
+        serve(learner, reqs(300, 1000, start=5000, seed=2))  # answers 10x longer: the alarm fires
+        assert learner.alarm.alarms
+        gate.set()
+        learner.wait(60)
+        assert learner.version == 1 and learner.counts["refit_discarded"] == 1
+        fresh = reqs(2000, 1000, start=90000, seed=4)
+        est = learner.predict(fresh)
+        assert np.mean(np.array([r.output_tokens for r in fresh]) <= est.quantiles[:, LEVELS.index(0.9)]) > 0.8
+    finally:
+        gate.set()
+        learner.close()
+
+
+def test_anchor_rows_never_outnumber_the_recent_rows_a_refit_trains_on():
+    seen = []
+
+    class Rec(type(PREDICTORS.create("model-median"))):
+        def fit(self, requests, validation=None):
+            if validation is not None:
+                seen.append((sum(r.id.startswith("a") for r in requests), len(requests)))
+            return super().fit(requests, validation)
+
+    anchor = [dataclasses.replace(r, id="a" + r.id) for r in reqs(3000, 100, start=2 * 10**6, seed=7)]
+    learner = OnlineLearner(Rec().fit(reqs(300, 100, start=10**6, seed=9)),
+                            cfg(refit_every=2000, min_refit=250, holdout=200, anchor_rows=2000), anchor=anchor,
+                            background=False)  # fmt: skip
+    serve(learner, reqs(250, 100))
+    (n_anchor, n_train), = seen
+    assert n_anchor == n_train - n_anchor == 250 - 62  # 62 held out (a quarter)

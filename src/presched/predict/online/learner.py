@@ -20,11 +20,12 @@ and the schedule starts over from the change point after a drift alarm (the next
 `min_refit` rows after the change, training then on what followed it). A fresh instance of the
 base predictor's class, with its parameters, is fitted on the buffer minus its last `holdout`
 rows (at most a quarter) plus up to `anchor_rows` rows sampled from the original training data
-(never more than the recent rows: traffic is at least half), on a background thread (never the
-caller's: the gateway's event loop only pays `observe`). The held-out recent rows then seed a new
-recalibration for the new model, and the model, its recalibration and the `version` are swapped
-in at once under a lock; predictions made by an older version are not scored against the new one
-(counted `stale`). `save` / `resume` (`state.py`) keep all of it, the refit schedule included.
+(never more than the recent rows it trains on: traffic is at least half), on a background thread
+(never the caller's: the gateway's event loop only pays `observe`). The held-out recent rows,
+and the censored completions of their span, then seed a new recalibration for the new model, and
+the model, its recalibration and the `version` are swapped in at once under a lock; predictions
+made by an older version are not scored against the new one (counted `stale`). A refit during
+which the drift alarm fired is discarded (`refit_discarded`): it learned from before the change. `save` / `resume` (`state.py`) keep all of it, the refit schedule included.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ class OnlineLearner:
         self.alarm = DriftAlarm(c.alarm_k, c.alarm_h, c.alarm_window, c.alarm_level, c.alarm_band)
         self.caps = TenantCaps(c.tenant_rate, c.tenant_burst, c.max_tenants)
         self.buffer: deque[tuple[Request, int]] = deque(maxlen=c.buffer)  # (request, its length)
+        # censored completions with prompt text: (request, its cut, labelled rows buffered before
+        # it); a refit seeds its recalibration with those of the held-out rows' span (not saved)
+        self.censored: deque[tuple[Request, int, int]] = deque(maxlen=max(1, c.holdout))
+        self._labelled = 0  # labelled rows ever buffered
         self.counts: Counter[str] = Counter()
         self.refit_seconds: list[float] = []
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
@@ -155,8 +160,11 @@ class OnlineLearner:
             self.counts["censored" if censored else "learned"] += 1
             save = bool(self.cfg.state_dir) and not censored and self.counts["learned"] % self.cfg.save_every == 0
             due = False
+            if censored and request.prompt:
+                self.censored.append((request, int(length), self._labelled))
             if not censored and request.prompt:  # a label a text predictor can read
                 self.buffer.append((request, int(length)))  # made a labelled Request at refit (off this thread)
+                self._labelled += 1
                 self._since_refit += 1
                 if self._since_change is not None:
                     self._since_change += 1
@@ -205,9 +213,12 @@ class OnlineLearner:
                 recent = recent[-max(self._since_change, self.cfg.min_refit):]
             self._since_refit = 0
             self._interval = min(2 * self._interval, self.cfg.refit_every or self._interval)
-            take = min(self.cfg.anchor_rows, len(self.anchor), len(recent))  # recent traffic >= half
+            k = min(self.cfg.holdout, len(recent) // 4)  # the newest k rows are held out
+            take = min(self.cfg.anchor_rows, len(self.anchor), len(recent) - k)  # recent traffic >= half
             anchor = [self.anchor[i] for i in self._rng.choice(len(self.anchor), take, replace=False)] if take else []
-            self._job = self._submit(self._refit_job, recent, anchor)
+            cut = [(r, n) for r, n, before in self.censored if before >= self._labelled - k]  # the held-out span's
+            start = (len(self.alarm.alarms), self.alarm.count)
+            self._job = self._submit(self._refit_job, recent, k, anchor, cut, start)
             self._job.add_done_callback(self._refit_done)
             return self._job
 
@@ -220,19 +231,32 @@ class OnlineLearner:
             log.error("online learner: refit failed, keeping predictor version %d: %s: %s",
                       self.version, type(e).__name__, e)  # fmt: skip
 
-    def _refit_job(self, recent_pairs: list[tuple[Request, int]], anchor: list[Request]) -> None:
+    def _refit_job(self, recent_pairs: list[tuple[Request, int]], k: int, anchor: list[Request],
+                   cut: list[tuple[Request, int]], start: tuple[int, int]) -> None:  # fmt: skip
+        """Fit a new model on `recent_pairs` but the newest `k` (held out) plus `anchor`, seed its
+        recalibration with the held-out rows and the censored ones of their span (`cut`), and
+        swap it in, unless a drift alarm was raised since the refit started (`start`: alarms
+        then, alarm.count then): its data predate the change, and the alarm's own forgetting
+        and refit schedule stand (counted `refit_discarded`)."""
         t0 = time.process_time()
         recent = [dataclasses.replace(r, output_tokens=n, output_samples=()) for r, n in recent_pairs]
-        k = min(self.cfg.holdout, len(recent) // 4)
-        hold, train = recent[-k:], recent[:-k] + anchor
+        hold, train = recent[len(recent) - k:], recent[: len(recent) - k] + anchor
         new = type(self.base)(**self.base.params)
-        new.fit(train, validation=hold)
-        est = new.predict(hold)
+        new.fit(train, validation=hold or None)
         conf = self._new_conformal()
-        now = self.alarm.count  # the held-out rows are the newest: stamped as if one completion each
-        for i, r in enumerate(hold):
-            conf.add(self.group(r), est.quantiles[i], float(r.output_tokens), stamp=max(0, now - (len(hold) - i)))
+        now = start[1]  # the held-out rows came before the refit started: one completion each
+        if hold:
+            est = new.predict(hold)
+            for i, r in enumerate(hold):
+                conf.add(self.group(r), est.quantiles[i], float(r.output_tokens), stamp=max(0, now - (len(hold) - i)))
+        if cut:
+            est = new.predict([r for r, _ in cut])
+            for i, (r, n) in enumerate(cut):
+                conf.add(self.group(r), est.quantiles[i], float(n), censored=True, stamp=max(0, now - len(hold)))
         with self._lock:
+            if len(self.alarm.alarms) != start[0]:
+                self.counts["refit_discarded"] += 1
+                return
             self.base, self.conformal = new, conf
             self.version += 1
             self.counts["refits"] += 1
