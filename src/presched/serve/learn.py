@@ -73,7 +73,8 @@ class LearnCollector:
             yield g
         yield CounterMetricFamily("presched_drift_alarms", "Drift alarms raised.", value=s["drift_alarms"])
         c = CounterMetricFamily("presched_learn_completions", "Completions the learner saw, by what it "
-                                "did with them (learned, censored, ignored, capped, stale, ...).", labels=["kind"])  # fmt: skip
+                                "did with them (learned, censored, ignored, capped; stale and unpredicted are learned ones "
+                                "whose prediction could not be scored; refits ...).", labels=["kind"])  # fmt: skip
         for kind in ("learned", "censored", "ignored", "capped", "stale", "unpredicted", "refits", "refit_failed",
                      "refit_discarded"):
             c.add_metric([kind], float(s.get(kind, 0)))
