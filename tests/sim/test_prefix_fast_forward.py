@@ -76,6 +76,57 @@ def test_twins_share_each_answer_unit_in_the_step_that_completes_it():
     assert slow[1] == 0
 
 
+def test_a_later_turn_starts_mid_run_as_the_earlier_turn_caches_its_answer():
+    # Blocks of 1, units of 2 blocks (hashes over prompt and answer). turn2 = turn1's prompt +
+    # answer + 1 token arrives at 2 while turn1 decodes and does not fit yet; each unit turn1
+    # caches lengthens turn2's hit by 2 blocks while the decode takes 1 per step, so step by
+    # step turn2 starts at 3, mid-run. A fast-forwarded run started it after turn1 ended (8).
+    from presched.workload.request import Request
+    from presched.workload.prefix import chain_hashes
+
+    P, A, Q = list(range(100, 104)), list(range(500, 508)), [900]
+
+    def make():
+        return [Request(id="turn1", prompt_tokens=4, output_tokens=8, arrival=0.0,
+                        block_hashes=chain_hashes(P + A, 2), hash_block_tokens=2),
+                Request(id="turn2", prompt_tokens=13, output_tokens=2, arrival=2.0,
+                        block_hashes=chain_hashes(P + A + Q, 2), hash_block_tokens=2)]  # fmt: skip
+
+    slow, fast = both(make, num_blocks=14, block_size=1)
+    assert fast == slow
+    assert slow[0][1][1] == pytest.approx(4.0)  # turn2's first token
+
+
+def test_a_preempting_policy_with_a_chunk_cap_sees_the_evictions_of_a_run():
+    # One-block units, a 5-token chunk cap and mlfq preempting for the head: an evicted block
+    # of the head's hit takes one block off what its capped chunk needs, and a victim's blocks
+    # grow each decode step, so the head can start (by preemption) mid-run. r2 was preempted
+    # once and finished at 20 step by step; a fast-forwarded run did neither (11).
+    from presched.schedule import POLICIES
+    from presched.workload.request import Request
+    from presched.workload.prefix import chain_hashes
+
+    A, B = list(range(100, 132)), list(range(200, 232))
+
+    def req(i, prefix, own, out, arr, ans=0):
+        toks = prefix + list(range(1000 * (i + 1), 1000 * (i + 1) + own)) + list(range(5000 + 100 * i, 5000 + 100 * i + ans))
+        return Request(id=f"r{i}", prompt_tokens=len(prefix) + own, output_tokens=out, arrival=arr,
+                       block_hashes=chain_hashes(toks, 2), hash_block_tokens=2)  # fmt: skip
+
+    out = []
+    for ff in (False, True):
+        pol = POLICIES.create("mlfq", preempt=True, base_quantum=2.0, recompute_weight=0.0, prompt_weight=0.1)
+        inst = make_engine(pol, num_blocks=33, block_size=2, max_num_seqs=2, max_num_batched_tokens=10,
+                           long_prefill_token_threshold=5, enable_prefix_caching=True, fast_forward=ff)  # fmt: skip
+        reqs = [req(0, A, 12, 1, 0.013), req(2, B, 2, 4, 0.513, ans=10), req(3, B, 7, 3, 0.513), req(8, A, 8, 1, 7.513)]
+        out.append(outcome(run_engine(inst, reqs)))
+    slow, fast = out
+    for a, b in zip(fast, slow):
+        assert a == pytest.approx(b)
+    r2 = next(o for o in slow if o[0] == "r2")
+    assert r2[3] == 1 and r2[2] == pytest.approx(20.013)
+
+
 @st.composite
 def runs(draw):
     n = draw(st.integers(2, 9))

@@ -14,7 +14,12 @@ where stepping one at a time shares a cached answer unit or evicts a coarse unit
 request's hit (instance.py `_cache_limit`). The two multi-turn cases then differed from
 `fast_forward=False` in ~1,200-1,350 finish times each; mooncake-2-rr only in its run count.
 Every case was checked equal to its `fast_forward=False` run (times within 1e-9, counts, hits
-and evictions exact); test_fast_forward_matches_step_by_step keeps one of them so."""
+and evictions exact); test_fast_forward_matches_step_by_step keeps one of them so.
+
+Re-recorded again (2026-12-07, evening) for two more stops of a run (a preempting policy; a
+later turn whose hit grows as an earlier one caches its answer): sys-16-srpt-small-kv and
+turns-32-small-kv changed only in their run counts, both equal to their `fast_forward=False`
+runs before and after."""
 
 import hashlib
 
@@ -68,8 +73,8 @@ GOLDEN = {
     "mooncake-2-rr": "ba85190877cce44f",
     "sys-16": "03a1f7d022e98dbd",
     "sys-16-no-fast-forward": "3908800a0d70e025",
-    "sys-16-srpt-small-kv": "bd473a0e34fdb7ec",
-    "turns-32-small-kv": "967af76925c081e5",
+    "sys-16-srpt-small-kv": "4b9be92f54b5d0d5",
+    "turns-32-small-kv": "fb0206d5d0ec8535",
     "turns-8": "470acae00d25b328",
 }
 

@@ -205,7 +205,7 @@ class Instance:
             kv = self.sched.kv
             if B * kv.blocks_for(k - 1) > kv.free:  # an upper bound of the blocks k steps take
                 k = _kv_limit(seqs, k, kv.blocks_for, kv.free)
-            if k > 1 and self.sched.caching and (kv.open or kv.coarse):  # (else nothing to stop at)
+            if k > 1 and self.sched.caching and (kv.open or kv.coarse or self.sched._preemptive):  # (else nothing to stop at)
                 k = _cache_limit(seqs, k, self.sched)
         if self.lazy and k > 1:  # last_start: S(k-1), the offset at which its last step starts
             self._pending = (now, k, t0, s, seqs, C, (k - 1) * t0 + s * (k - 1) * (k - 2) / 2)
@@ -301,12 +301,18 @@ def _cache_limit(seqs: list[Seq], k: int, sched: Scheduler) -> int:
 
     - the run stops at the step where a request's computed tokens complete a unit that is
       cached already (or that another request of the run completes too);
-    - with units of several blocks, while the first waiting request (the only one admission
-      tries: it stops at the first that cannot start) would revive cached units nobody holds,
-      it stops at the last step whose takes fit the uncached free blocks: past it, a take of
-      one block can evict a whole unit of that request's hit, and with a chunk cap it needs
-      fewer blocks than before. With one-block units an evicted block of its hit is one block
-      more to allocate and one less to revive: its admission does not change."""
+    - with units of several blocks, or a policy that preempts for the head, while the first
+      waiting request (the only one admission tries: it stops at the first that cannot start)
+      would revive cached units nobody holds, it stops at the last step whose takes fit the
+      uncached free blocks: past it, a take of one block can evict a whole unit of that
+      request's hit, and with a chunk cap it needs fewer blocks than before. With one-block
+      units and no preemption for the head an evicted block of its hit is one block more to
+      allocate and one less to revive, its admission unchanged; with a chunk cap it is one
+      block fewer, which preempting victims whose blocks grow each step can then cover;
+    - with units of several blocks and someone waiting, it stops at the step where a request
+      of the run completes a unit: its insert can lengthen the head's hit by a whole unit
+      (a later turn of a conversation whose earlier answer is being generated), more than
+      the block per step the run takes, so the head can start mid-run."""
     kv = sched.kv
     uncached = kv.free - kv.evictable  # negative while evictions are owed (`_settle`)
     waiting = sched.waiting
@@ -321,10 +327,16 @@ def _cache_limit(seqs: list[Seq], k: int, sched: Scheduler) -> int:
             if len(group) > 1 or key in node.children:  # cached already, or twins: one caches
                 for seq in group:  # it and the others share it in the same step
                     k = min(k, seq.next_unit_end - seq.computed)
-    if waiting and kv.coarse and k > 1:
+    if waiting and (kv.coarse or sched._preemptive) and k > 1:
         head = waiting.peek()
         if not head.computed and kv.lookup(head, head.prompt_tokens + head.generated)[1]:
             k = _kv_limit(seqs, k, kv.blocks_for, max(uncached, 0))
+    if waiting and kv.coarse and k > 1:
+        for seq in seqs:  # the next unit anyone of the run completes (owners' too: their
+            if seq.keys:  # `next_unit_end` is lazily infinite)
+                u = seq.computed // seq.unit_tokens
+                if u < len(seq.keys):
+                    k = min(k, max(1, (u + 1) * seq.unit_tokens - seq.computed))
     return k
 
 
