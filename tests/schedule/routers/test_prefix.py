@@ -73,6 +73,22 @@ def test_prefix_affinity_below_min_match_balances_load():
     assert ROUTERS.create("prefix-affinity", min_match=0).route(c, insts, 0.0) == 0  # no guard
 
 
+def test_a_full_match_past_max_blocks_counts_as_full():
+    """The index compares at most max_blocks blocks; a match was divided by the whole prompt,
+    so an identical 8,200-token prompt (> 2 x 256 blocks of 16) fell below min_match and went
+    elsewhere, and prefix-work scored a full match on it ~0.5 of its weight."""
+    long = list(range(20_000, 28_200))
+    insts = instances(2)
+    r = ROUTERS.create("prefix-affinity")
+    a, b = seqs([long, long])
+    assert send(r, insts, a) == 0 and send(r, insts, b) == 0  # 0 is busier: it followed the match
+    w = ROUTERS.create("prefix-work", work_weight=0.0, queue_weight=0.0, kv_weight=0.0)
+    insts = instances(2)
+    a, b = seqs([long, long])
+    send(w, insts, a)
+    assert w.scores(b, insts) == [pytest.approx(w.params.prefix_weight), 0.0]
+
+
 def test_prefix_work_trades_the_prefix_against_predicted_work():
     # instance 0 got the prefix and a request predicted to run 5000 tokens; instance 1 is empty.
     # prefix + kv only: instance 0; with the predicted work weighed in: instance 1.

@@ -15,7 +15,8 @@ engine's cache, so they run unchanged under the simulator and the gateway.
 - `prefix-work`: a weighted sum of scores in [0, 1], as llm-d's scheduling profiles weigh
   scorers (defaults: prefix 3, work 2, queue 1, kv 1):
 
-      prefix  = matched tokens / prompt tokens
+      prefix  = matched tokens / matchable tokens     matchable: the prompt's hashed blocks,
+                                                      at most max_blocks, within the prompt
       work    = (max_w - w_i) / (max_w - min_w)      w_i: predicted outstanding work of
                                                       instance i (`least-work`'s, from the
                                                       length predictions; 1 if all equal)
@@ -61,6 +62,13 @@ def _hashes(seq) -> tuple[tuple[int, ...], int]:
     return r.block_hashes, r.hash_block_tokens
 
 
+def _matchable(seq, hashes, bt: int, max_blocks: int) -> int:
+    """Tokens of `seq`'s prompt a match can cover: its hashed blocks, at most `max_blocks` of
+    them (what the index compares), and never past the prompt. A match is scored against this,
+    not the whole prompt: a full match on a prompt longer than max_blocks blocks is a full one."""
+    return max(1, min(seq.prompt_tokens, min(len(hashes), max_blocks) * bt))
+
+
 def _spread(values: list[float]) -> list[float]:
     """(max - v) / (max - min) per value: 1 for the least, 0 for the most; all 1 if equal."""
     lo, hi = min(values), max(values)
@@ -87,7 +95,7 @@ class PrefixAffinity(Router):
         cand = positions(instances, allowed)
         match = self.index.match(hashes, n) if hashes else [0] * n
         best = max(match[i] for i in cand)
-        if best == 0 or best * bt < self.params.min_match * seq.prompt_tokens:
+        if best == 0 or best * bt < self.params.min_match * _matchable(seq, hashes, bt, self.params.max_blocks):
             i = min(cand, key=lambda i: instances[i].num_outstanding)
         else:
             best_at = [i for i in cand if match[i] == best]
@@ -117,8 +125,9 @@ class PrefixWork(LeastWork):
         total = [0.0] * len(cand)
         if p.prefix_weight and hashes:
             match = self.index.match(hashes, len(instances))
+            most = _matchable(seq, hashes, bt, p.max_blocks)
             for k, i in enumerate(cand):
-                total[k] += p.prefix_weight * min(1.0, match[i] * bt / seq.prompt_tokens)
+                total[k] += p.prefix_weight * min(1.0, match[i] * bt / most)
         if p.work_weight:
             for k, s in enumerate(_spread([self.work(instances[i], i) for i in cand])):
                 total[k] += p.work_weight * s
