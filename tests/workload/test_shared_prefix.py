@@ -92,3 +92,22 @@ def test_hash_prompts_hashes_text_like_the_gateway_and_skips_requests_without_te
     shared = sum(x == y for x, y in zip(a.block_hashes, b.block_hashes))
     assert shared >= len(encode(text)) // 16 - 1 and a.block_hashes != b.block_hashes
     assert c == reqs[2]
+
+
+def test_only_requests_with_the_same_system_prompt_share_a_first_block():
+    """System prompt j's token ids once were (j+1) << 32 + k, and request contents start at
+    1 << 40: from j = 255 on the two met, and a request without a system prompt shared its
+    first blocks with every request of system prompt 255."""
+    from presched.workload.request import Request
+    from presched.workload.shared_prefix import SharedPrefixConfig, add_shared_prefixes
+
+    reqs = [Request(id=f"r{i}", prompt_tokens=64, output_tokens=8, arrival=float(i)) for i in range(3000)]
+    cfg = SharedPrefixConfig(system_prompts=300, popularity=0.0, system_prompt_share=0.5,
+                             system_prompt_tokens=64, block_tokens=16)  # fmt: skip
+    out = add_shared_prefixes(reqs, cfg, seed=1)
+    first: dict[int, set] = {}
+    for r in out:
+        first.setdefault(r.block_hashes[0], set()).add(r.metadata["system_prompt"])
+    shared = [s for s in first.values() if len(s) > 1]
+    assert shared == []  # no first block is shared across system prompts (or with none)
+    assert len({r.metadata["system_prompt"] for r in out}) > 256  # prompts 255+ were drawn

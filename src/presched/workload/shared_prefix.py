@@ -36,14 +36,16 @@ from presched.config import Config
 from presched.workload.prefix import DEFAULT_BLOCK_TOKENS, chain_hashes
 from presched.workload.request import Request
 
-_FRESH = 1 << 40  # first synthetic token id of request contents; system prompt j uses (j+1) << 32
+_FRESH = 1 << 40  # first synthetic token id of request contents (upwards)
+_SYS = 1 << 32  # system prompt j's ids: -(j + 1) * _SYS upwards, below 0 and disjoint from the
+# contents' (as positive ids they met the contents' from j = 255 on: false shared prefixes)
 
 
 class SharedPrefixConfig(Config):
     """System prompts and multi-turn conversations added in front of every request's prompt."""
 
-    system_prompts: int = Field(0, ge=0, description="Distinct shared system prompts (0 = none).")
-    system_prompt_tokens: int = Field(1024, ge=1, description="Tokens of each system prompt.")
+    system_prompts: int = Field(0, ge=0, le=1_000_000, description="Distinct shared system prompts (0 = none).")
+    system_prompt_tokens: int = Field(1024, ge=1, le=1_000_000, description="Tokens of each system prompt.")
     system_prompt_share: float = Field(1.0, ge=0, le=1, description="Share of conversations that start with a system prompt.")
     popularity: float = Field(1.0, ge=0, description="Zipf exponent of system-prompt popularity: prompt j is chosen with weight 1/(j+1)^popularity (0 = uniform).")
     mean_turns: float = Field(1.0, ge=1, description="Mean turns per conversation (geometric); > 1: a later turn's prompt is the conversation so far (earlier prompt and answer) plus its own message.")
@@ -78,7 +80,7 @@ def add_shared_prefixes(
             history: list[int] = []
             if cfg.system_prompts and rng.random() < cfg.system_prompt_share:
                 sys_j = int(rng.choice(cfg.system_prompts, p=weights))
-                base = (sys_j + 1) << 32
+                base = -(sys_j + 1) * _SYS
                 history = list(range(base, base + cfg.system_prompt_tokens))
                 if sys_j not in sys_hashes:
                     sys_hashes[sys_j] = chain_hashes(history, bt)
