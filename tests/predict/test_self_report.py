@@ -88,6 +88,9 @@ def test_bad_params_and_input_are_clear_errors():
         PREDICTORS.create("self-report", max_tokens=0)
     with pytest.raises(ValueError, match="unknown parameter"):
         PREDICTORS.create("self-report", base_ulr="x")
+    for alpha in (0, -1000, True):  # a singular ridge, or one that inverts the ranking
+        with pytest.raises(ValueError, match="self-report: parameter 'alpha'"):
+            PREDICTORS.create("self-report", alpha=alpha)
     with pytest.raises(ValueError, match="set base_url and model"):
         PREDICTORS.create("self-report").reports([Request(id="x", prompt_tokens=1, prompt="hi")])
     down = PREDICTORS.create("self-report", base_url="http://127.0.0.1:9", model="m", timeout_s=5.0)

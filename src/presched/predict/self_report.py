@@ -30,7 +30,7 @@ import numpy as np
 
 from presched.predict.base import PREDICTORS, Predictor, checked_params
 from presched.predict.estimate import LEVELS, LengthEstimate
-from presched.predict.probe.predictor import RidgeHead, check_sigma_floor
+from presched.predict.probe.predictor import RidgeHead, check_alpha, check_sigma_floor
 from presched.predict.text_gbm import fit_and_calibration
 from presched.workload.request import Request
 
@@ -72,6 +72,7 @@ class SelfReport(Predictor):
         if not 0 < float(p["timeout_s"]) <= 3600:
             raise ValueError("self-report: timeout_s must be in (0, 3600]")
         check_sigma_floor(self.name, p["sigma_floor"])
+        check_alpha(self.name, p["alpha"])
         self._replies: dict[str, int | None] = {}
         self.asked = self.unparsed = self.errors = 0
         self.last_error: str | None = None

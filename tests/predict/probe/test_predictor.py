@@ -185,3 +185,41 @@ def test_the_prompt_probes_say_they_read_prompt_text(name):
     from presched.predict.base import reads_text
 
     assert reads_text(PREDICTORS.create(name)) and not reads_text(PREDICTORS.create("probe-refine"))
+
+
+def test_alpha_is_chosen_holding_out_whole_prompts():
+    """A prompt answered 5 times (one row per model or run) has 5 identical vectors: rows held
+    out one by one left copies in the fitted part and chose the least penalty (alpha 1: the
+    probe fell from tau-b 0.45 to 0.11 on real records); whole prompts held out do not."""
+    from presched.predict.probe.predictor import choose_alpha
+
+    rng = np.random.default_rng(0)
+    n, d, k = 150, 120, 5
+    X = rng.normal(size=(n, d))
+    ly = X @ (0.05 * rng.normal(size=d)) + rng.normal(0, 0.8, n)
+    Xr, lyr = np.repeat(X, k, 0), np.repeat(ly, k) + rng.normal(0, 0.5, n * k)
+    assert choose_alpha(Xr, lyr) <= 3.0  # the copies' fit (what it did)
+    assert choose_alpha(Xr, lyr, groups=list(np.repeat(np.arange(n), k))) >= choose_alpha(X, ly)
+
+
+def test_records_without_the_state_are_skipped_in_training_and_bad_vectors_named():
+    key = SPEC.key()
+    X, y = _data(200, 3)
+    reqs = _requests(X, y, key, "r")
+    reqs[5].metadata.pop(key)  # a request whose state was never read in the engine
+    p = PREDICTORS.create("probe").fit(reqs)
+    assert p.skipped == 1
+    with pytest.raises(ValueError, match="request 'r5'.*no hidden-state features"):
+        p.predict([reqs[5]])
+    bad = _requests(X[:2], y[:2], key, "b")
+    bad[1].metadata[key] = np.zeros(D + 1)
+    with pytest.raises(ValueError, match=f"request 'b1'.*{D + 1} values"):
+        p.predict(bad)
+    bad[1].metadata[key] = {"16": [1.0]}
+    with pytest.raises(ValueError, match="request 'b1'.*vector of numbers"):
+        p.predict(bad)
+    nan = np.full((1, D), np.nan)
+    with pytest.raises(ValueError, match="features: rows \\[0\\] are not finite"):
+        p.predict_features(nan)
+    with pytest.raises(ValueError, match="lengths: must be finite"):
+        PREDICTORS.create("probe").fit_features(X, np.where(np.arange(200) == 3, np.nan, y), X, y)
