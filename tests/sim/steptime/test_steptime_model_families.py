@@ -120,6 +120,12 @@ def test_hybrid_pattern_refused_naming_the_field(pattern, why):
         spec_from_hf_config("n9", {**NEMOTRON_9B, "hybrid_override_pattern": pattern})
 
 
+def test_mlp_only_layers_counts_distinct_layers_beyond_the_first_dense_ones():
+    cfg = {**LLAMA_8B_CONFIG, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 1024}
+    assert spec_from_hf_config("x", {**cfg, "mlp_only_layers": [0, 0, 5]}).num_moe_layers == 30
+    assert spec_from_hf_config("x", {**cfg, "first_k_dense_replace": 2, "mlp_only_layers": [1, 5]}).num_moe_layers == 29
+
+
 def test_moe_split_adds_up():
     m = get_model("qwen3-30b-a3b")
     assert m.routed_params == 48 * 128 * 3 * 2048 * 768
@@ -136,6 +142,14 @@ def test_moe_split_adds_up():
     ({"num_experts": 8}, "hf_config.num_experts_per_tok: missing"),
     ({"num_attention_heads": 30}, "num_kv_heads=8 must divide num_heads=30"),
     ({"kv_lora_rank": 512}, "hf_config.qk_rope_head_dim: missing"),
+    ({"text_config": "x"}, "hf_config.text_config: expected a mapping"),
+    ({"tie_word_embeddings": "false"}, "hf_config.tie_word_embeddings: expected true or false"),
+    # a reviewer's: a crash (int), and a silent 44 MoE layers for [0, 0, 0, 999] (one real index)
+    ({"num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": 3}, "hf_config.mlp_only_layers: expected"),
+    ({"num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0, 0, 0, 999]},
+     "hf_config.mlp_only_layers: expected a list of layer indices in 0..31"),
+    ({"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"]},
+     "hf_config.layer_types: expected a list of 32"),
 ])  # fmt: skip
 def test_hf_config_refusals_name_the_field(change, field):
     cfg = {k: v for k, v in {**LLAMA_8B_CONFIG, **change}.items() if v is not None}
@@ -161,6 +175,7 @@ BASE = dict(name="m", num_params=10e9, num_layers=8, hidden_size=1024, num_heads
     (dict(num_ssm_layers=4), "ssm_state_bytes: missing"),
     (dict(num_ssm_layers=4, ssm_state_bytes=1e6, num_attention_layers=6), "num_attention_layers:"),
     (dict(weight_dtype="int3"), "weight_dtype"),
+    (dict(num_attention_layers=0), "num_attention_layers: 0"),  # (a ZeroDivisionError in memory.py)
 ])  # fmt: skip
 def test_inconsistent_model_spec_refused_naming_the_field(change, field):
     with pytest.raises(ValidationError) as e:

@@ -74,6 +74,9 @@ def spec_from_hf_config(
         raise ValueError(f"hf_config: expected a mapping of config.json fields, got "
                          f"{type(hf_config).__name__}")  # fmt: skip
     cfg = hf_config.get("text_config") or hf_config
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"hf_config.text_config: expected a mapping of config fields, got "
+                         f"{type(cfg).__name__}")  # fmt: skip
     if cfg.get("hybrid_override_pattern") is not None:
         return _hybrid_spec(name, cfg, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                             ssm_dtype=ssm_dtype, expert_dtype=expert_dtype)  # fmt: skip
@@ -83,7 +86,9 @@ def spec_from_hf_config(
     K = _field(cfg, "num_key_value_heads", H)
     d = _field(cfg, "head_dim", h // H)
     V = _field(cfg, "vocab_size")
-    tied = bool(cfg.get("tie_word_embeddings", False))
+    tied = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ValueError(f"hf_config.tie_word_embeddings: expected true or false, got {tied!r}")
     inter = _field(cfg, "intermediate_size", None)
 
     # attention
@@ -118,14 +123,18 @@ def spec_from_hf_config(
         dense_inter = _field(cfg, "intermediate_size_mlp", None) or inter or moe_inter
         if llama4:
             step = _field(cfg, "interleave_moe_layer_step", 1)
-            moe_layers = len(range(step - 1, L, step))
+            moe_layers, which = len(range(step - 1, L, step)), "interleave_moe_layer_step"
         else:
             first_dense = _field(cfg, "first_k_dense_replace", 0, minimum=0)
             mlp_only = cfg.get("mlp_only_layers") or []
-            moe_layers = L - first_dense - len(mlp_only)
+            if not isinstance(mlp_only, (list, tuple)) or not all(
+                    type(i) is int and 0 <= i < L for i in mlp_only):  # fmt: skip
+                raise ValueError(f"hf_config.mlp_only_layers: expected a list of layer indices in "
+                                 f"0..{L - 1}, got {mlp_only!r}")  # fmt: skip
+            moe_layers = L - len(set(range(first_dense)) | set(mlp_only))
+            which = "mlp_only_layers" if mlp_only else "first_k_dense_replace"
         if not 0 < moe_layers <= L:
-            raise ValueError(f"hf_config.first_k_dense_replace: leaves {moe_layers} MoE layers "
-                             f"of {L}")  # fmt: skip
+            raise ValueError(f"hf_config.{which}: leaves {moe_layers} MoE layers of {L}")
         moe_block = E * 3 * h * moe_inter + shared * 3 * h * moe_inter + h * E
         mlp_total = moe_layers * moe_block + (L - moe_layers) * 3 * h * dense_inter
         out |= dict(num_experts=E, experts_per_token=k, num_shared_experts=shared,
@@ -142,7 +151,11 @@ def spec_from_hf_config(
     window = _field(cfg, "sliding_window", None)
     sliding = 0
     if window is not None and cfg.get("layer_types"):
-        sliding = sum(t == "sliding_attention" for t in cfg["layer_types"])
+        types = cfg["layer_types"]
+        if not isinstance(types, (list, tuple)) or len(types) != L:
+            raise ValueError(f"hf_config.layer_types: expected a list of {L} layer types "
+                             f"(num_hidden_layers), got {types!r:.80}")  # fmt: skip
+        sliding = sum(t == "sliding_attention" for t in types)
     elif window is not None and cfg.get("sliding_window_pattern"):
         pattern = _field(cfg, "sliding_window_pattern")
         sliding = L - L // pattern

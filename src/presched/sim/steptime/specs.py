@@ -154,6 +154,9 @@ class ModelSpec(Config):
                 f"num_attention_layers: {self.attention_layers} attention + "
                 f"{self.num_ssm_layers} SSM layers exceed num_layers={self.num_layers}"
             )
+        if self.attention_layers == 0:  # nothing to hold a KV cache: the block size would be 0
+            raise ValueError("num_attention_layers: 0; a model the simulator runs needs at least "
+                             "one attention layer (its KV cache)")  # fmt: skip
         if self.num_sliding_layers > self.attention_layers:
             raise ValueError(f"num_sliding_layers: got {self.num_sliding_layers}, expected <= "
                              f"{self.attention_layers} attention layers")  # fmt: skip
