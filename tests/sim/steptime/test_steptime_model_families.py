@@ -206,12 +206,15 @@ def test_inline_hf_config_in_the_step_time_config():
     (dict(model="qwen3-30b-a3b", ep=3, dp=3), "ep: 3 does not divide num_experts=128"),
     (dict(model="qwen3-30b-a3b", tp=2, ep=8), "ep: 8 != tp * dp = 2"),
     (dict(model="qwen3-30b-a3b", ep=0), "ep"),
+    # vLLM shards the experts over tp * dp ranks then; the model split them tp ways (2x the bytes)
+    (dict(model="qwen3-30b-a3b", tp=1, dp=2), "dp: 2 > 1 without expert parallelism"),
 ])  # fmt: skip
 def test_parallelism_refusals_name_the_field(kw, field):
     with pytest.raises(ValidationError) as e:
         StepTimeConfig(**kw)
     assert field in str(e.value)
     StepTimeConfig(model="qwen3-30b-a3b", tp=2, ep=8, dp=4)  # a consistent one
+    StepTimeConfig(model="llama-3.1-8b", dp=2)  # dense: dp replicas are fine
 
 
 def test_every_preset_builds_a_step_model():

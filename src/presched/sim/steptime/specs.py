@@ -275,7 +275,8 @@ class ModelSpec(Config):
     def check_parallel(self, tp: int, ep: int = 1, dp: int = 1) -> None:
         """`check_tp`, then ep and dp (messages start with the field): ep > 1 needs a MoE model
         whose experts it divides, and equals tp * dp (vLLM's expert-parallel group spans the
-        tensor- and data-parallel ranks)."""
+        tensor- and data-parallel ranks); a MoE model with dp > 1 needs ep > 1 (without it vLLM
+        shards the experts over tp * dp ranks, not represented here: refused, not mis-sized)."""
         self.check_tp(tp)
         for name, v in (("ep", ep), ("dp", dp)):
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096:
@@ -289,6 +290,10 @@ class ModelSpec(Config):
             if ep != tp * dp:
                 raise ValueError(f"ep: {ep} != tp * dp = {tp * dp} (vLLM's expert-parallel "
                                  f"group is all tp * dp GPUs)")  # fmt: skip
+        elif dp > 1 and self.is_moe:
+            raise ValueError(f"dp: {dp} > 1 without expert parallelism: vLLM then shards the "
+                             f"experts tensor-parallel over all tp * dp = {tp * dp} GPUs, which "
+                             f"this model does not represent; set ep = {tp * dp}")  # fmt: skip
 
 
 class HardwareSpec(Config):
