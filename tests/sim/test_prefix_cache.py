@@ -223,3 +223,24 @@ def test_caching_under_disaggregation_is_refused_naming_the_field():
 
     with pytest.raises(ValueError, match="engine.enable_prefix_caching"):
         SimConfig(disaggregated=DisaggConfig(), engine=dict(enable_prefix_caching=True))
+
+
+def test_equal_hash_numbers_of_another_unit_size_are_not_a_hit_and_leak_nothing():
+    """A generic file may hold small integer hashes of two granularities (32- and 16-token
+    units on 16-token blocks): equal numbers name other tokens. Sharing one key space, b hit
+    a's 2-block units as 1-block ones: its private blocks went to -3 and 3 blocks leaked."""
+    from presched.sim.seq import Seq
+    from presched.workload.request import Request
+
+    reqs = [Request(id="a", prompt_tokens=96, output_tokens=3, arrival=0.0, block_hashes=(1, 2, 3), hash_block_tokens=32),
+            Request(id="b", prompt_tokens=64, output_tokens=3, arrival=10.0, block_hashes=(1, 2, 3, 4), hash_block_tokens=16)]  # fmt: skip
+    inst = make_engine("fcfs", num_blocks=20, block_size=16, enable_prefix_caching=True)
+    seqs = [Seq(r, i) for i, r in enumerate(reqs)]
+    for s in seqs:
+        inst.advance(s.arrival)
+        inst.add(s, s.arrival)
+    inst.advance(float("inf"))
+    kv = inst.sched.kv
+    kv.settle()
+    assert [s.cached_tokens for s in seqs] == [0, 0]
+    assert kv.free == kv.num_blocks and kv.evictable == sum(n.blocks for n in kv.nodes()) == 10

@@ -35,6 +35,8 @@ C-level tuple compares inside a node, not per unit: a step only compares `comput
 `seq.next_unit_end`. A node does not copy its keys: it is a view, `src[start:end]`, of the key
 tuple of a request that holds or held it (its request's `block_hashes` itself, when those are
 the units), so caching, extending and evicting units move indices and touch no key object.
+Requests whose units are of another size than the first one seen get keys of their own
+(hash((unit_tokens, k)), a copy): equal numbers there name other tokens and other block counts.
 
 Two pieces of work are done lazily, when someone could see them, never changing a result
 (tests/sim/test_prefix_golden.py holds fingerprints of the eager version):
@@ -98,6 +100,7 @@ class CachingBlockManager(BlockManager):
         # `_cache_limit` reads them
         self.open: dict[Seq, None] = {}
         self._hit: tuple = ((), 0, self.root, 0)  # lookup's result for acquire
+        self._unit: int | None = None  # the unit size whose keys are used as they are
 
     # --- per request, once, when it joins the instance ------------------------------------
     def prepare(self, seq: Seq) -> None:
@@ -118,6 +121,11 @@ class CachingBlockManager(BlockManager):
                 f"request {r.id!r}: field 'hash_block_tokens' = {h} is neither a multiple nor a "
                 f"divisor of engine.block_size = {bs}"
             )
+        if seq.keys:
+            if self._unit is None:
+                self._unit = seq.unit_tokens
+            elif seq.unit_tokens != self._unit:  # equal numbers of another unit size name other
+                seq.keys = tuple(hash((seq.unit_tokens, k)) for k in seq.keys)  # tokens: own keys
         self._reset(seq)
 
     def _reset(self, seq: Seq) -> None:
