@@ -157,5 +157,5 @@ def format_validation_error(err: ValidationError, where: str = "") -> str:
         msg = e["msg"].removeprefix("Value error, ") if e.get("type") == "value_error" else e["msg"]
         given = e.get("input")
         got = "" if isinstance(given, (dict, list, tuple)) else f" (got {given!r})"
-        lines.append(f"{path}: {msg}{got}")
+        lines.append(f"{path}: {msg}{got}" if path else f"{msg}{got}")  # (a model validator's: no field path)
     return "\n".join(lines)

@@ -140,7 +140,7 @@ def test_moe_split_adds_up():
     ({"hidden_size": "big"}, "hf_config.hidden_size: got 'big'"),
     ({"num_experts": 8, "num_experts_per_tok": 9}, "hf_config.num_experts_per_tok: 9 exceeds"),
     ({"num_experts": 8}, "hf_config.num_experts_per_tok: missing"),
-    ({"num_attention_heads": 30}, "num_kv_heads=8 must divide num_heads=30"),
+    ({"num_attention_heads": 30}, "hf_config: num_kv_heads=8 must divide num_heads=30"),  # (not ": num_kv...")
     ({"kv_lora_rank": 512}, "hf_config.qk_rope_head_dim: missing"),
     ({"text_config": "x"}, "hf_config.text_config: expected a mapping"),
     ({"tie_word_embeddings": "false"}, "hf_config.tie_word_embeddings: expected true or false"),
@@ -221,3 +221,13 @@ def test_every_preset_builds_a_step_model():
     for name in MODEL_PRESETS:
         cfg = StepTimeConfig(model=name)
         assert cfg.model_spec().name == name
+
+
+def test_a_hardware_rate_that_is_a_unit_slip_is_refused_naming_it():
+    from presched.sim.steptime.specs import HardwareSpec
+
+    ok = dict(name="g", peak_flops=1e15, mem_bandwidth=3e12, mem_capacity=80e9, interconnect_bandwidth=4.5e11)
+    HardwareSpec(**ok)
+    for field, v in (("peak_flops", 1e-300), ("mem_bandwidth", 3.35), ("interconnect_bandwidth", 0.0)):
+        with pytest.raises(ValidationError, match=field):
+            HardwareSpec(**{**ok, field: v})

@@ -172,8 +172,8 @@ def spec_from_hf_config(
             intermediate_size=inter, vocab_size=V, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
             **out,
         )  # fmt: skip
-    except ValidationError as e:
-        raise ValueError(format_validation_error(e)) from None
+    except ValidationError as e:  # the ModelSpec built from the config's fields
+        raise ValueError(f"hf_config: {format_validation_error(e)}") from None
 
 
 def _hybrid_spec(name: str, cfg: Mapping[str, Any], *, weight_dtype: str, kv_dtype: str,
@@ -216,8 +216,8 @@ def _hybrid_spec(name: str, cfg: Mapping[str, Any], *, weight_dtype: str, kv_dty
             weight_dtype=weight_dtype, kv_dtype=kv_dtype, num_attention_layers=n_attn,
             num_ssm_layers=n_mamba, ssm_state_bytes=ssm,
         )  # fmt: skip
-    except ValidationError as e:
-        raise ValueError(format_validation_error(e)) from None
+    except ValidationError as e:  # the ModelSpec built from the config's fields
+        raise ValueError(f"hf_config: {format_validation_error(e)}") from None
 
 
 class HFModelSpec(Config):

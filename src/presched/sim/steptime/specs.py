@@ -36,6 +36,9 @@ MIB = 2**20
 RATE_MAX = 1e30
 """Bound on a HardwareSpec rate (FLOP/s, bytes/s): finite, yet far enough past any GPU that a
 link or memory which costs nothing can be modelled (1e30, as the step-time tests do)."""
+RATE_MIN = 1e6
+"""Slowest rate (and smallest memory) taken: below it a value is a unit slip (3.35 for 3.35 TB/s)
+and every step takes hours; 1e-300 made a run end with 'requests never finished'."""
 
 
 class ModelSpec(Config):
@@ -300,24 +303,24 @@ class HardwareSpec(Config):
     """One accelerator. Rates are datasheet peaks; step models apply their own efficiencies."""
 
     name: str = Field(description="Preset or device name, used in tables and logs.")
-    peak_flops: float = Field(gt=0, le=RATE_MAX, description="Dense BF16 tensor-core peak per GPU, FLOP/s.")
+    peak_flops: float = Field(ge=RATE_MIN, le=RATE_MAX, description="Dense BF16 tensor-core peak per GPU, FLOP/s.")
     peak_flops_fp8: float | None = Field(
-        default=None, gt=0, le=RATE_MAX, description="Dense FP8 tensor-core peak, FLOP/s (None: no FP8 "
+        default=None, ge=RATE_MIN, le=RATE_MAX, description="Dense FP8 tensor-core peak, FLOP/s (None: no FP8 "
         "tensor cores; FP8 weights then compute at the BF16 rate)."
     )
     peak_flops_fp4: float | None = Field(
-        default=None, gt=0, le=RATE_MAX, description="Dense FP4 tensor-core peak, FLOP/s (None: FP4 weights "
+        default=None, ge=RATE_MIN, le=RATE_MAX, description="Dense FP4 tensor-core peak, FLOP/s (None: FP4 weights "
         "are dequantized and compute at the BF16 rate, as on Hopper)."
     )
-    mem_bandwidth: float = Field(gt=0, le=RATE_MAX, description="HBM bandwidth per GPU, bytes/s.")
+    mem_bandwidth: float = Field(ge=RATE_MIN, le=RATE_MAX, description="HBM bandwidth per GPU, bytes/s.")
     mem_capacity: float = Field(
-        gt=0,
+        ge=RATE_MIN,
         le=1e14,
         description="Device memory per GPU in bytes, as CUDA reports it (what vLLM multiplies "
         "by gpu_memory_utilization).",
     )
     interconnect_bandwidth: float = Field(
-        gt=0,
+        ge=RATE_MIN,
         le=RATE_MAX,
         description="GPU-to-GPU bandwidth per direction per GPU (NVLink), bytes/s; used for "
         "tensor-parallel all-reduce and expert-parallel all-to-all.",
