@@ -25,7 +25,9 @@ rows (at most a quarter) plus up to `anchor_rows` rows sampled from the original
 and the censored completions of their span, then seed a new recalibration for the new model, and
 the model, its recalibration and the `version` are swapped in at once under a lock; predictions
 made by an older version are not scored against the new one (counted `stale`). A refit during
-which the drift alarm fired is discarded (`refit_discarded`): it learned from before the change. `save` / `resume` (`state.py`) keep all of it, the refit schedule included.
+which the drift alarm fired is discarded (`refit_discarded`): it learned from before the change.
+`save` / `resume` (`state.py`) keep all of it, the refit schedule included (not the censored
+rows kept for the next refit's recalibration).
 """
 
 from __future__ import annotations

@@ -218,6 +218,7 @@ class HiddenStateProbe(Predictor):
         check_sigma_floor(self.name, self.params["sigma_floor"])
         self._featurizer: Any = None
         self.spec: FeatureSpec | None = None
+        self.skipped = 0  # training requests without the state (`fit`)
 
     def wanted_spec(self, hidden: int) -> FeatureSpec:
         p = self.params
@@ -263,8 +264,9 @@ class HiddenStateProbe(Predictor):
                                                   need_text=False)  # fmt: skip
         if p["model_dir"] is None:  # records without the state (not read in the engine): skipped
             key = self.wanted_spec(hidden=1).key()
+            before = len(reqs) + len(cal)
             (reqs, y), (cal, y_cal) = (_with_key(rs, ys, key) for rs, ys in ((reqs, y), (cal, y_cal)))
-            self.skipped = (len(requests) + len(validation or ())) - len(reqs) - len(cal)
+            self.skipped = before - len(reqs) - len(cal)
         X, X_cal = self.features(reqs), self.features(cal)
         return self.fit_features(X, y, X_cal, y_cal, groups=[prompt_key(r) for r in reqs])
 
