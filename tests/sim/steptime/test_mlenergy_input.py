@@ -53,6 +53,8 @@ def test_non_utf8_and_gzip_files_are_format_errors_naming_the_file(models, tmp_p
      r"configurations\[0\]\.output_length_distribution\.bins: expected strictly increasing finite"),
     (lambda d: d["configurations"][2]["output_length_distribution"]["bins"].__setitem__(-1, math.inf),
      r"configurations\[2\]\.output_length_distribution\.bins"),
+    (lambda d: d["configurations"][1]["output_length_distribution"]["bins"].__setitem__(0, -5.0),
+     r"configurations\[1\]\.output_length_distribution\.bins: the first edge is -5.0"),
     (lambda d: d["configurations"][0]["output_length_distribution"].update(counts=[0] * 50),
      r"configurations\[0\]\.output_length_distribution\.counts: all 0"),
     (lambda d: d.update(weight_precision=16), r"field weight_precision: got int"),

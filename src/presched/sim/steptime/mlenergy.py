@@ -288,6 +288,8 @@ def _histogram(c: dict, ctx: str) -> tuple[tuple[float, ...], tuple[int, ...]]:
     if not all(isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b)
                for b in bins) or any(b1 <= b0 for b0, b1 in zip(bins, bins[1:])):  # fmt: skip
         raise MLEnergyFormatError(f"{hctx}bins: expected strictly increasing finite numbers")
+    if bins[0] < 0:  # output lengths in tokens (a negative edge drew negative lengths)
+        raise MLEnergyFormatError(f"{hctx}bins: the first edge is {bins[0]}, expected >= 0 tokens")
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
         raise MLEnergyFormatError(f"{hctx}counts: expected integers >= 0")
     if sum(counts) == 0:  # nothing to draw output lengths from
