@@ -155,7 +155,7 @@ def test_hashes_coarser_or_finer_than_the_block_size():
     fine = hashed([(64, 1), (64, 1)], [0.0, 10.0], [t, t[:40] + [99] * 24], block_tokens=8)
     (a, b), _ = checked(caching_engine(block_size=16), fine)
     assert b.cached_tokens == 32  # tokens 0..39 shared: 2 full blocks of 16
-    with pytest.raises(PrefixCacheError, match="hash_block_tokens"):
+    with pytest.raises(PrefixCacheError, match=r"'hash_block_tokens' = 12 \(workload.shared_prefix.block_tokens"):
         run_engine(caching_engine(block_size=16), hashed([(64, 1)], [0.0], [t], block_tokens=12))
 
 

@@ -118,8 +118,9 @@ class CachingBlockManager(BlockManager):
             seq.keys, seq.unit_tokens = hashes[step - 1 :: step], bs
         else:
             raise PrefixCacheError(
-                f"request {r.id!r}: field 'hash_block_tokens' = {h} is neither a multiple nor a "
-                f"divisor of engine.block_size = {bs}"
+                f"request {r.id!r}: field 'hash_block_tokens' = {h} (workload.shared_prefix."
+                f"block_tokens, for generated prefixes) is neither a multiple nor a divisor of "
+                f"engine.block_size = {bs}"
             )
         if seq.keys:
             if self._unit is None:
