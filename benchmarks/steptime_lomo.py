@@ -147,14 +147,18 @@ def fit_knobs(rows: list[dict], configs: dict[str, MeasuredConfig], mean_prompt:
     return knobs_of(sol.x)
 
 
+def mean_se(errors: list[float]) -> tuple[float, float]:
+    """(mean, standard error: sample sd / sqrt(n)) of per-fold errors."""
+    return float(np.mean(errors)), float(np.std(errors, ddof=1) / math.sqrt(len(errors)))
+
+
 def one_se_choice(fold_errors: dict[str, list[float]]) -> str:
     """The one-standard-error rule (Hastie, Tibshirani & Friedman, ESL 7.10): of the candidate
     sets, in `KNOB_SETS` order (fewest knobs first), the first whose mean fold error is at most
     the best mean plus that best set's standard error (sample sd / sqrt(folds)). Fold errors
     are per held-out architecture, so an architecture weighs the same however many
     configurations it has."""
-    stats = {name: (float(np.mean(e)), float(np.std(e, ddof=1) / math.sqrt(len(e))))
-             for name, e in fold_errors.items()}  # fmt: skip
+    stats = {name: mean_se(e) for name, e in fold_errors.items()}
     best = min(stats, key=lambda n: stats[n][0])
     bound = stats[best][0] + stats[best][1]
     return next(n for n in fold_errors if stats[n][0] <= bound)
@@ -177,8 +181,8 @@ def select_knob_set(rows: list[dict], configs: dict, mean_prompt: MeanPrompt) ->
                 [100 * abs(surrogate_itl(r, configs, knobs, mean_prompt)
                            / (r["measured"]["median_itl_ms"] / 1e3) - 1)
                  for r in rows if r[HELD_OUT] == m])))  # fmt: skip
-    inner = {name: {"mean": float(np.mean(e)), "se": float(np.std(e, ddof=1) / math.sqrt(len(e))),
-                    "folds": dict(zip(models, e))} for name, e in fold_errors.items()}  # fmt: skip
+    inner = {name: dict(zip(("mean", "se"), mean_se(e)), folds=dict(zip(models, e)))
+             for name, e in fold_errors.items()}
     return one_se_choice(fold_errors), inner
 
 

@@ -66,12 +66,9 @@ import math
 from collections import deque
 
 from presched.sim.block_manager import BlockManager
+from presched.sim.prefix_keys import PrefixCacheError, unit_keys  # noqa: F401 (PrefixCacheError: imported from here too)
 from presched.sim.prefix_node import Node, common, view
 from presched.sim.seq import Seq
-
-
-class PrefixCacheError(ValueError):
-    """A request's block hashes do not fit the engine's block size."""
 
 
 class CachingBlockManager(BlockManager):
@@ -104,25 +101,11 @@ class CachingBlockManager(BlockManager):
 
     # --- per request, once, when it joins the instance ------------------------------------
     def prepare(self, seq: Seq) -> None:
-        """Set `seq.keys` and `seq.unit_tokens` from its request's hashes (see module doc)."""
-        r = seq.request
-        hashes, h, bs = r.block_hashes, r.hash_block_tokens, self.block_size
-        if not hashes:
-            seq.keys, seq.unit_tokens = (), 0
-        elif h % bs == 0:
-            seq.keys, seq.unit_tokens = hashes, h
-            if h > bs:
-                self.coarse = True
-        elif bs % h == 0:  # finer hashes: a block is named by the chain hash of its last piece
-            step = bs // h
-            seq.keys, seq.unit_tokens = hashes[step - 1 :: step], bs
-        else:
-            raise PrefixCacheError(
-                f"request {r.id!r}: field 'hash_block_tokens' = {h} (workload.shared_prefix."
-                f"block_tokens, for generated prefixes) is neither a multiple nor a divisor of "
-                f"engine.block_size = {bs}"
-            )
+        """Set `seq.keys` and `seq.unit_tokens` from its request's hashes (`prefix_keys.py`)."""
+        seq.keys, seq.unit_tokens = unit_keys(seq.request, self.block_size)
         if seq.keys:
+            if seq.unit_tokens > self.block_size:
+                self.coarse = True
             if self._unit is None:
                 self._unit = seq.unit_tokens
             elif seq.unit_tokens != self._unit:  # equal numbers of another unit size name other

@@ -150,6 +150,12 @@ def test_bad_input_is_refused_naming_what_is_wrong(fitted):
         fitted.predict_steps(S2, P, g)
     with pytest.raises(ValueError, match="metadata has no"):
         fitted.predict([Request(id="x", prompt_tokens=3)])
+    step, prompt = fitted.specs(D)  # records-style {g: state} where a vector belongs: named
+    odd = [Request(id=f"r{i}", prompt_tokens=3, metadata={step.key(): S[i], prompt.key(): P[i], GENERATED: 5})
+           for i in range(2)]  # fmt: skip
+    odd[1].metadata[step.key()] = {16: S[1]}
+    with pytest.raises(ValueError, match="request 'r1'.*vector of numbers"):
+        fitted.predict(odd)
     for name in ("probe-refine", "probe"):
         with pytest.raises(ValueError, match="'spread' must be one of"):
             PREDICTORS.create(name, spread="wide")

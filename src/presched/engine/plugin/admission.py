@@ -93,7 +93,11 @@ def cache_hit(s, head, refs: dict) -> tuple[int, int, int]:
     req, km = head.vreq, s.kv_cache_manager
     if req.num_computed_tokens or not km.prefix_cache_lookup_enabled(req):
         return 0, 0, 0
-    blocks, tokens, _ = km.coordinator.find_longest_cache_hit(req.block_hashes, req.num_tokens - 1)
+    key = (req.request_id, s.steps)  # one lookup per head and step: nothing allocates between the
+    memo = getattr(s, "_hit_memo", None)  # calls `victims_for` makes (trial victims only)
+    if memo is None or memo[0] != key:
+        memo = s._hit_memo = (key, km.coordinator.find_longest_cache_hit(req.block_hashes, req.num_tokens - 1))
+    blocks, tokens, _ = memo[1]
     if not tokens:
         return 0, 0, 0
     mine = blocks[0]

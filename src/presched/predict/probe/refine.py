@@ -55,6 +55,7 @@ from presched.predict.probe.predictor import (
     check_pairs,
     check_sigma_floor,
     check_spread,
+    stack_rows,
 )
 from presched.predict.probe.spec import FeatureSpec
 from presched.workload.request import Request
@@ -239,20 +240,18 @@ class ProbeRefine(Predictor):
     def _read(self, requests: Sequence[Request]) -> tuple:
         step, prompt = self.specs(hidden=1)  # keys leave out the width
         keys = [step.key(), prompt.key(), GENERATED] + ([self.answer_key()] if self.answer else [])
-        rows_s, rows_p, gs, rows_a = [], [], [], []
         for r in requests:
             missing = [k for k in keys if r.metadata.get(k) is None]
             if missing:
                 raise ValueError(f"request {r.id!r}: metadata has no {missing} (probe-refine reads the "
                                  "state at a generated token, the pooled prompt state and the tokens generated"
                                  f"{', and the answer-so-far pool' if self.answer else ''})")  # fmt: skip
-            rows_s.append(np.asarray(r.metadata[step.key()], dtype=float).reshape(-1))
-            rows_p.append(np.asarray(r.metadata[prompt.key()], dtype=float).reshape(-1))
-            gs.append(float(r.metadata[GENERATED]))
-            if self.answer:
-                rows_a.append(np.asarray(r.metadata[self.answer_key()], dtype=float).reshape(-1))
-        A = np.stack(rows_a) if self.answer else None
-        return np.stack(rows_s), np.stack(rows_p), np.array(gs), A
+
+        def stacked(key: str) -> np.ndarray:  # one vector per request, named when it is not
+            return stack_rows(requests, [r.metadata[key] for r in requests], key)
+
+        A = stacked(self.answer_key()) if self.answer else None
+        return stacked(step.key()), stacked(prompt.key()), np.array([float(r.metadata[GENERATED]) for r in requests]), A
 
     # --- persistence ------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
