@@ -184,10 +184,10 @@ def run_online(base: TextGBM, shift: Shift, cfg: OnlineConfig, inflight: int, ba
         t0 = time.process_time()
         while done < upto:
             r = shift.stream[done]
-            fired = len(learner.alarm.alarms)
+            fired = learner.alarm.num_alarms
             learner.observe(r, r.output_tokens, now=float(done))
             done += 1
-            if len(learner.alarm.alarms) > fired:
+            if learner.alarm.num_alarms > fired:
                 alarms.append(done)
         observe_cpu += time.process_time() - t0 - (sum(learner.refit_seconds) - refit0)
     return {"estimate": LengthEstimate(q, point, rank), "observe_us": 1e6 * observe_cpu / max(1, learner.counts["learned"]),

@@ -108,3 +108,21 @@ def test_a_censored_row_past_the_levels_quantile_is_not_covered():
     a.add(q, q[LEVELS.index(0.9)] * 2, q[LEVELS.index(0.9)], censored=True)  # cut past q90: L > q90
     a.add(q, q[LEVELS.index(0.5)], q[LEVELS.index(0.9)], censored=True)  # cut at the median
     assert a.coverage == (0.0 + (0.9 - 0.5) / (1 - 0.5)) / 2
+
+
+def test_a_stream_that_keeps_alarming_keeps_a_bounded_state():
+    """Answers 30x longer than predicted alarm again after every reset: 6,000 of them raise
+    hundreds of alarms; the lists keep the newest KEPT_ALARMS, `num_alarms` counts all, and a
+    state saved before the count existed resumes with its list's length."""
+    from presched.predict.online.drift import KEPT_ALARMS
+
+    q = lognormal_q(100, 1.0)
+    a = DriftAlarm()
+    fired = run(a, np.full(6000, 3000.0), q)
+    assert a.num_alarms == len(fired) > KEPT_ALARMS
+    assert len(a.alarms) == len(a.changes) == KEPT_ALARMS and a.alarms[-1] == fired[-1]
+    back = DriftAlarm.from_state(a.state())
+    assert back.num_alarms == a.num_alarms and list(back.alarms) == list(a.alarms)
+    old = a.state()
+    del old["num_alarms"]
+    assert DriftAlarm.from_state(old).num_alarms == KEPT_ALARMS

@@ -154,7 +154,7 @@ def test_a_change_from_the_first_completion_is_forgotten_from_there():
         learner.observe(r, max(1, int(100 * np.exp(rng.normal(0, 3.0)))), now=0.0)
         if learner.alarm.alarms:
             break
-    assert learner.alarm.alarms == [100] and learner.alarm.changes == [0]
+    assert list(learner.alarm.alarms) == [100] and list(learner.alarm.changes) == [0]
     assert learner.conformal.pool.n == 100 and learner.conformal.groups["m"].n == 100
 
 
@@ -349,3 +349,11 @@ def test_anchor_rows_never_outnumber_the_recent_rows_a_refit_trains_on():
     serve(learner, reqs(250, 100))
     (n_anchor, n_train), = seen
     assert n_anchor == n_train - n_anchor == 250 - 62  # 62 held out (a quarter)
+
+
+def test_per_tenant_groups_of_a_model_and_tenant_with_a_bar_are_distinct():
+    """'a|b' + 'c' and 'a' + 'b|c' were both the group 'a|b|c': one tenant's offsets served the other."""
+    learner = OnlineLearner(base(100), cfg(per_tenant=True), background=False)
+    one, two = Request(id="x", prompt_tokens=1, model="a|b", tenant="c"), Request(id="y", prompt_tokens=1, model="a", tenant="b|c")
+    assert learner.group(one) != learner.group(two)
+    assert learner.group(Request(id="z", prompt_tokens=1, model="m", tenant="t")) == "m|t"  # saved states keep their keys

@@ -61,6 +61,11 @@ def pit(quantiles: Sequence[float], y: float, lower: float = 1.0) -> float:
     return 1.0 - (1 - LEVELS[-1]) * math.exp(-lam * (y - q[-1]))
 
 
+KEPT_ALARMS = 256
+"""Newest alarms (and change points) a `DriftAlarm` keeps and saves; `num_alarms` counts all, so
+a stream that alarms for months keeps a bounded state."""
+
+
 class DriftAlarm:
     def __init__(self, k: float = 0.25, h: float = 18.0, window: int = 200, level: float = 0.9,
                  band: float = 0.1, min_samples: int = 100) -> None:  # fmt: skip
@@ -72,8 +77,9 @@ class DriftAlarm:
         self.up = self.down = 0.0
         self._up_zero = self._down_zero = 0  # last count at which each sum was 0
         self.count = 0  # completions seen (uncensored)
-        self.alarms: list[int] = []  # counts at which the alarm fired
-        self.changes: list[int] = []  # and where each estimated its change began
+        self.num_alarms = 0  # alarms raised in all (the lists keep the newest KEPT_ALARMS)
+        self.alarms: deque[int] = deque(maxlen=KEPT_ALARMS)  # counts at which the alarm fired
+        self.changes: deque[int] = deque(maxlen=KEPT_ALARMS)  # and where each change began
         self.change_at: int | None = None
         self.active = False  # the alarm is raised (until a calm window after it)
         self._calm = 0
@@ -115,6 +121,7 @@ class DriftAlarm:
         if self.up > self.h or self.down > self.h or (band_out and not self.active):
             self.change_at = self._up_zero if self.up > self.h else self._down_zero if self.down > self.h \
                 else self.count - len(self.covered)  # fmt: skip
+            self.num_alarms += 1
             self.alarms.append(self.count)
             self.changes.append(self.change_at)
             self.up = self.down = 0.0
@@ -134,7 +141,8 @@ class DriftAlarm:
         return {"k": self.k, "h": self.h, "window": self.covered.maxlen, "level": self.level, "band": self.band,
                 "min_samples": self.min_samples, "covered": [float(v) for v in self.covered], "up": self.up,
                 "down": self.down, "up_zero": self._up_zero, "down_zero": self._down_zero, "count": self.count,
-                "alarms": self.alarms, "changes": self.changes, "change_at": self.change_at, "active": self.active, "calm": self._calm}  # fmt: skip
+                "num_alarms": self.num_alarms, "alarms": list(self.alarms), "changes": list(self.changes),
+                "change_at": self.change_at, "active": self.active, "calm": self._calm}  # fmt: skip
 
     @classmethod
     def from_state(cls, v: dict, k: float | None = None, h: float | None = None, window: int | None = None,
@@ -149,6 +157,9 @@ class DriftAlarm:
             d.covered.extend(float(x) for x in v["covered"])
         d._hits = float(sum(d.covered))
         d.up, d.down, d._up_zero, d._down_zero = v["up"], v["down"], v["up_zero"], v["down_zero"]
-        d.count, d.alarms, d.changes, d.change_at = v["count"], list(v["alarms"]), list(v["changes"]), v["change_at"]
+        d.count, d.change_at = v["count"], v["change_at"]
+        d.alarms.extend(v["alarms"])
+        d.changes.extend(v["changes"])
+        d.num_alarms = v.get("num_alarms", len(v["alarms"]))  # states saved before 2026-12-07
         d.active, d._calm = v["active"], v["calm"]
         return d

@@ -101,7 +101,12 @@ class OnlineLearner:
         return OnlineConformal(LEVELS, c.window, c.min_group, c.recalibrate_every, c.max_groups)
 
     def group(self, r: Request) -> str:
-        return f"{r.model}|{r.tenant}" if self.cfg.per_tenant else str(r.model)
+        """The calibration group: the model, or `model|tenant` per tenant, with any `|` or `\\`
+        in the model escaped (model 'a|b' + tenant 'c' and model 'a' + tenant 'b|c' were one)."""
+        if not self.cfg.per_tenant:
+            return str(r.model)
+        model = str(r.model).replace("\\", "\\\\").replace("|", "\\|")
+        return f"{model}|{r.tenant}"
 
     # --- predictions --------------------------------------------------------------------------
     def predict(self, requests: Sequence[Request]) -> LengthEstimate:
@@ -219,7 +224,7 @@ class OnlineLearner:
             take = min(self.cfg.anchor_rows, len(self.anchor), len(recent) - k)  # recent traffic >= half
             anchor = [self.anchor[i] for i in self._rng.choice(len(self.anchor), take, replace=False)] if take else []
             cut = [(r, n) for r, n, before in self.censored if before >= self._labelled - k]  # the held-out span's
-            start = (len(self.alarm.alarms), self.alarm.count)
+            start = (self.alarm.num_alarms, self.alarm.count)
             self._job = self._submit(self._refit_job, recent, k, anchor, cut, start)
             self._job.add_done_callback(self._refit_done)
             return self._job
@@ -256,7 +261,7 @@ class OnlineLearner:
             for i, (r, n) in enumerate(cut):
                 conf.add(self.group(r), est.quantiles[i], float(n), censored=True, stamp=max(0, now - len(hold)))
         with self._lock:
-            if len(self.alarm.alarms) != start[0]:
+            if self.alarm.num_alarms != start[0]:
                 self.counts["refit_discarded"] += 1
                 return
             self.base, self.conformal = new, conf
@@ -296,7 +301,7 @@ class OnlineLearner:
     def status(self) -> dict[str, Any]:
         a = self.alarm
         return {"predictor_version": self.version, "drift_alarm": a.active, "drift_statistic": round(a.statistic, 3),
-                "drift_alarms": len(a.alarms), "coverage_q90": a.coverage, **dict(self.counts)}  # fmt: skip
+                "drift_alarms": a.num_alarms, "coverage_q90": a.coverage, **dict(self.counts)}  # fmt: skip
 
     # --- persistence (state.py) ---------------------------------------------------------------
     def save(self, folder: str) -> None:
