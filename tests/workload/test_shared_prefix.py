@@ -83,15 +83,20 @@ def test_hash_prompts_hashes_text_like_the_gateway_and_skips_requests_without_te
     from presched.workload.request import Request
 
     text = "You are a careful assistant. " * 20
-    reqs = [Request(id="a", prompt_tokens=100, prompt=text + "Question A, in detail? " * 9),
-            Request(id="b", prompt_tokens=100, prompt=text + "Another one, B, at length? " * 9),
-            Request(id="c", prompt_tokens=100)]  # fmt: skip
-    a, b, c = hash_prompts(reqs)
     encode, _ = encoder(None)
+    pa, pb = text + "Question A, in detail? " * 9, text + "Another one, B, at length? " * 9
+    reqs = [Request(id="a", prompt_tokens=len(encode(pa)), prompt=pa),
+            Request(id="b", prompt_tokens=len(encode(pb)), prompt=pb),
+            Request(id="c", prompt_tokens=100),
+            Request(id="d", prompt_tokens=40, prompt=pa)]  # fmt: skip
+    a, b, c, d = hash_prompts(reqs)
     assert a.block_hashes == prompt_hashes(encode(a.prompt), 16) and a.hash_block_tokens == 16
     shared = sum(x == y for x, y in zip(a.block_hashes, b.block_hashes))
     assert shared >= len(encode(text)) // 16 - 1 and a.block_hashes != b.block_hashes
     assert c == reqs[2]
+    # a trace that counts 40 prompt tokens gets the hashes of 40 tokens: 2 blocks, not 10 (the
+    # rest would name its output blocks by prompt text)
+    assert d.block_hashes == a.block_hashes[:2] and len(a.block_hashes) == 10
 
 
 def test_only_requests_with_the_same_system_prompt_share_a_first_block():

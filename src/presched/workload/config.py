@@ -112,7 +112,7 @@ class WorkloadConfig(Config):
     )
     hash_prompts: bool = Field(
         False,
-        description="Give every request with prompt text (castillo, sharegpt, generic with prompt) prefix-cache block hashes of its text's token ids (o200k_base, 16-token blocks; workload/prefix.py), as the gateway hashes prompts. Requests without text get none.",
+        description="Give every request with prompt text (castillo, sharegpt, generic with prompt) prefix-cache block hashes of its text's token ids (o200k_base, 16-token blocks; workload/prefix.py), as the gateway hashes prompts, cut at the request's prompt_tokens. Requests without text get none.",
     )
     shared_prefix: SharedPrefixConfig | None = Field(
         None,

@@ -68,10 +68,13 @@ def hash_prompts(
     requests: Sequence[Request], block_tokens: int = DEFAULT_BLOCK_TOKENS,
     encode: Callable[[str], list[int]] | None = None,
 ) -> list[Request]:  # fmt: skip
-    """Requests with `block_hashes` of their prompt text's token ids (`text_encoder`); those
-    without text are left as they are."""
+    """Requests with `block_hashes` of their prompt text's token ids (`text_encoder`), cut at
+    the request's `prompt_tokens` (a trace counts its prompt with the serving model's tokenizer;
+    hashes past it would name the request's output blocks by prompt text); those without text
+    are left as they are."""
     encode = encode or text_encoder()[0]
-    return [with_hashes(r, encode(r.prompt), block_tokens) if r.prompt else r for r in requests]
+    return [with_hashes(r, encode(r.prompt)[: r.prompt_tokens], block_tokens) if r.prompt else r
+            for r in requests]  # fmt: skip
 
 
 def with_hashes(
