@@ -25,6 +25,12 @@ engine's cache, so they run unchanged under the simulator and the gateway.
 
   The highest total wins (ties: the lowest index). With `work_weight` 0 it is llm-d's
   prefix + queue + kv-utilization profile; the predicted work is what presched adds.
+
+What a router sent stays in its index when the request finishes or is cancelled (`on_cancel`
+drops only `prefix-work`'s predicted work): finished requests leave their blocks cached, and a
+cancelled one may have computed some. So a request cancelled before its prefill, or one the
+gateway moved elsewhere, still counts for the instance it left until the LRU forgets it: the
+index is what was sent, an approximation of what is cached, like llm-d's approximate scorer.
 """
 
 from __future__ import annotations
