@@ -73,3 +73,41 @@ def test_unknown_model_labels_are_bounded(pred):
         assert batcher.unknown_models["other"] == 6 and batcher.unknown_models["m0"] == 2
     finally:
         batcher.worker.close()
+
+
+def test_with_learn_names_still_match_unseen_models_are_counted_and_refits_learn_one_model(pred):
+    """`presched serve --learn` puts an OnlineLearner in front of the predictor: it had no
+    `known_models`, so `org/name` got the all-model fallback, unseen models went uncounted, and a
+    refit trained on the client's spelling beside the anchor's (one model learnt as two)."""
+    from presched.predict.online import OnlineConfig, OnlineLearner
+
+    learner = OnlineLearner(pred, OnlineConfig(enabled=True, refit_every=0), background=False)
+    batcher = PredictBatcher(learner)
+    try:
+        r = Request(id="a", prompt_tokens=50, model=SERVED, prompt="a question")
+        got = batcher._predict([r])[0]
+        want = pred.predict([Request(id="a", prompt_tokens=50, model=FITTED)])[0]
+        assert got.point == want.point
+        batcher._predict([Request(id="b", prompt_tokens=50, model=NEW)])
+        assert dict(batcher.unknown_models) == {NEW: 1}
+        learner.observe(r, 200, status="ok")
+        learner.observe(Request(id="c", prompt_tokens=5, model=SERVED, prompt="unpredicted"), 20)
+        assert [q.model for q, _ in learner.buffer] == [FITTED, FITTED]  # the fitted spelling
+    finally:
+        batcher.worker.close()
+
+
+def test_the_learners_known_models_are_read_again_after_a_refit(pred):
+    """A refit fitted on a new model's answers knows it: the gateway stops calling it unseen."""
+    from presched.predict.online import OnlineConfig, OnlineLearner
+
+    learner = OnlineLearner(pred, OnlineConfig(enabled=True, refit_every=0), background=False)
+    batcher = PredictBatcher(learner)
+    try:
+        assert batcher.known.match(NEW) is None
+        learner.base = PREDICTORS.create("linear-prompt").fit(
+            [Request(id=f"n{p}", prompt_tokens=p, output_tokens=p, model=NEW) for p in range(2, 50)])
+        learner.version += 1  # what a refit's swap does
+        assert batcher.known.match(NEW) == NEW
+    finally:
+        batcher.worker.close()

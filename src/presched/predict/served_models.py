@@ -80,7 +80,8 @@ _warned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def fallback_note(pred: Any, model: str) -> str:
     """One sentence: what `pred` predicts for the unseen `model`."""
     how = pred.unknown_model_fallback(model) if hasattr(pred, "unknown_model_fallback") else "its model-independent estimate"
-    return (f"predictor {getattr(pred, 'name', type(pred).__name__)!r} was not fitted on served model "
+    named = getattr(pred, "base", pred)  # the online learner: the model it refits
+    return (f"predictor {getattr(named, 'name', type(named).__name__)!r} was not fitted on served model "
             f"{model!r}; it uses {how}. Train on that model's answers (presched train --from-log) "
             f"before trusting its lengths and quantiles")  # fmt: skip
 

@@ -75,10 +75,19 @@ class PredictBatcher:
         self._draining: asyncio.Task | None = None
         self.calls = 0
         self.predicted = 0
-        self.known = ServedModels.of(predictor)
+        self._known: tuple[Any, ServedModels | None] = (object(), None)  # (version, models)
         self.unknown_models: collections.Counter[str] = collections.Counter()
         """Requests predicted for a served model the predictor was not fitted on, by model."""
         self.reads_text = reads_text(predictor)
+
+    @property
+    def known(self) -> ServedModels | None:
+        """The served models the predictor was fitted on, None if it ignores the model; read
+        again when its version changes (the online learner's refits add the models it learnt)."""
+        version = getattr(self.predictor, "version", None)
+        if self._known[0] != version:
+            self._known = (version, ServedModels.of(self.predictor))
+        return self._known[1]
 
     def text_refusal(self, prompt: str | None) -> str | None:
         """Why a request whose prompt text is `prompt` (None: sent as token ids) cannot be

@@ -48,6 +48,7 @@ from presched.predict.online.calibrate import OnlineConformal
 from presched.predict.online.caps import TenantCaps
 from presched.predict.online.config import OnlineConfig
 from presched.predict.online.drift import DriftAlarm
+from presched.predict.served_models import ServedModels
 from presched.workload.request import Request
 
 log = logging.getLogger("presched.learn")
@@ -64,6 +65,7 @@ class _Pending(NamedTuple):
     log_q: np.ndarray  # log of the base predictor's quantiles (the conformal scores' reference)
     cal_q: list[float]  # the recalibrated quantiles it was given (the drift alarm's PIT)
     lower: float  # where that estimate's CDF starts (`LengthEstimate.lower`)
+    model: str  # the served model as predicted (the fitted spelling where the gateway matched one)
 
 
 class OnlineLearner:
@@ -95,10 +97,25 @@ class OnlineLearner:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="presched-learn") if background else None
         self._job: Future | None = None
         self._rng = np.random.default_rng(c.seed)
+        self._known: tuple[int, ServedModels | None] | None = None  # (version, its fitted models)
 
     def _new_conformal(self) -> OnlineConformal:
         c = self.cfg
         return OnlineConformal(LEVELS, c.window, c.min_group, c.recalibrate_every, c.max_groups)
+
+    # --- served models: what the base was fitted on (the gateway matches names to them) ---
+    def known_models(self) -> list[str] | None:
+        return self.base.known_models()
+
+    def unknown_model_fallback(self, model: str) -> str:
+        return self.base.unknown_model_fallback(model)
+
+    def _spelling(self, model: str) -> str:
+        """`model` as the current base was fitted on it (`org/name` -> `org--name`), else as given."""
+        if self._known is None or self._known[0] != self.version:
+            self._known = (self.version, ServedModels.of(self.base))
+        known = self._known[1]
+        return (known.match(model) if known is not None else None) or model
 
     def group(self, r: Request) -> str:
         """The calibration group: the model, or `model|tenant` per tenant, with any `|` or `\\`
@@ -120,7 +137,7 @@ class OnlineLearner:
             q = self.conformal.apply(est.quantiles, groups)
             log_q, cal, low = np.log(np.maximum(est.quantiles, 1.0)), q.tolist(), est.lower.tolist()
             for i, r in enumerate(requests):
-                self._pending[r.id] = _Pending(version, groups[i], log_q[i], cal[i], low[i])
+                self._pending[r.id] = _Pending(version, groups[i], log_q[i], cal[i], low[i], r.model)
                 self._pending.move_to_end(r.id)
             while len(self._pending) > self.cfg.max_pending:
                 self._pending.popitem(last=False)
@@ -153,6 +170,10 @@ class OnlineLearner:
             return self._taught_nothing("capped", position)
         censored = status == "length"
         with self._lock:
+            # a refit trains on the fitted spelling, as its anchor rows have it: one model, not two
+            model = rec.model if rec is not None else self._spelling(request.model)
+            if model != request.model:
+                request = dataclasses.replace(request, model=model)
             if position is not None:
                 self.position = position
             if rec is None:
