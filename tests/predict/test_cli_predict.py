@@ -154,3 +154,28 @@ def test_train_default_trains_the_recommended_predictor(log, tmp_path):
                  "--param", "svd=4", "--param", "folds=2", "--param", "scale_folds=2")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert f"trained {DEFAULT}" in r.stdout and load_predictor(out).name == DEFAULT
+
+
+def test_eval_of_a_saved_model_matches_served_model_names_as_predict_does(log, tmp_path, capsys, monkeypatch):
+    """`eval --model-file` predicted the raw names: a file naming its models `org/name` (as
+    clients do) was scored with the all-model fallback, not the numbers `predict` writes for it.
+    And a view that trains predictors is refused with a saved model, not silently in-dist."""
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    for r in rows:
+        r["model"] = "org--" + r["model"]
+    fitted = tmp_path / "fitted.jsonl"
+    fitted.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    served = tmp_path / "served.jsonl"
+    served.write_text("".join(json.dumps(r | {"model": r["model"].replace("--", "/")}) + "\n" for r in rows))
+    model = tmp_path / "lp.npz"
+    assert run_main(["train", "-p", "linear-prompt", "-d", str(fitted), "-o", str(model)], capsys, monkeypatch)[0] in (0, None)
+    mae = {}
+    for name, data in (("fitted", fitted), ("served", served)):
+        code, err = run_main(["eval", "-d", str(data), "-m", str(model), "-o", str(tmp_path / name), "-q"], capsys, monkeypatch)
+        assert code in (0, None), err
+        assert "not fitted on" not in err
+        mae[name] = json.loads((tmp_path / name / "predictors.json").read_text())["rows"][0]["mae"]
+    assert mae["served"] == mae["fitted"]
+    code, err = run_main(["eval", "-d", "castillo", "-m", str(model), "--view", "loso", "-o", str(tmp_path / "x")],
+                         capsys, monkeypatch)  # fmt: skip
+    assert code == 2 and "--view" in err and "drop --model-file" in err

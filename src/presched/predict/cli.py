@@ -278,11 +278,15 @@ def eval_(
     console = Console()
     is_castillo = data.lower() == "castillo"
     if model_file is not None:
+        if view not in ("all", "in-dist"):  # the other views train their predictors
+            raise UserError(f"--view: a --model-file is scored as saved, on every row of --data (CASTILLO: "
+                            f"the in-dist test rows); view {view!r} trains predictors: drop --model-file")
         if is_castillo:
             reqs = castillo_view("in-dist", seed=seed, quick=quick).test
         else:
             reqs, _ = _load_data(data, None)
         pred = _load_model(model_file)
+        reqs = _resolve_models(pred, reqs)  # as `presched predict` scores them: org/name = org--name
         result = evaluate_saved(pred, reqs, f"{pred.name} ({model_file.name})", single_calls=single_calls, seed=seed)
         names = [pred.name]
     else:
