@@ -502,6 +502,15 @@ def test_generic_output_tokens_as_a_list_are_samples(tmp_path):
     a, b = load_generic(f)
     assert (a.output_tokens, a.output_samples) == (652, (652,))
     assert (b.output_tokens, b.output_samples) == (40, (40, 7, 9))
+    # the same in CSV: a cell holding a JSON list (it was "expected an integer >= 1, got '[5, 6]'")
+    g = tmp_path / "s.csv"
+    g.write_text('prompt_tokens,output_tokens\n5,"[652]"\n5,"[40, 7, 9]"\n5,12\n')
+    a, b, c = load_generic(g)
+    assert (a.output_tokens, a.output_samples) == (652, (652,))
+    assert (b.output_tokens, b.output_samples) == (40, (40, 7, 9)) and c.output_tokens == 12
+    g.write_text('prompt_tokens,output_tokens\n5,"[4, x]"\n')
+    with pytest.raises(LoadError, match=r"^s\.csv line 2, field 'output_tokens'"):
+        load_generic(g)
 
 
 def test_generic_other_errors(tmp_path):

@@ -169,7 +169,8 @@ def _request(
         kw["arrival"] = parse_float(row.pop("arrival"), path, line, "arrival",
                                     maximum=MAX_ARRIVAL, hint=ARRIVAL_HINT)  # fmt: skip
     out = row.pop("output_tokens", None)
-    if isinstance(out, list):  # sampled lengths: the first is the length, all are samples
+    if isinstance(out, list) or (isinstance(out, str) and out.lstrip().startswith("[")):
+        # sampled lengths (a JSON list; in CSV, a cell holding one): the first is the length
         if "output_samples" in row:
             raise LoadError(path, "a list here holds the samples; give it or output_samples, "
                             "not both", line=line, field="output_tokens")  # fmt: skip
