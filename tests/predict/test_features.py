@@ -108,3 +108,12 @@ def test_line_and_character_cues_count_what_they_name():
     assert c[3, col["frac_cjk"]] == 0 and np.isclose(c[3, col["frac_nonascii"]], 4 / len(texts[3]))
     assert np.isclose(np.expm1(c[0, col["log_first_line"]]), len("- first"))
     assert np.isclose(np.expm1(c[1, col["log_last_line"]]), len("int y;"))
+
+
+def test_same_family_needs_a_named_family():
+    from presched.predict.features import same_family
+
+    assert same_family("meta-llama/Llama-9.9-70B", "meta-llama--Llama-3.1-8B-Instruct")
+    assert same_family("mistralai/Mixtral-8x7B", "mistralai--Ministral-8B")
+    assert not same_family("zeta/Terse-7B", "acme--Chatty-7B")  # both 'other': unrelated
+    assert not same_family("Qwen/Qwen3-8B", "google--gemma-3-4b-it")

@@ -81,6 +81,10 @@ def test_save_and_load_give_the_same_estimates(tmp_path):
     back = load_predictor(pred.save(tmp_path / "stack.npz"))
     assert np.allclose(back.predict(test).quantiles, pred.predict(test).quantiles)
     assert back.fit_info["weights"] == pred.fit_info["weights"]
+    # an unseen model is told what each member does for it, not the base text
+    note = back.unknown_model_fallback("new-model")
+    assert note == "; ".join(f"{m.name}: {m.unknown_model_fallback('new-model')}" for m in back.members)
+    assert note.startswith("model-median: ") and "; linear-prompt: " in note
 
 
 @pytest.mark.parametrize("params, field", [

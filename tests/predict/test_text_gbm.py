@@ -100,6 +100,16 @@ def test_unseen_model_falls_back_gracefully(fitted, small):
     assert np.allclose(rows[0, :2], fitted.model_stats.mean(axis=0))
     llama = fitted.model_stats[[i for m, i in fitted.model_index.items() if "llama" in m.lower()]].mean(axis=0)
     assert np.allclose(rows[1, :2], llama)
+    # a fitted model whose family no name rule knows ('other') is no kin of another such name:
+    # an unseen 'zeta/Terse-7B' got exactly the numbers of a fitted 'acme--Chatty-7B'
+    import copy
+
+    fake = copy.copy(fitted)
+    fake.model_index = {("acme--Chatty-7B" if "gemma" in m else m): i for m, i in fitted.model_index.items()}
+    fake.models = list(fake.model_index)
+    rows = fake._model_rows(["zeta/Terse-7B"])
+    assert np.allclose(rows[0, :2], fitted.model_stats.mean(axis=0))
+    assert "of all 3 models" in fake.unknown_model_fallback("zeta/Terse-7B")
 
 
 def test_bad_input_errors_name_the_field(fitted, small):

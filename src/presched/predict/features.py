@@ -314,6 +314,13 @@ def model_family(model: str) -> int:
     return len(FAMILIES) - 1
 
 
+def same_family(model: str, fitted: str) -> bool:
+    """True if the unseen `model` may borrow the fitted model's numbers: both parse to one named
+    family. 'other' (a name no family matched) is no family: two such names are unrelated."""
+    fam = model_family(model)
+    return fam != len(FAMILIES) - 1 and model_family(fitted) == fam
+
+
 def model_params(model: str) -> float:
     """Parameter count in billions parsed from the name ("8x7B" = 56), NaN if absent. A "1M"
     suffix (context length, as in Qwen2.5-7B-Instruct-1M) is ignored when a B size is present."""

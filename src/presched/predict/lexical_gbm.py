@@ -6,7 +6,7 @@ features.go` + `profiler/feature_extractor.py`): XGBoost on 19 lexical features,
 prediction. Its 19 features, in its order:
 
   6 numeric: prompt_token_len (len(text) // 4, as Clairvoyant), has_code_keyword (a word in its
-  34 code/web keywords), has_length_constraint ("in N words/sentences", "no more than N",
+  33 code/web keywords), has_length_constraint ("in N words/sentences", "no more than N",
   "under N words", briefly, concisely, shortly, one-liner, tl;dr), ends_with_question,
   has_format_keyword (list, table, bullet, step by step, enumerate, outline, numbered, format,
   structure), clause_count (commas + semicolons + " and " + " but " + " because ");
@@ -102,8 +102,7 @@ class LexicalGBM(Predictor):
             if m in self.model_mean:
                 cache[m] = self.model_mean[m]
             else:
-                fam = F.model_family(m)
-                same = [v for n, v in self.model_mean.items() if F.model_family(n) == fam]
+                same = [v for n, v in self.model_mean.items() if F.same_family(m, n)]
                 cache[m] = float(np.mean(same if same else list(self.model_mean.values())))
         return np.array([cache[m] for m in models])
 

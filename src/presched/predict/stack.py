@@ -151,6 +151,11 @@ class Stack(Predictor):
         known = [m.known_models() for m in self.members]
         return None if all(k is None for k in known) else sorted({x for k in known if k for x in k})
 
+    def unknown_model_fallback(self, model: str) -> str:
+        """Each member's own fallback (the base text, 'pooled over all models', was wrong here)."""
+        return "; ".join(f"{m.name}: {m.unknown_model_fallback(model)}" for m in self.members
+                         if m.known_models() is not None) or super().unknown_model_fallback(model)  # fmt: skip
+
     # --- persistence: each member's arrays under its index, its values in a list --------------
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays, members = {}, []

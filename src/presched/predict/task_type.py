@@ -81,7 +81,6 @@ class TaskOffsets:
         j = self.index.get(model)
         if j is not None and np.isfinite(st[j]).all():
             return st[j]
-        fam = F.model_family(model)
-        same = [k for n, k in self.index.items() if F.model_family(n) == fam and np.isfinite(st[k]).all()]
+        same = [k for n, k in self.index.items() if F.same_family(model, n) and np.isfinite(st[k]).all()]
         pool = st[same] if same else st[np.isfinite(st).all(axis=1)]
         return pool.mean(axis=0) if len(pool) else np.zeros(2)

@@ -186,7 +186,7 @@ class TextGBM(Predictor):
                 if m in self.model_index:
                     bs = self.model_stats[self.model_index[m]]
                 else:
-                    same = [j for n, j in self.model_index.items() if F.model_family(n) == int(fam)]
+                    same = [j for n, j in self.model_index.items() if F.same_family(m, n)]
                     bs = self.model_stats[same].mean(axis=0) if same else self.model_stats.mean(axis=0)
                 row = cache[m] = [bs[0], bs[1], fam, logp]
             out[i] = row
@@ -226,7 +226,7 @@ class TextGBM(Predictor):
 
     def unknown_model_fallback(self, model: str) -> str:
         fam = F.model_family(model)
-        same = [n for n in self.models if F.model_family(n) == fam]
+        same = [n for n in self.models if F.same_family(model, n)]
         per_task = " (overall and per task type)" if self.task_offsets is not None else ""
         if same:
             return (f"the mean verbosity offset and spread{per_task} of the {len(same)} {F.FAMILIES[fam]} model(s) "
