@@ -91,3 +91,29 @@ def test_eval_cli_view_loso_quick(tmp_path, data_dir):
     assert set(doc["loso"]["linear-prompt"]["per_source"]) == set(SOURCES)
     assert (tmp_path / "predictors-loso.png").exists()
     assert not list(tmp_path.glob("predictors-calibration-loso-*.png"))  # one chart, not 7 pairs
+
+
+def test_the_loso_table_keeps_every_number_whole_at_80_columns_and_piped():
+    """It was printed at the console's width (80 when piped) without folding: '0.…' for 0.291."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from presched.predict.report import full_width, render_table
+
+    res = Evaluation()
+    res.splits = {f"loso-{s}": {} for s in SOURCES}
+    res.rows = [_row(f"loso-{s}", name, 0.1 + 0.0123 * i + k / 10, 111.1 * (i + 1), 2.5 + i)
+                for k, name in enumerate(("text-gbm", "stack-of-two")) for i, s in enumerate(SOURCES)]  # fmt: skip
+    for width in (80, full_width(res)):
+        buf = io.StringIO()
+        render_table(res, Console(width=width, file=buf, force_terminal=True, color_system=None))
+        lines = buf.getvalue().splitlines()
+        assert max(len(line) for line in lines) <= width
+        table = "\n".join(line for line in lines if line[:1] in "┏┃┡│└")
+        assert "…" not in table
+        tokens = set(re.split(r"[\s│┃]+", table))
+        for row in res.rows:
+            assert f"{row['kendall_tau_b']:.3f}" in tokens, (width, row)
+    assert full_width(res) > 80

@@ -118,19 +118,34 @@ def loso_summaries(result: Evaluation) -> dict[str, dict[str, Any]]:
     return {n: loso_summary(result, n) for n in names}
 
 
-def loso_table(result: Evaluation):
-    """A rich table: τ-b per held-out source, then mean τ-b, mean MAE and worst coverage error."""
+def loso_cells(result: Evaluation) -> tuple[list[str], list[list[str]]]:
+    """(headers, one row of cells per predictor) of the LOSO table."""
+    sources = [v[len(PREFIX):] for v in result.splits if is_loso(v)]
+    heads = ["predictor", *sources, "mean τ-b", "mean MAE", "max cov-err pts"]
+    return heads, [[name, *_cells(s, sources)] for name, s in loso_summaries(result).items()]
+
+
+def loso_tables(result: Evaluation, width: int) -> list:
+    """Rich tables: τ-b per held-out source, then mean τ-b, mean MAE and worst coverage error;
+    folded into several (each repeating the predictor) when `width` characters are too few, so
+    no number is cut."""
     from rich.table import Table
 
-    sources = [v[len(PREFIX):] for v in result.splits if is_loso(v)]
-    table = Table(title="leave-one-source-out: τ-b on the held-out source (train on the other 6)",
-                  caption="mean = unweighted over sources; cov-err = the worst source's max |coverage − τ|, q10…q90")
-    table.add_column("predictor", no_wrap=True)
-    for head in (*sources, "mean τ-b", "mean MAE", "max cov-err pts"):
-        table.add_column(head, justify="right")
-    for name, s in loso_summaries(result).items():
-        table.add_row(name, *_cells(s, sources))
-    return table
+    from presched.fold import fit, wrapped
+
+    heads, rows = loso_cells(result)
+    widths, groups = fit(heads, rows, keys=1, width=width)
+    tables = []
+    for k, group in enumerate(groups):
+        table = Table(title="leave-one-source-out: τ-b on the held-out source (train on the other 6)" if k == 0 else None,
+                      caption="mean = unweighted over sources; cov-err = the worst source's max |coverage − τ|, "
+                      "q10…q90" if k == len(groups) - 1 else None)  # fmt: skip
+        for i in group:
+            table.add_column(wrapped(heads[i], widths[i]), width=widths[i], justify="left" if i == 0 else "right")
+        for row in rows:
+            table.add_row(*[row[i] for i in group])
+        tables.append(table)
+    return tables
 
 
 def loso_markdown(result: Evaluation) -> str:

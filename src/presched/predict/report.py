@@ -19,7 +19,7 @@ from presched.fold import column_widths, fit, table_width, wrapped
 from presched.plotting import pyplot, save
 from presched.predict.estimate import LEVELS
 from presched.predict.evaluate import Evaluation
-from presched.predict.loso import is_loso, loso_markdown, loso_summaries, loso_table, plot_loso
+from presched.predict.loso import is_loso, loso_cells, loso_markdown, loso_summaries, loso_tables, plot_loso
 
 ACCURACY: tuple[tuple[str, str, str], ...] = (
     # (row key, header, format)
@@ -96,6 +96,8 @@ def full_width(result: Evaluation) -> int:
     """Characters the widest table needs with every header on one line (pipes and logs get it)."""
     widths = [table_width(column_widths(["predictor", *(h for _, h, _f in cols)], _cells(result, view, cols), wrap=False))
               for view in result.splits if not is_loso(view) for cols in (ACCURACY, CALIBRATION_COST)]  # fmt: skip
+    if any(is_loso(v) for v in result.splits):
+        widths.append(table_width(column_widths(*loso_cells(result), wrap=False)))
     return max(widths, default=80)
 
 
@@ -112,7 +114,8 @@ def render_table(result: Evaluation, console: Console) -> None:
             for table in _tables(result, view, title, columns, caption, console.width):
                 console.print(table)
     if any(is_loso(v) for v in result.splits):
-        console.print(loso_table(result))
+        for table in loso_tables(result, console.width):
+            console.print(table)
     for row in result.rows:
         if row.get("status") != "ok":
             console.print(f"[red]{row['view']} / {row['predictor']} failed:[/red] {row.get('error')}", highlight=False)
