@@ -203,17 +203,21 @@ def test_probe_trains_from_the_engine_records(tmp_path):
     _assert_trains_from_log(tmp_path / "r.sqlite", "probe", {"model": "tiny-llama", "layer": 1}, reqs)
 
 
-def _vllm_config(worker_cls: str, prefix_caching: bool):
+def _vllm_config(worker_cls: str, prefix_caching: bool, eager: bool = True):
     return SimpleNamespace(parallel_config=SimpleNamespace(worker_cls=worker_cls),
+                           model_config=SimpleNamespace(enforce_eager=eager),
                            cache_config=SimpleNamespace(enable_prefix_caching=prefix_caching))  # fmt: skip
 
 
-def test_features_refuse_another_worker_and_prefix_caching():
+def test_features_refuse_another_worker_compiled_mode_and_prefix_caching():
     """(vLLM's VllmConfig stood in by a namespace: the real one needs the engine venv; the real
-    engine start with both flags is test_probe_hook's.)"""
+    engine start with the flags is test_probe_hook's.) Without --enforce-eager a hand-started
+    CPU engine died at its first forward (Dynamo cannot trace the hook's perf_counter)."""
     check_engine_config(_vllm_config(WORKER_CLS, False))
     with pytest.raises(PluginConfigError, match=r"^features: needs --worker-cls .*got 'auto'"):
         check_engine_config(_vllm_config("auto", False))
+    with pytest.raises(PluginConfigError, match=r"^features: needs --enforce-eager"):
+        check_engine_config(_vllm_config(WORKER_CLS, False, eager=False))
     with pytest.raises(PluginConfigError, match=r"^features: needs prefix caching off"):
         check_engine_config(_vllm_config(WORKER_CLS, True))
 

@@ -168,8 +168,8 @@ class StepFeatures:
 
 
 def check_engine_config(vllm_config, draft_layer: int | None = None) -> None:
-    """`features` needs presched's worker and every prompt position computed (no prefix cache),
-    and `features.draft_layer` a draft model; PluginConfigError naming the field otherwise
+    """`features` needs presched's worker, eager mode (hooks run as written) and every prompt
+    position computed (no prefix cache), and `features.draft_layer` a draft model; PluginConfigError naming the field otherwise
     (vLLM's `VllmConfig`, read by attribute)."""
     worker_cls = vllm_config.parallel_config.worker_cls
     if worker_cls != WORKER_CLS:
@@ -182,6 +182,11 @@ def check_engine_config(vllm_config, draft_layer: int | None = None) -> None:
                                     "model (--speculative-config '{\"method\": \"draft_model\", "
                                     "\"model\": DIR, \"num_speculative_tokens\": K}'), got "
                                     f"{'none' if spec is None else getattr(spec, 'method', spec)!r}")  # fmt: skip
+    if not vllm_config.model_config.enforce_eager:
+        raise PluginConfigError("features: needs --enforce-eager: otherwise vLLM compiles the "
+                                "model (torch.compile on CPU, CUDA graphs on GPU), and the compiled "
+                                "forward does not run the hook as written (on CPU the engine fails "
+                                "to start: Dynamo cannot trace the hook's timer)")  # fmt: skip
     if vllm_config.cache_config.enable_prefix_caching:
         raise PluginConfigError("features: needs prefix caching off (--no-enable-prefix-caching): "
                                 "positions served from the prefix cache are not computed, so the "

@@ -1,6 +1,6 @@
 """`PreschedCPUWorker`: vLLM's CPU worker with a forward hook on one decoder layer (issue 15).
 
-    python -m vllm.entrypoints.openai.api_server ... --no-enable-prefix-caching \\
+    python -m vllm.entrypoints.openai.api_server ... --no-enable-prefix-caching --enforce-eager \\
         --worker-cls presched.engine.plugin.worker.PreschedCPUWorker \\
         --scheduler-cls presched.engine.plugin.scheduler.PreschedScheduler
     # with PRESCHED_PLUGIN_CONFIG='{"features": {"layer": 15, "sink_tokens": 1}}';
