@@ -111,6 +111,12 @@ class Predictor(ABC):
         """What it predicts for a served model it was not fitted on (a phrase for warnings)."""
         return "its estimate pooled over all the models it was fitted on"
 
+    def front_refusal(self) -> str | None:
+        """Why this predictor cannot serve behind the gateway or the endpoint picker (they hand
+        it a request's prompt text only, never the engine's hidden states), or None when it can.
+        Both refuse such a file at start, naming `predictor`, instead of a 500 per request."""
+        return None
+
     # --- persistence: subclasses provide their state as arrays + JSON-able values -------------
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """(arrays, json_values) that `from_state` turns back into an equal predictor."""

@@ -79,6 +79,9 @@ def load_parts(cfg: ServeConfig):
             pred = load_predictor(cfg.predictor)
         except (ModelFileError, FileNotFoundError, ValueError) as e:
             raise ValueError(f"predictor: {e}") from None
+        why = pred.front_refusal()
+        if why is not None:  # it would fail every request with a 500
+            raise ValueError(f"predictor: {cfg.predictor}: {why}")
     if cfg.learn.enabled:
         from presched.serve.learn import make_learner
 

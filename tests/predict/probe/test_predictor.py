@@ -223,3 +223,33 @@ def test_records_without_the_state_are_skipped_in_training_and_bad_vectors_named
         p.predict_features(nan)
     with pytest.raises(ValueError, match="lengths: must be finite"):
         PREDICTORS.create("probe").fit_features(X, np.where(np.arange(200) == 3, np.nan, y), X, y)
+
+
+@pytest.mark.parametrize("params, wanted", [
+    ({"layer": 14}, "hidden:smollm2-135m:L14:mean:s1"), ({"sink": 0}, "hidden:smollm2-135m:L15:mean:s0"),
+    ({"model": "other"}, "hidden:other:L15:mean:s1"),
+])  # fmt: skip
+def test_training_on_records_of_other_settings_names_the_key_wanted_and_carried(params, wanted):
+    """Every row was dropped and numpy said 'need at least one array to stack'."""
+    X, y = _data(60, 3)
+    reqs = _requests(X, y, SPEC.key(), "a")
+    with pytest.raises(ValueError, match="none of the 60 training requests carries features") as e:
+        PREDICTORS.create("probe", **params).fit(reqs)
+    assert wanted in str(e.value) and SPEC.key() in str(e.value)
+    with pytest.raises(ValueError, match="^egtp: none of the 60 .*'hidden:smollm2-135m:L15:egtp:s1'"):
+        PREDICTORS.create("egtp").fit(reqs)  # the records hold the mean pooling, not EGTP's
+
+
+def test_a_probe_without_model_dir_and_probe_refine_are_refused_by_the_fronts(fitted, tmp_path):
+    """The gateway and the endpoint picker get prompt text only: such a file answered every
+    request with a 500 ('no hidden-state features ... in metadata'); now it is refused at start."""
+    from presched.serve.cli import load_parts
+    from presched.serve.config import ServeConfig
+
+    path = fitted.save(tmp_path / "probe.npz")
+    cfg = ServeConfig(backends=[{"url": "http://127.0.0.1:9", "model": "m"}], predictor=str(path), log={"path": None})
+    with pytest.raises(ValueError, match=r"^predictor: .*probe.npz: probe reads the served model's hidden states.*model_dir"):
+        load_parts(cfg)
+    assert PREDICTORS.create("probe-refine").front_refusal().startswith("probe-refine refines")
+    assert PREDICTORS.create("probe", model_dir="/some/weights").front_refusal() is None
+    assert PREDICTORS.create("model-median").front_refusal() is None

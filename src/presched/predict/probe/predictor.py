@@ -225,6 +225,14 @@ class HiddenStateProbe(Predictor):
         return FeatureSpec(model=p["model"], layer=p["layer"], hidden=hidden, pooling=self.pooling,
                            sink=p["sink"], role=self.role)  # fmt: skip
 
+    def front_refusal(self) -> str | None:
+        if self.params["model_dir"] is not None:
+            return None
+        return (f"{self.name} reads the {self.role} model's hidden states, which the engine attaches, "
+                f"and this file has no model_dir to compute them from prompt text; serve it in the "
+                f"engine (python -m presched.engine.launch --features --probe FILE) or train it with "
+                f"--param model_dir=DIR (the model's weights) to run it here")  # fmt: skip
+
     # --- features ---------------------------------------------------------------------------
     def features(self, requests: Sequence[Request]) -> np.ndarray:
         """(n, d) vectors of `requests`: attached ones (metadata[key]), the rest computed by the
@@ -267,6 +275,14 @@ class HiddenStateProbe(Predictor):
             before = len(reqs) + len(cal)
             (reqs, y), (cal, y_cal) = (_with_key(rs, ys, key) for rs, ys in ((reqs, y), (cal, y_cal)))
             self.skipped = before - len(reqs) - len(cal)
+            if not reqs:  # every row dropped: name what was wanted and what the rows carry
+                carried = sorted({str(k) for r in (*requests, *(validation or ())) for k in r.metadata
+                                  if str(k).startswith("hidden:")})  # fmt: skip
+                raise ValueError(
+                    f"{self.name}: none of the {before} training requests carries features {key!r} "
+                    f"(model:layer:pooling:sink, as recorded); they carry "
+                    f"{', '.join(carried[:8]) if carried else 'no hidden-state features'}: set "
+                    f"--param model= / layer= / sink= to what was recorded, or model_dir to compute them")
         X, X_cal = self.features(reqs), self.features(cal)
         return self.fit_features(X, y, X_cal, y_cal, groups=[prompt_key(r) for r in reqs])
 

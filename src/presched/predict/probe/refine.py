@@ -99,6 +99,11 @@ class ProbeRefine(Predictor):
             raise ValueError(f"{self.name}: answer must be true or false, got {self.params['answer']!r}")
         self.hidden: int | None = None
 
+    def front_refusal(self) -> str | None:
+        return ("probe-refine refines a running request's estimate from the state at its generated "
+                "tokens, which only the engine sees: serve it in the engine (python -m "
+                "presched.engine.launch --features --refine FILE)")
+
     @property
     def answer(self) -> bool:
         """Whether the design reads the answer-so-far pool A_g too."""
