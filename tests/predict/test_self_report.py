@@ -101,3 +101,25 @@ def test_bad_params_and_input_are_clear_errors():
     with pytest.raises(ValueError, match="'prompt' is empty"):
         PREDICTORS.create("self-report", base_url="http://127.0.0.1:9", model="m").reports(
             [Request(id="x", prompt_tokens=1)])  # fmt: skip
+
+
+def test_a_failed_call_is_asked_again_and_an_unparsed_reply_stays_inside_the_data(asgi_server, monkeypatch):
+    """A model that always gives a number left no unparsed fit row: a failed call's row sat at
+    log(1 + r) = 0 and got a q95 of ~79,000 tokens, and the failure was cached for good."""
+    import presched.predict.self_report as sr
+
+    seen: list = []
+    url = asgi_server(_model_app(seen))
+    told = [r for r in _requests(200, 0, "a") if "mute" not in r.prompt]
+    pred = PREDICTORS.create("self-report", base_url=url, model="m").fit(told[:120], validation=told[120:])
+    assert pred.unparsed == 0 and pred.impute > 2.0  # the mean log(1 + r) of the fit rows
+    fitted = pred.predict(told[:120]).quantiles
+    crash = Request(id="c", prompt_tokens=3, prompt="crash a b")
+    for _ in range(2):
+        q = pred.predict([crash]).quantiles[0]
+        assert fitted[:, 0].min() <= q[0] and q[-1] <= fitted[:, -1].max()
+    assert sum("crash" in b["messages"][0]["content"] for b in seen) == 2  # not cached: asked again
+    assert pred.errors == 2
+    monkeypatch.setattr(sr, "MAX_CACHED", 5)
+    pred.predict(_requests(12, 5, "n"))
+    assert len(pred._replies) == 5  # bounded: the newest prompts kept

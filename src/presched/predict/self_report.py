@@ -13,15 +13,21 @@ number is not trusted as a length: it is calibrated like every presched predicto
 spread, split-conformal quantiles on `validation`), so an unparsed reply gets the fitted mean of
 unparsed ones and a model that always answers "100" ranks nothing (its tau-b is 0, honestly).
 
-Cost: a model call per prompt before the request can be ordered (cached by prompt text within
-the predictor); calls run `concurrency` at a time with `timeout_s` each. A call that fails
-(HTTP error, timeout, bad JSON) counts as unparsed and is counted in `errors`; `asked`,
+An unparsed reply's log(1 + r) is imputed with the mean over the parsed fit rows (saved with
+the model): a model that always gives a number leaves no unparsed row to fit, and a 0 there put
+the row far outside the data (a q95 of 79,000 tokens).
+
+Cost: a model call per prompt before the request can be ordered (replies cached by prompt text
+within the predictor, the newest MAX_CACHED); calls run `concurrency` at a time with `timeout_s`
+each. A call that fails (HTTP error, timeout, bad JSON) counts as unparsed for that prediction,
+is counted in `errors`, and is not cached: the prompt is asked again next time. `asked`,
 `unparsed` count the rest. Needs httpx (the `serve` extra).
 """
 
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -40,6 +46,9 @@ DEFAULTS: dict[str, Any] = {"base_url": None, "model": None, "question": QUESTIO
                             "timeout_s": 60.0, "concurrency": 8, "alpha": 1.0, "sigma_floor": 0.05,
                             "calib_frac": 0.2, "seed": 0}  # fmt: skip
 MAX_REPORT = 1_000_000
+MAX_CACHED = 10_000
+"""Replies kept (by prompt text, least recently used dropped first): a gateway sees new prompts forever."""
+_FAILED = object()  # a call that got no reply: not cached
 _INT = re.compile(r"\d[\d,]*")
 _MED = LEVELS.index(0.5)
 
@@ -73,7 +82,8 @@ class SelfReport(Predictor):
             raise ValueError("self-report: timeout_s must be in (0, 3600]")
         check_sigma_floor(self.name, p["sigma_floor"])
         check_alpha(self.name, p["alpha"])
-        self._replies: dict[str, int | None] = {}
+        self._replies: OrderedDict[str, int | None] = OrderedDict()
+        self.impute = 0.0  # log(1 + r) given to an unparsed reply: the parsed fit rows' mean
         self.asked = self.unparsed = self.errors = 0
         self.last_error: str | None = None
 
@@ -86,17 +96,27 @@ class SelfReport(Predictor):
         for r in requests:
             if not r.prompt:
                 raise ValueError(f"request {r.id!r}: field 'prompt' is empty; self-report asks the model about the text")
-        todo = sorted({r.prompt for r in requests if r.prompt not in self._replies})
+        cache, got = self._replies, {}
+        for prompt in {r.prompt for r in requests}:
+            if prompt in cache:
+                cache.move_to_end(prompt)
+                got[prompt] = cache[prompt]
+        todo = sorted({r.prompt for r in requests} - got.keys())
         if todo:
             import httpx
 
             with httpx.Client(base_url=p["base_url"].rstrip("/"), timeout=float(p["timeout_s"])) as client:
                 with ThreadPoolExecutor(int(p["concurrency"])) as pool:
                     for prompt, rep in zip(todo, pool.map(lambda t: self._ask(client, t), todo)):
-                        self._replies[prompt] = rep
-        return [self._replies[r.prompt] for r in requests]
+                        got[prompt] = None if rep is _FAILED else rep
+                        if rep is not _FAILED:
+                            cache[prompt] = rep
+            while len(cache) > MAX_CACHED:
+                cache.popitem(last=False)
+        return [got[r.prompt] for r in requests]
 
-    def _ask(self, client, prompt: str) -> int | None:
+    def _ask(self, client, prompt: str) -> Any:
+        """The parsed report (None: the reply held no number), or _FAILED when no reply came."""
         p = self.params
         body = {"model": p["model"], "max_tokens": int(p["max_tokens"]), "temperature": 0.0,
                 "messages": [{"role": "user", "content": prompt + p["question"]}]}  # fmt: skip
@@ -107,21 +127,25 @@ class SelfReport(Predictor):
         except Exception as e:  # noqa: BLE001 - counted; the request then gets the unparsed estimate
             self.errors += 1
             self.last_error = f"{type(e).__name__}: {e}"
-            return None
+            return _FAILED
         self.asked += 1
         rep = parse_report(text)
         self.unparsed += rep is None
         return rep
 
-    @staticmethod
-    def features(reports: Sequence[int | None]) -> np.ndarray:
-        return np.array([[np.log1p(r) if r is not None else 0.0, float(r is not None)] for r in reports])
+    def features(self, reports: Sequence[int | None]) -> np.ndarray:
+        """[log(1 + r), 1] per parsed report, [impute, 0] per unparsed one."""
+        return np.array([[np.log1p(r) if r is not None else self.impute, float(r is not None)]
+                         for r in reports])  # fmt: skip
 
     # --- fit / predict ------------------------------------------------------------------------
     def fit(self, requests: Sequence[Request], validation: Sequence[Request] | None = None) -> "SelfReport":
         p = self.params
         reqs, y, cal, y_cal = fit_and_calibration(requests, validation, p["calib_frac"], p["seed"])
-        X, X_cal = self.features(self.reports(reqs)), self.features(self.reports(cal))
+        fit_reports, cal_reports = self.reports(reqs), self.reports(cal)
+        parsed = [np.log1p(r) for r in fit_reports if r is not None]
+        self.impute = float(np.mean(parsed)) if parsed else 0.0
+        X, X_cal = self.features(fit_reports), self.features(cal_reports)
         if self.asked == 0:  # nothing to calibrate: the server is down or not an OpenAI API
             raise ValueError(f"self-report: no reply from {p['base_url']} ({self.errors} calls failed; "
                              f"last: {self.last_error})")  # fmt: skip
@@ -137,11 +161,13 @@ class SelfReport(Predictor):
         return LengthEstimate(q, q[:, _MED], mu)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return self.head.state()
+        arrays, values = self.head.state()
+        return arrays, {**values, "impute": self.impute}
 
     @classmethod
     def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray], values: dict[str, Any]) -> "SelfReport":
         pred = cls(**params)
         pred.head = RidgeHead.from_state(pred.params["alpha"], pred.params["sigma_floor"], arrays, values)
+        pred.impute = float(values.get("impute", 0.0))  # files from before 2026-12-07: 0, as then
         pred.fitted = True
         return pred
