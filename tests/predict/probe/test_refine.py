@@ -36,7 +36,11 @@ def test_refine_ranks_remaining_lengths_and_its_quantiles_are_calibrated(fitted)
     est = fitted.predict_steps(S, P, g)
     rem = L - g
     assert kendalltau(est.mean_remaining(g), rem).statistic > 0.7
-    assert kendalltau(est.rank_score, rem).statistic > 0.7
+    # rank_score is on every predictor's scale, log total = log(g + exp(mu)): it ranks the total
+    # length (it was the log remaining, below an unrefined request's log total under stat: rank)
+    assert kendalltau(est.rank_score, L).statistic > 0.8
+    np.testing.assert_allclose(np.exp(est.rank_score) - g, np.exp(fitted.head.quantiles(
+        design(S, P, g))[1]), rtol=1e-9)  # fmt: skip
     cover = (L[:, None] <= est.quantiles).mean(0)
     assert np.abs(cover[:9] - np.array(LEVELS[:9])).max() < 0.05
     # a total-length estimate given L > g: never below g + 1
@@ -87,7 +91,7 @@ def test_the_step_state_is_what_it_reads():
     perm = np.random.default_rng(9).permutation(len(S))
     shuffled = PREDICTORS.create("probe-refine").fit_steps(S[perm], P, g, L, *cal)
     St, Pt, gt, Lt = _steps(2000, 2)
-    assert kendalltau(shuffled.predict_steps(St, Pt, gt).rank_score, Lt - gt).statistic < 0.3
+    assert kendalltau(shuffled.predict_steps(St, Pt, gt).mean_remaining(gt), Lt - gt).statistic < 0.3
 
 
 def test_one_spread_for_every_row_by_default_so_the_mean_ranks_as_mu(fitted):
@@ -97,7 +101,7 @@ def test_one_spread_for_every_row_by_default_so_the_mean_ranks_as_mu(fitted):
     # made the mean rank at tau ~0 (docs/predictors/probe.md)
     S, P, g, L = _steps(2000, 2)
     est = fitted.predict_steps(S, P, g)
-    ratio = (est.quantiles - g[:, None]) / np.exp(est.rank_score)[:, None]
+    ratio = (est.quantiles - g[:, None]) / (np.exp(est.rank_score) - g)[:, None]
     assert np.allclose(ratio, ratio[0], rtol=1e-6)
     for at in (16, 64, 256):
         m = g == at
@@ -211,7 +215,7 @@ def test_fit_from_log_requests_is_fit_steps_on_their_rows():
     got, want = a.predict_steps(St, Pt, gt), b.predict_steps(St, Pt, gt)
     np.testing.assert_allclose(got.quantiles, want.quantiles, rtol=1e-12)
     # and it learnt from the right state of the right request at the right g
-    assert kendalltau(got.rank_score, Lt - gt).statistic > 0.7
+    assert kendalltau(got.mean_remaining(gt), Lt - gt).statistic > 0.7
 
 
 def test_fit_from_log_requests_refuses_other_states_and_no_rows():

@@ -24,7 +24,8 @@ E[L - g | L > g], what SRPT / MLFQ read, rank the remaining length at tau-b ~0 w
 it at 0.28, docs/predictors/probe.md). The estimate is of the total length, g + remaining
 (the remaining quantiles floored at 1 token, so quantiles >= g + 1; `lower` g + 1, so the CDF
 starts there and no mass sits at L <= g), so that a driver can put it in place of
-`seq.estimate`; `rank_score` is the log remaining length. `predict(requests)` reads S and P
+`seq.estimate`; `rank_score` is log(g + exp(mu)), the log total as the other predictors' (mu is
+the log remaining: at one g both rank alike). `predict(requests)` reads S and P
 from `Request.metadata` (keys of the `step` and `mean` FeatureSpecs) and g from
 `metadata["generated"]`.
 
@@ -234,7 +235,10 @@ class ProbeRefine(Predictor):
         q, mu = self.head.quantiles(X)
         total = g + np.maximum(q, 1.0)  # L > g: at least one more token (the conformal q may be < 1)
         # L > g, so L >= g + 1: the CDF starts there, no mass at L <= g (survival(g) = 1)
-        return LengthEstimate(total, total[:, _MED], mu, lower=g[:, 0] + 1)
+        # rank_score on the other predictors' scale, log total length: log(g + exp(mu)) (mu is the
+        # log remaining; at one g it ranks as mu does). Log remaining made a refined request look
+        # shorter than an unrefined one of the same total to a policy reading stat=rank.
+        return LengthEstimate(total, total[:, _MED], np.logaddexp(np.log(g[:, 0]), mu), lower=g[:, 0] + 1)
 
     def predict(self, requests: Sequence[Request]) -> LengthEstimate:
         self.check_fitted()
