@@ -181,3 +181,18 @@ def test_a_state_saved_with_a_position_file_beside_it_is_resumed_from_that_file(
     assert read_position(state, path) == 0
     (state / POSITION).write_text(json.dumps({"log": str(path.resolve()), "rowid": 20}))
     assert read_position(state, path) == 20 and read_position(state, tmp_path / "other.sqlite") == 0
+
+
+def test_rows_without_ts_count_at_the_rows_clock_not_the_monotonic_one(tmp_path):
+    """A row with a NULL ts took the learner's monotonic clock (seconds since boot) into a bucket
+    that otherwise runs on epoch arrivals: the first epoch row after it refilled the bucket."""
+    path = tmp_path / "records.sqlite"
+    w = RecordWriter(path)
+    for i in range(60):  # one tenant, arrivals within 1 s, the first 15 rows and every third without ts
+        w.write({"id": f"r{i}", "ts": None if i < 15 or i % 3 == 0 else 1.7e9 + i / 60, "status": 200,
+                 "prompt_tokens": 10, "output_tokens": 20, "finish_reason": "stop", "model": "m"})  # fmt: skip
+    w.close()
+    learner = OnlineLearner(trained(), OnlineConfig(enabled=True, refit_every=0, tenant_rate=1.0, tenant_burst=10),
+                            background=False)  # fmt: skip
+    assert feed(learner, path)[1]["ok"] == 60
+    assert learner.counts["learned"] <= 10 + 1  # the burst and one second's rate, not a second burst

@@ -14,7 +14,8 @@ before it observes it: the model scored is the learner's own, not whatever predi
 in the engine (the records' `pred_*` columns are left alone), so the recalibration and the drift
 alarm measure the learner's model on the engine's answers. The rate caps run on the rows' own
 clock (`ts`, the arrival time: it steps back and forth in completion order, and a bucket's clock
-only moves forward, so a tenant gets at most burst + rate x the span of its rows' `ts`). Rows
+only moves forward, so a tenant gets at most burst + rate x the span of its rows' `ts`; a row
+without one counts at the stamp of the row before it). Rows
 without prompt text (the plugin's `store_prompts` off) still recalibrate and move the alarm, but
 never join the refit buffer (the learner refits on rows with prompt text only).
 
@@ -87,10 +88,14 @@ def _log_id(path: str | Path) -> str:
 
 def _teach(learner: Any, log: str, rows: list[tuple], counts: dict[str, int]) -> None:
     chunk, reqs = [], []
-    for rowid, rid, ts, tenant, model, status, p_tok, max_tok, o_tok, finish, prompt in rows:
+    stamps = [float(r[2]) if isinstance(r[2], (int, float)) and math.isfinite(r[2]) else None for r in rows]
+    # a row without a finite ts counts at the last stamp before it (else the chunk's first): one
+    # clock for the tenant buckets (the learner's default, the monotonic clock, is another one)
+    now = next((t for t in stamps if t is not None), None)
+    for (rowid, rid, _, tenant, model, status, p_tok, max_tok, o_tok, finish, prompt), ts in zip(rows, stamps):
         o_tok, p_tok, max_tok = _int(o_tok), _int(p_tok), _int(max_tok)
         kind = row_status(status, o_tok, finish, max_tok)
-        now = float(ts) if isinstance(ts, (int, float)) and math.isfinite(ts) else None
+        now = ts if ts is not None else now
         if kind in ("ok", "length") and (p_tok is None or p_tok < 1):
             counts["skipped"] += 1  # no prompt length: nothing to predict from
             continue
