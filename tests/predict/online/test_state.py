@@ -12,7 +12,7 @@ import pytest
 from predict.online.test_learner import base, cfg, reqs, serve
 
 from presched.predict.online import OnlineConfig, OnlineLearner
-from presched.predict.online.state import HEADER, _unique_ids
+from presched.predict.online.state import HEADER, OWNER, _unique_ids
 
 
 def header(folder):
@@ -70,7 +70,7 @@ def test_a_model_left_by_a_crashed_save_is_never_taken_for_the_running_one(tmp_p
     assert back.version == 2 and live < 100
     assert np.isclose(back.base.predict(probe).point[0], live)
     named = header(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([HEADER, named["model"], named["buffer"]])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([HEADER, OWNER, named["model"], named["buffer"]])
 
 
 @pytest.mark.parametrize("anchor_rows", [0, 60])
@@ -178,3 +178,28 @@ def test_a_resumed_learner_keeps_each_tenants_label_bucket(tmp_path):
         learned += learner.counts["learned"] - before
         learner.close()
     assert learned == 5
+
+
+def test_a_state_dir_is_one_processs_and_a_second_is_refused_naming_it(tmp_path):
+    """Two gateways on one folder interleaved their saves (each deleted the files the other's
+    header was about to name). A real second process holds the folder here."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "state"
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time; from presched.predict.online.state import claim; "
+                               f"claim({str(folder)!r}); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=r"^state_dir: .*state is in use by another process"):
+            OnlineLearner(base(), cfg(state_dir=str(folder)), background=False)
+    finally:
+        holder.kill()
+        holder.wait()
+    a = OnlineLearner(base(), cfg(state_dir=str(folder)), background=False)  # free again
+    b = OnlineLearner(base(), cfg(state_dir=str(folder)), background=False)  # and shared within a process
+    a.save(str(folder))
+    b.save(str(folder))
+    assert (folder / HEADER).exists()

@@ -98,6 +98,10 @@ class OnlineLearner:
         self._job: Future | None = None
         self._rng = np.random.default_rng(c.seed)
         self._known: tuple[int, ServedModels | None] | None = None  # (version, its fitted models)
+        if c.state_dir:  # this process's folder from now on (state.py): another process is refused
+            from presched.predict.online.state import claim
+
+            claim(c.state_dir)
 
     def _new_conformal(self) -> OnlineConformal:
         c = self.cfg

@@ -10,7 +10,10 @@ numbering the saves. Each save writes both files afresh under names no file in t
 name first and moved into place with `os.replace` (atomic on POSIX), then the header that names
 them, the same way; so a crash at any moment leaves either the old state or the new one
 complete. Files no header names any more (and a crashed save's leftovers) are deleted after the
-header is replaced. Saves in one process run one at a time.
+header is replaced. Saves in one process run one at a time, and one process at a time uses a
+folder: a learner with a `state_dir` claims it (`claim`, an advisory lock held until the process
+exits), and a second process's learner is refused naming `state_dir` (two gateways on one
+folder deleted each other's files mid-save and overwrote each other's learning).
 
 Resuming takes the data from the state and every setting from the config it is given (a gateway's
 `learn:` or `presched learn --set` changed since the save applies at once): the recalibration's
@@ -24,6 +27,7 @@ the pooled rows. A state of other quantile levels is refused, naming the field.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import threading
@@ -41,9 +45,33 @@ from presched.workload.loaders.generic import load_generic, save_generic
 from presched.workload.request import Request
 
 HEADER = "online.npz"
+OWNER = ".presched-online.lock"  # the claim's lock file (not one of _OURS: never cleaned up)
 FORMAT = 1
 _OURS = ("base-v", "buffer-", ".tmp-base-v", ".tmp-buffer-", f".tmp-{HEADER}")
 _SAVING = threading.Lock()
+
+
+_CLAIMS: dict[str, Any] = {}  # resolved folder -> the open lock file this process holds
+
+
+def claim(folder: str | Path) -> None:
+    """Make this process the only one using the state folder (an exclusive `flock` on its lock
+    file, held until the process exits; learners of one process share it). ValueError naming
+    `state_dir` when another process holds it."""
+    folder = Path(folder)
+    key = str(folder.resolve())
+    with _SAVING:
+        if key in _CLAIMS:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        f = open(folder / OWNER, "a+b")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            raise ValueError(f"state_dir: {folder} is in use by another process (presched serve --learn "
+                             f"or presched learn); give each process its own folder") from None
+        _CLAIMS[key] = f
 
 
 def _replace(tmp: Path, final: Path) -> None:
@@ -61,7 +89,7 @@ def _fresh(folder: Path, n: int, version: int) -> int:
 
 def save_state(learner: Any, folder: str | Path) -> Path:
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    claim(folder)
     with _SAVING:
         with learner._lock:
             base, version = learner.base, learner.version
