@@ -218,3 +218,17 @@ def test_start_engine_refuses_draft_features_without_a_draft_model_before_vllm_s
         start_engine(tiny_model, plugin={"features": {"draft_layer": 0}, "draft_probe": str(draft_file)},
                      draft_model=tiny_model, log_path=log)  # fmt: skip
     assert not log.exists()
+
+
+def test_a_non_finite_row_keeps_its_estimate_and_the_steps_others_get_theirs(probe_file):
+    """One NaN vector made the whole step's batch raise, so every request kept its old estimate;
+    and a state far outside the data overflowed exp(mu) (now clipped: finite quantiles)."""
+    probe = _probe(probe_file)
+    seqs = {k: _seq("predictor", "text") for k in "abc"}
+    vecs = np.random.default_rng(3).normal(size=(3, HIDDEN)).astype(np.float32)
+    vecs[1, 0] = np.nan
+    vecs[2] *= 1e6  # far outside: the ridge extrapolates
+    assert probe.apply(["a", "b", "c"], vecs, seqs) == 2
+    assert (probe.predictions, probe.errors) == (2, 1)
+    assert seqs["b"].estimate == "text" and seqs["a"].pred_source == seqs["c"].pred_source == "probe"
+    assert np.isfinite(seqs["c"].estimate.quantiles).all() and seqs["c"].estimate.quantiles.max() < 1e20

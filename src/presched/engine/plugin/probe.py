@@ -87,18 +87,24 @@ class EngineProbe:
 
     def apply(self, prompt_ids, vectors, seqs: Mapping[str, object]) -> int:
         """Replace the estimate of each seq (by request id) whose pooled prompt state is a row of
-        `vectors`, unless it carries its own vllm_xargs prediction; the number replaced. A
+        `vectors`, unless it carries its own vllm_xargs prediction; the number replaced. A row
+        that is not finite leaves its seq's estimate (counted in `errors`), the others go on; a
         raising probe leaves every estimate as it was (counted in `errors`)."""
         rows, targets = [], []
+        vectors = np.asarray(vectors)
+        finite = np.isfinite(vectors).all(axis=1) if len(vectors) else np.ones(0, dtype=bool)
         for i, rid in enumerate(prompt_ids):
             seq = seqs.get(rid)
             # the request's own prediction wins; a refined one (later evidence) too, when a
             # preempted request is re-pooled
             if seq is not None and seq.pred_source not in self.keep:
+                if not finite[i]:  # keeps its estimate; the step's other requests get theirs
+                    self.errors += 1
+                    continue
                 rows.append(i)
                 targets.append(seq)
         return replace_estimates(self, self.what, self.source, targets,
-                                 lambda: self.predictor.predict_features(np.asarray(vectors)[rows]))
+                                 lambda: self.predictor.predict_features(vectors[rows]))
 
 
 def replace_estimates(owner, what: str, source: str, targets: list, predict) -> int:

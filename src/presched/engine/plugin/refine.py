@@ -66,6 +66,9 @@ class EngineRefine:
             seq = seqs.get(rid)
             if (seq is not None and seq.features_step_g in self.at and seq.features_prompt is not None
                     and seq.pred_source != "xargs" and (not self.answer or seq.features_answer is not None)):  # fmt: skip
+                if not (np.isfinite(seq.features_step).all() and np.isfinite(seq.features_prompt).all()):
+                    self.errors += 1  # this one keeps its estimate; the step's others are refined
+                    continue
                 targets.append(seq)
 
         def predict():

@@ -23,6 +23,7 @@ text-gbm. `point` = calibrated median, `rank_score` = mu. A saved probe stores i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,6 +107,12 @@ def ridge(X: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float
     return w, float(ym - xm @ w)
 
 
+MAX_LOG = math.log(1e8)
+"""Largest log length a ridge head predicts (1e8 tokens: past any context window)."""
+MAX_SIGMA = 5.0
+"""Largest spread in log space (e^5 ~ 150x per standard deviation)."""
+
+
 class RidgeHead:
     """Log-length regression with calibrated quantiles, numpy only: standardised features ->
     ridge on log(y) (mu), the spread sigma (`spread` 'adaptive': a second ridge on the absolute
@@ -140,8 +147,12 @@ class RidgeHead:
         return self
 
     def mu_sigma(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(mu, sigma) of log y, mu within [0, MAX_LOG] and sigma within [sigma_floor, MAX_SIGMA]:
+        a state far outside the training data extrapolates the ridge without bound, and
+        exp(mu) overflowed to inf (a non-finite estimate is refused)."""
         Z = (np.asarray(X, dtype=float) - self.x_mean) / self.x_std
-        return Z @ self.w + self.b, np.maximum(Z @ self.sw + self.sb, self.sigma_floor)
+        return (np.clip(Z @ self.w + self.b, 0.0, MAX_LOG),
+                np.clip(Z @ self.sw + self.sb, self.sigma_floor, MAX_SIGMA))
 
     def quantiles(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(quantiles (n, len(LEVELS)), mu) of y for features X."""
