@@ -126,6 +126,35 @@ def test_mlp_only_layers_counts_distinct_layers_beyond_the_first_dense_ones():
     assert spec_from_hf_config("x", {**cfg, "first_k_dense_replace": 2, "mlp_only_layers": [1, 5]}).num_moe_layers == 29
 
 
+QWEN15_MOE = dict(num_hidden_layers=24, hidden_size=2048, num_attention_heads=16,
+                  num_key_value_heads=16, intermediate_size=5632, moe_intermediate_size=1408,
+                  shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
+                  decoder_sparse_step=1, vocab_size=151936)  # Qwen/Qwen1.5-MoE-A2.7B  # fmt: skip
+
+
+def test_qwen2_moe_shared_expert_width_and_sparse_step():
+    """Qwen1.5-MoE-A2.7B's card: 14.3B total, 2.7B active; its shared expert (width 5632, 0.83B
+    over 24 layers) counts; decoder_sparse_step 2 leaves experts in layers 1, 3, ..., 23 only."""
+    m = spec_from_hf_config("qwen1.5-moe", QWEN15_MOE)
+    assert m.num_params == pytest.approx(14.3e9, rel=0.01)
+    assert m.active_params == pytest.approx(2.7e9, rel=0.01)
+    half = spec_from_hf_config("half", QWEN15_MOE | {"decoder_sparse_step": 2})
+    assert half.moe_layers == 12
+    dense_mlp, moe_block = 3 * 2048 * 5632, 60 * 3 * 2048 * 1408 + 3 * 2048 * 5632 + 2048 + 2048 * 60
+    assert m.num_params - half.num_params == 12 * (moe_block - dense_mlp)
+    assert spec_from_hf_config("q", QWEN15_MOE | {"mlp_only_layers": [1]}).moe_layers == 23
+    with pytest.raises(ValueError, match="^hf_config.decoder_sparse_step: leaves 0 MoE"):
+        spec_from_hf_config("q", QWEN15_MOE | {"decoder_sparse_step": 25})
+
+
+def test_gpt_oss_streamed_active_parameters_are_the_cards():
+    """The cards' active counts (5.1B, 3.6B) leave out the untied input table, which a step
+    only looks up (specs.lookup_params)."""
+    for name, card in (("gpt-oss-120b", 5.1e9), ("gpt-oss-20b", 3.6e9)):
+        m = get_model(name)
+        assert m.active_params - m.lookup_params == pytest.approx(card, rel=0.01)
+
+
 def test_moe_split_adds_up():
     m = get_model("qwen3-30b-a3b")
     assert m.routed_params == 48 * 128 * 3 * 2048 * 768

@@ -24,7 +24,9 @@ def test_decode_batch_one_is_memory_bound_weights_over_bandwidth():
     r = RooflineStepModel(M8, H100, compute_efficiency=0.5, memory_efficiency=0.8,
                           step_overhead=1e-3, overhead_per_decode=0.0)
     t = decode(r, 1, 100)
-    weights_time = M8.weight_bytes / (H100.mem_bandwidth * 0.8)
+    # the untied input embedding (128256 x 4096) is looked up, not read: 1.05 GB of 16.06 GB
+    streamed = M8.weight_bytes - 128256 * 4096 * 2
+    weights_time = streamed / (H100.mem_bandwidth * 0.8)
     assert t == pytest.approx(1e-3 + weights_time, rel=0.01)  # KV bytes of 100 tokens ~ 0.1%
     assert 6e-3 < t < 8e-3
 
@@ -34,11 +36,30 @@ def test_large_prefill_is_compute_bound_params_times_tokens():
                           overhead_per_decode=0.0)
     p = 2048
     t = r.step_time(p, p * (p + 1) / 2, p, 0, 0)
-    linear = 2 * M8.num_params * p / (H100.peak_flops * 0.5)
+    linear = 2 * (M8.num_params - 128256 * 4096) * p / (H100.peak_flops * 0.5)
     attention = 4 * 32 * 32 * 128 * p * (p + 1) / 2 / (H100.peak_flops * 0.5)
     assert t == pytest.approx(linear + attention, rel=1e-12)
     assert t == pytest.approx(linear, rel=0.05)
     assert t > M8.weight_bytes / (H100.mem_bandwidth * 0.8)  # not memory-bound
+
+
+def test_a_tied_embedding_is_read_an_untied_input_table_is_only_looked_up():
+    """Both hold vocab x hidden in memory; only the LM head is streamed every step."""
+    untied = M8.model_copy(update={"name": "untied"})
+    tied = M8.model_copy(update={"name": "tied", "tie_word_embeddings": True})
+    assert untied.weight_bytes == tied.weight_bytes  # same memory (num_params is the same)
+    table = 128256 * 4096
+    assert untied.lookup_params == table and tied.lookup_params == 0
+    kw = dict(step_overhead=0.0, overhead_per_decode=0.0)
+    gap = decode(RooflineStepModel(tied, H100, **kw), 1, 100) - decode(
+        RooflineStepModel(untied, H100, **kw), 1, 100)
+    assert gap == pytest.approx(table * 2 / (H100.mem_bandwidth * 0.8), rel=1e-9)
+
+
+def test_num_params_below_the_untied_embedding_is_refused_naming_it():
+    with pytest.raises(ValueError, match="num_params.*input embedding"):
+        M8.model_copy(update={"num_params": 0.5e9}).model_validate(
+            M8.model_dump() | {"num_params": 0.5e9})
 
 
 def test_decode_line_exact_on_both_sides_of_crossover():

@@ -7,8 +7,8 @@
     tp: 1                         # tensor parallel; ep (expert parallel), dp (DP attention ranks)
     compute_efficiency: 0.5       # roofline knobs (ignored by kind: fitted); or a named set
     memory_efficiency: 0.8        # of them for what is unset: knobs: mlenergy-moe-h100
-    step_overhead: 0.00068
-    overhead_per_decode: 4.78e-5
+    step_overhead: 0.00104
+    overhead_per_decode: 4.9e-5
 
     kind: fitted
     coefficients_file: calib/h100-8b.json   # written by FittedStepModel.save / to_dict

@@ -9,7 +9,8 @@ tie_word_embeddings; experts: num_experts | n_routed_experts | num_local_experts
 num_experts_per_tok, moe_intermediate_size (else intermediate_size, as Llama-4 and gpt-oss name
 the expert width), n_shared_experts, first_k_dense_replace (DeepSeek), interleave_moe_layer_step
 and intermediate_size_mlp (Llama-4, which also has one shared expert per MoE layer),
-mlp_only_layers (Qwen); MLA: kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+mlp_only_layers and decoder_sparse_step (Qwen-MoE: layer i has experts when step divides i + 1),
+shared_expert_intermediate_size (Qwen2-MoE: one gated shared expert of that width); MLA: kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
 v_head_dim; sliding windows: sliding_window with layer_types (gpt-oss) or sliding_window_pattern
 (Gemma-3: every n-th layer global), attention_chunk_size (Llama-4: 3 of 4 layers chunked, taken
 as a sliding window of that size); hybrid Mamba-2 / attention models (Nemotron-H, Nemotron Nano
@@ -23,7 +24,9 @@ Parameters are counted from the shapes (norms and biases left out, < 0.1 %):
                     + kv_lora*H*(nope + v) + H*v*h          (q_lora absent: h*H*(nope + rope))
     dense MLP       3*h*intermediate
     MoE block       E*3*h*moe_intermediate + shared experts + router h*E
-    embeddings      vocab*h, twice unless tie_word_embeddings
+                    (shared: n*3*h*moe_intermediate, or 3*h*shared_expert_intermediate_size + h)
+    embeddings      vocab*h, twice unless tie_word_embeddings (the input table then counts
+                    in the parameters and memory, not in a step's reads: specs.lookup_params)
     Mamba-2 block   h*(2*I + 2*G*N + nH) + (I + 2*G*N)*conv + I*h      (I = nH * head dim)
     MLP block '-'   2*h*intermediate                               (Nemotron-H: ReLU^2, no gate)
 
@@ -120,6 +123,11 @@ def spec_from_hf_config(
         if moe_inter is None:
             raise ValueError("hf_config.moe_intermediate_size: missing (and no intermediate_size)")
         shared = _field(cfg, "n_shared_experts", 1 if llama4 else 0, minimum=0)
+        shared_inter = _field(cfg, "shared_expert_intermediate_size", None, minimum=0)
+        if shared_inter:  # Qwen2-MoE: one shared expert of its own width, with a sigmoid gate
+            shared, shared_block = max(shared, 1), 3 * h * shared_inter + h
+        else:
+            shared_block = shared * 3 * h * moe_inter
         dense_inter = _field(cfg, "intermediate_size_mlp", None) or inter or moe_inter
         if llama4:
             step = _field(cfg, "interleave_moe_layer_step", 1)
@@ -131,11 +139,15 @@ def spec_from_hf_config(
                     type(i) is int and 0 <= i < L for i in mlp_only):  # fmt: skip
                 raise ValueError(f"hf_config.mlp_only_layers: expected a list of layer indices in "
                                  f"0..{L - 1}, got {mlp_only!r}")  # fmt: skip
-            moe_layers = L - len(set(range(first_dense)) | set(mlp_only))
-            which = "mlp_only_layers" if mlp_only else "first_k_dense_replace"
+            step = _field(cfg, "decoder_sparse_step", 1)  # Qwen-MoE: layer i MoE if step | i+1
+            dense = set(range(first_dense)) | set(mlp_only) | {
+                i for i in range(L) if (i + 1) % step}
+            moe_layers = L - len(dense)
+            which = ("decoder_sparse_step" if step > 1 else "mlp_only_layers" if mlp_only
+                     else "first_k_dense_replace")  # fmt: skip
         if not 0 < moe_layers <= L:
             raise ValueError(f"hf_config.{which}: leaves {moe_layers} MoE layers of {L}")
-        moe_block = E * 3 * h * moe_inter + shared * 3 * h * moe_inter + h * E
+        moe_block = E * 3 * h * moe_inter + shared_block + h * E
         mlp_total = moe_layers * moe_block + (L - moe_layers) * 3 * h * dense_inter
         out |= dict(num_experts=E, experts_per_token=k, num_shared_experts=shared,
                     moe_intermediate_size=moe_inter, num_moe_layers=moe_layers,
@@ -169,8 +181,8 @@ def spec_from_hf_config(
     try:
         return ModelSpec(
             name=name, num_params=float(params), num_layers=L, hidden_size=h, num_heads=H,
-            intermediate_size=inter, vocab_size=V, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-            **out,
+            intermediate_size=inter, vocab_size=V, tie_word_embeddings=tied,
+            weight_dtype=weight_dtype, kv_dtype=kv_dtype, **out,
         )  # fmt: skip
     except ValidationError as e:  # the ModelSpec built from the config's fields
         raise ValueError(f"hf_config: {format_validation_error(e)}") from None
@@ -207,13 +219,16 @@ def _hybrid_spec(name: str, cfg: Mapping[str, Any], *, weight_dtype: str, kv_dty
         mamba = h * (inner + xbc + nH) + xbc * conv + inner * h
         ssm = nH * hd * N * dtype_bytes(ssm_dtype) + (conv - 1) * xbc * dtype_bytes(weight_dtype)
     attn = h * H * d + 2 * h * K * d + H * d * h
+    tied = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ValueError(f"hf_config.tie_word_embeddings: expected true or false, got {tied!r}")
     params = (n_mamba * mamba + n_attn * attn + n_mlp * 2 * h * inter
-              + V * h * (1 if cfg.get("tie_word_embeddings", False) else 2))  # fmt: skip
+              + V * h * (1 if tied else 2))  # fmt: skip
     try:
         return ModelSpec(
             name=name, num_params=float(params), num_layers=n_mamba + n_attn, hidden_size=h,
             num_heads=H, num_kv_heads=K, head_dim=d, intermediate_size=inter, vocab_size=V,
-            weight_dtype=weight_dtype, kv_dtype=kv_dtype, num_attention_layers=n_attn,
+            tie_word_embeddings=tied, weight_dtype=weight_dtype, kv_dtype=kv_dtype, num_attention_layers=n_attn,
             num_ssm_layers=n_mamba, ssm_state_bytes=ssm,
         )  # fmt: skip
     except ValidationError as e:  # the ModelSpec built from the config's fields

@@ -22,14 +22,14 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ModelSpec(
             name="llama-3.2-1b", num_params=1.24e9, num_layers=16, hidden_size=2048,
             num_heads=32, num_kv_heads=8, head_dim=64, intermediate_size=8192,
-            vocab_size=128256,
+            vocab_size=128256, tie_word_embeddings=True,
         ),
         # meta-llama/Llama-3.2-3B(-Instruct): 28 layers, d 3072, 24 q / 8 kv heads of 128,
         # MLP 8192, vocab 128256, tied embeddings, 3.21e9 params.
         ModelSpec(
             name="llama-3.2-3b", num_params=3.21e9, num_layers=28, hidden_size=3072,
             num_heads=24, num_kv_heads=8, head_dim=128, intermediate_size=8192,
-            vocab_size=128256,
+            vocab_size=128256, tie_word_embeddings=True,
         ),
         # meta-llama/Llama-3.1-8B(-Instruct): 32 layers, d 4096, 32 q / 8 kv heads of 128,
         # MLP 14336, vocab 128256, 8.03e9 params.
@@ -229,21 +229,22 @@ def get_hardware(name: str) -> HardwareSpec:
 
 # Roofline knobs fitted on public measurements, one set per family (`StepTimeConfig.knobs`
 # fills in the knobs a config leaves unset). The default knobs were fitted on Llama-3.1-8B on one
-# H100 and miss mixture-of-experts deployments by a median 22 % (H100) and 40 % (B200) of
+# H100 and miss mixture-of-experts deployments by a median 21 % (H100) and 39 % (B200) of
 # median ITL on ML.ENERGY's leaderboard (ml-energy/leaderboard 0cd52da, LLM tasks: 306 MoE
 # configurations, 7 architectures on H100 and 8 on B200). These are the knobs that
-# benchmarks/steptime_vs_mlenergy.py's leave-one-architecture-out folds fit, on every MoE
-# architecture of one GPU (its `family_knobs`, run of 2026-12-07); fitted so on all but
-# one, they miss that one by a median 18 % (H100) and 22 % (B200): docs/steptime.md. An
-# empirical calibration of vLLM 0.11's MoE serving on those GPUs, not physical constants
-# (B200's memory efficiency 0.46 is what its MoE decode steps reach, not what HBM3e can do).
+# benchmarks/steptime_vs_mlenergy.py fits on every MoE architecture of one GPU (its
+# `family_knobs`, the one-standard-error rule's knob set; run of 2026-12-07, night, with the
+# untied input embedding looked up, not read); fitted so on all but one, they miss that one by
+# a median 19 % (H100) and 23 % (B200): docs/steptime.md. An empirical calibration of vLLM 0.11's
+# MoE serving on those GPUs, not physical constants (B200's memory efficiency 0.46 is what its
+# MoE decode steps reach, not what HBM3e can do).
 KNOB_PRESETS: dict[str, dict[str, float]] = {
-    "mlenergy-moe-h100": dict(step_overhead=0.0, overhead_per_decode=69.6e-6,
-                              memory_efficiency=1.0, collective_latency=29.7e-6,
-                              compute_efficiency=0.5, overhead_per_layer=80.1e-6),
-    "mlenergy-moe-b200": dict(step_overhead=0.0, overhead_per_decode=55.0e-6,
-                              memory_efficiency=0.459, collective_latency=29.4e-6,
-                              compute_efficiency=0.718, overhead_per_layer=0.0),
+    "mlenergy-moe-h100": dict(step_overhead=2.76e-3, overhead_per_decode=67.2e-6,
+                              memory_efficiency=0.985, collective_latency=41.1e-6,
+                              compute_efficiency=0.5, overhead_per_layer=0.0),
+    "mlenergy-moe-b200": dict(step_overhead=0.189e-3, overhead_per_decode=55.2e-6,
+                              memory_efficiency=0.456, collective_latency=28.5e-6,
+                              compute_efficiency=0.5, overhead_per_layer=0.0),
 }
 
 

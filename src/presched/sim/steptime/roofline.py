@@ -63,9 +63,9 @@ DEFAULT_COMPUTE_EFFICIENCY = 0.5
 """Fraction of dense peak FLOP/s that large GEMMs + FlashAttention reach in serving (MFU)."""
 DEFAULT_MEMORY_EFFICIENCY = 0.8
 """Fraction of datasheet HBM bandwidth that decode GEMV/GEMM + paged attention reach."""
-DEFAULT_STEP_OVERHEAD = 0.68e-3
+DEFAULT_STEP_OVERHEAD = 1.04e-3
 """Seconds per step outside the GPU roofline: scheduling, input prep, launches, sampling."""
-DEFAULT_OVERHEAD_PER_DECODE = 47.8e-6
+DEFAULT_OVERHEAD_PER_DECODE = 49.0e-6
 """Seconds per decoding request per step: per-sequence CPU work (sampling, output processing,
 detokenisation) and attention inefficiency that the bandwidth term does not capture."""
 DEFAULT_OVERHEAD_PER_PREFILL_TOKEN = 0.0
@@ -121,7 +121,7 @@ class RooflineStepModel(StepTimeModel):
         memory_rate = hardware.mem_bandwidth * self.memory_efficiency  # bytes/s per GPU
         shards = ep if ep > 1 else tp  # ways the routed experts are split
         # Seconds per unit, per GPU (dense parts: the original Llama terms):
-        self._t_per_token_flops = 2.0 * m.dense_params / tp / dense_rate  # per P or B token
+        self._t_per_token_flops = 2.0 * m.streamed_params / tp / dense_rate  # per P or B token
         # attention multiplies activations by the KV cache, at its format's rate (BF16 KV:
         # BF16 tensor cores, whatever format the weights are in)
         attn_rate = hardware.flops_for(m.kv_dtype) * eff
@@ -131,7 +131,7 @@ class RooflineStepModel(StepTimeModel):
         self._t_per_ctx_flops = attn * full_layers  # decode context, full-attention layers
         self._t_per_win_flops = attn * m.num_sliding_layers  # per min(C, B*w)
         self._window = m.sliding_window if m.num_sliding_layers else None
-        dense_weight_bytes = m.dense_params * m.weight_bytes_per_param
+        dense_weight_bytes = m.streamed_params * m.weight_bytes_per_param
         self._t_weights = dense_weight_bytes / tp / memory_rate
         kv_layer = m.kv_bytes_per_layer / m.kv_shards(tp) / memory_rate
         self._t_per_kv_token = kv_layer * m.attention_layers  # prefill context and new tokens

@@ -11,6 +11,9 @@ number format (dtypes.py). Per token and layer, with `b(x)` the bytes of format 
     routed_params        = num_moe_layers * num_experts * routed_expert_params
     dense_params         = num_params - routed_params   (attention, embeddings, dense MLPs,
                                                          shared experts, routers)
+    lookup_params        = vocab_size * hidden_size unless tie_word_embeddings, else 0
+                           (a separate input embedding: held, only T rows looked up per step)
+    streamed_params      = dense_params - lookup_params   (what a step reads and multiplies)
     active_params        = dense_params + num_moe_layers * experts_per_token * routed_expert_params
     weight_bytes         = dense_params * b(weight_dtype) + routed_params * b(expert_dtype)
     kv per layer, GQA    = 2 (K and V) * num_kv_heads * head_dim * b(kv_dtype)
@@ -55,6 +58,11 @@ class ModelSpec(Config):
         default=None, gt=0, le=2**24, description="Dense MLP inner width; informational."
     )
     vocab_size: int = Field(gt=0, le=2**24, description="Tokenizer vocabulary size.")
+    tie_word_embeddings: bool = Field(
+        default=False, description="True: the input embedding is the LM head's matrix. False "
+        "(Llama-3.1, Qwen3): a separate vocab_size x hidden_size table, held in memory but only "
+        "looked up (a few rows per step), neither read whole nor multiplied."
+    )
     weight_dtype: DType = Field(
         default="bf16", description="Format of the weights other than routed experts "
         "(bf16, fp16, fp8, mxfp4, nvfp4)."
@@ -150,6 +158,12 @@ class ModelSpec(Config):
             raise ValueError(f"{missing}: missing (needed for attention 'mla')")
         if self.attention == "gqa" and mla != (None, None):
             raise ValueError("kv_lora_rank: set but attention is 'gqa'; use attention: mla")
+        if self.streamed_params <= 0:
+            raise ValueError(
+                f"num_params: {self.num_params:.4g} leaves nothing but the input embedding "
+                f"({self.lookup_params:.4g} = vocab_size * hidden_size, untied) and routed "
+                f"experts; check num_params, or set tie_word_embeddings"
+            )
         if self.num_ssm_layers and not self.ssm_state_bytes:
             raise ValueError("ssm_state_bytes: missing (needed when num_ssm_layers > 0)")
         if self.attention_layers + self.num_ssm_layers > self.num_layers:
@@ -200,6 +214,16 @@ class ModelSpec(Config):
     def dense_params(self) -> float:
         """Parameters every token uses: everything but the routed experts."""
         return self.num_params - self.routed_params
+
+    @property
+    def lookup_params(self) -> float:
+        """Parameters of a separate input-embedding table (0 when tied): held, not streamed."""
+        return 0.0 if self.tie_word_embeddings else float(self.vocab_size * self.hidden_size)
+
+    @property
+    def streamed_params(self) -> float:
+        """Dense parameters every step reads and multiplies: dense_params - lookup_params."""
+        return self.dense_params - self.lookup_params
 
     @property
     def active_params(self) -> float:
