@@ -93,6 +93,9 @@ def test_with_learn_names_still_match_unseen_models_are_counted_and_refits_learn
         learner.observe(r, 200, status="ok")
         learner.observe(Request(id="c", prompt_tokens=5, model=SERVED, prompt="unpredicted"), 20)
         assert [q.model for q, _ in learner.buffer] == [FITTED, FITTED]  # the fitted spelling
+        # called directly (presched learn), the learner matches the names itself
+        direct = learner.predict([Request(id="d", prompt_tokens=50, model=SERVED, prompt="x")])
+        assert direct.point[0] == want.point
     finally:
         batcher.worker.close()
 

@@ -133,6 +133,10 @@ class OnlineLearner:
     def predict(self, requests: Sequence[Request]) -> LengthEstimate:
         with self._lock:
             base, version = self.base, self.version
+        # served-model names as the base was fitted on them (the gateway has matched them
+        # already; `presched learn` and direct callers have not)
+        spelled = [self._spelling(r.model) for r in requests]
+        requests = [r if m == r.model else dataclasses.replace(r, model=m) for r, m in zip(requests, spelled)]
         est = base.predict(requests)
         groups = [self.group(r) for r in requests]
         with self._lock:
