@@ -26,6 +26,11 @@ def test_training_targets_use_uncapped_sample_means():
     only_capped = Request(id="b", prompt_tokens=5, output_tokens=15001, output_samples=(15001, 15000))
     t, keep = training_targets([r, only_capped])
     assert t[0] == 15.0 and keep.tolist() == [True, False]
+    # a row cut at its own max_tokens is a lower bound, not a label (it trained as one)
+    cut = Request(id="c", prompt_tokens=5, output_tokens=256, max_tokens=256)
+    some = Request(id="d", prompt_tokens=5, output_tokens=90, output_samples=(90, 256, 110), max_tokens=256)
+    t, keep = training_targets([cut, some])
+    assert keep.tolist() == [False, True] and t[1] == 100.0
 
 
 @pytest.mark.parametrize("name", BASELINES)
