@@ -133,7 +133,7 @@ class Stack(Predictor):
             for w in simplex(len(self.members), p["grid"]):
                 t = kendall_tau_b(mu @ np.asarray(w), y_cal)
                 taus[w] = t if math.isfinite(t) else -math.inf
-            self.weights = max(taus, key=lambda w: (taus[w], -list(taus).index(w)))  # ties: earlier
+            self.weights = max(taus, key=taus.__getitem__)  # ties: the earlier (max keeps the first)
         m_cal, s_cal = self._blend(mu, sig)
         self.conformal = ConformalQuantiles(LEVELS, log=True).fit(np.exp(m_cal), y_cal, None, s_cal)
         self.fit_info = {"weights": list(self.weights), "calibration_rows": len(cal),
