@@ -73,3 +73,17 @@ def test_a_saved_model_loads_in_a_fresh_process(small, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "TextGBMStatic"
+
+
+def test_the_default_eval_list_has_it_only_where_it_can_fit(monkeypatch):
+    """Without model2vec (the `static` extra) it was listed and failed at fit in every run."""
+    import importlib.util
+
+    from presched.predict.evaluate import available_predictors, discover_predictors
+
+    discover_predictors()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: None if m == "model2vec" else real(m, *a))
+    assert "text-gbm-static" not in available_predictors() and "text-gbm" in available_predictors()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: object() if m == "model2vec" else real(m, *a))
+    assert "text-gbm-static" in available_predictors()

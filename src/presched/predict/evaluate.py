@@ -106,9 +106,16 @@ def available_predictors(include_oracles: bool = False) -> list[str]:
     """Registered predictor names (after `discover_predictors`), default first, then anchors,
     then the rest; oracles (which read the labels) only when asked. Predictors that read the
     serving model (`probe`, `egtp`, `probe-refine`: its hidden states; `self-report`: its answers;
-    `needs_serving_model`) are left out: text data has no such features; name them explicitly."""
+    `needs_serving_model`) are left out: text data has no such features; name them explicitly.
+    So are those whose fitting needs a module not installed (`fit_requires`: text-gbm-static
+    without the `static` extra), rather than listed to fail."""
+    import importlib.util
+
+    def installed(n: str) -> bool:  # `fit_requires`: modules fitting needs (an optional extra)
+        return all(importlib.util.find_spec(m) is not None for m in getattr(PREDICTORS.get(n), "fit_requires", ()))
+
     names = [n for n in PREDICTORS.names() if (include_oracles or not getattr(PREDICTORS.get(n), "oracle", False))
-             and not getattr(PREDICTORS.get(n), "needs_serving_model", False)]  # fmt: skip
+             and not getattr(PREDICTORS.get(n), "needs_serving_model", False) and installed(n)]  # fmt: skip
     order = {n: i for i, n in enumerate((DEFAULT, *ANCHORS, *BASELINES))}
     return sorted(names, key=lambda n: (order.get(n, len(order)), n))
 
