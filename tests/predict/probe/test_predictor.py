@@ -251,5 +251,13 @@ def test_a_probe_without_model_dir_and_probe_refine_are_refused_by_the_fronts(fi
     with pytest.raises(ValueError, match=r"^predictor: .*probe.npz: probe reads the served model's hidden states.*model_dir"):
         load_parts(cfg)
     assert PREDICTORS.create("probe-refine").front_refusal().startswith("probe-refine refines")
-    assert PREDICTORS.create("probe", model_dir="/some/weights").front_refusal() is None
+    assert PREDICTORS.create("probe", model_dir="/some/smollm2-135m").front_refusal() is None
     assert PREDICTORS.create("model-median").front_refusal() is None
+
+
+def test_model_dir_of_another_model_than_the_model_param_is_refused_naming_it():
+    """Vectors computed on model_dir were labelled with the `model` param: a gemma folder with
+    the default model 'smollm2-135m' made smollm2 keys of gemma states."""
+    with pytest.raises(ValueError, match=r"^probe: parameter 'model' is 'smollm2-135m' but model_dir is the folder 'gemma-3-270m'"):
+        PREDICTORS.create("probe", model_dir="/models/gemma-3-270m")
+    assert PREDICTORS.create("egtp", model_dir="/models/gemma-3-270m/", model="gemma-3-270m").params["model"] == "gemma-3-270m"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -227,6 +228,10 @@ class HiddenStateProbe(Predictor):
         check_alpha(self.name, self.params["alpha"])
         check_spread(self.name, self.params["spread"])
         check_sigma_floor(self.name, self.params["sigma_floor"])
+        folder = None if self.params["model_dir"] is None else Path(str(self.params["model_dir"])).name
+        if folder is not None and folder != self.params["model"]:  # its vectors would carry another name
+            raise ValueError(f"{self.name}: parameter 'model' is {self.params['model']!r} but model_dir is the "
+                             f"folder {folder!r}; the engine names a model's states by its folder: set model={folder}")
         self._featurizer: Any = None
         self.spec: FeatureSpec | None = None
         self.skipped = 0  # training requests without the state (`fit`)
