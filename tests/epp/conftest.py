@@ -68,7 +68,7 @@ class Stack:
 
 def _stack(tmp_path_factory, body_mode: str):
     log = RequestLog(tmp_path_factory.mktemp("epp") / "requests.sqlite")
-    cfg = {"policy": "fcfs", "router": "least-work", "max_queue": 8, "health_interval_s": 0.5,
+    cfg = {"policy": "fcfs", "router": "least-work", "max_queue": 12, "health_interval_s": 0.5,
            "tenants": [{"name": "flood", "weight": 1}, {"name": "calm", "weight": 1}],
            "objectives": [{"name": "chat", "ttft_s": 0.5}], "envoy_body_mode": body_mode}
     with LocalStack(cfg, stubs=3, token_s=TOKEN_S, predictor=fitted_predictor(), log=log,

@@ -129,7 +129,8 @@ def test_bad_input_gets_an_openai_error_naming_the_field(stack):
 
 
 def test_a_flood_from_one_fairness_id_does_not_starve_another(stack):
-    # 3 endpoints x 2 slots run 6; max_queue 8 with two tenants of weight 1: 4 waiting each
+    # 3 endpoints x 2 slots run 6; max_queue 12 with two tenants of weight 1 and the unlisted
+    # ids' pool (weight 1 too): 4 waiting each
     flood = {"x-gateway-inference-fairness-id": "flood"}
     results = []
     lock = threading.Lock()

@@ -28,6 +28,7 @@ from presched.serve.outcome import Outcome, log_row
 from presched.serve.predictions import PredictBatcher, Worker
 from presched.serve.request_body import Done, new_request, parse_body
 from presched.serve.seq import GatewaySeq
+from presched.serve.tenants import QueueShares
 from presched.serve.tokens import counter
 from presched.workload.request import Request
 
@@ -68,6 +69,9 @@ class PoolGateway(Gateway):
 
     def __init__(self, cfg, predicts: bool = False) -> None:
         super().__init__(cfg, predicts)
+        # fairness ids are a header, not authenticated: an unlisted one is ordinary traffic and
+        # its pool shares the queue as one more tenant of weight 1 (EppConfig.tenants)
+        self.shares = QueueShares(cfg.tenants, cfg.max_queue, unlisted=True)
         self._subsets: dict[str, set[str]] = {}  # request id -> the endpoints it may use
         self.retired: set[int] = set()
 

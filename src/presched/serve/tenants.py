@@ -11,8 +11,11 @@ make every tenant get 429, tenant t may have at most
 
 requests waiting; tenant names that are not configured (the HTTP app never sends one when
 tenants are configured; other fronts of `Gateway` may) share one pool of what the configured
-shares leave, max(1, max_queue - sum of the shares). Without tenants, the one tenant 'default'
-has all of max_queue. The total stays bounded by max_queue as well.
+shares leave, max(1, max_queue - sum of the shares). With `unlisted=True` (the EPP, whose
+fairness ids are not authenticated, so unlisted ones are ordinary traffic) that pool counts as
+one more tenant of weight 1 instead: W = sum of the weights + 1, each listed tenant gets
+max(1, floor(max_queue * w_t / W)) and the pool max(1, floor(max_queue / W)). Without tenants,
+the one tenant 'default' has all of max_queue. The total stays bounded by max_queue as well.
 """
 
 from __future__ import annotations
@@ -79,13 +82,14 @@ class QueueShares:
     """Per-tenant caps on waiting requests (module doc) and the count of each tenant's waiting
     requests (`add` when one is queued, `sub` when it leaves the queue; no entry at zero)."""
 
-    def __init__(self, tenants: list[TenantConfig], max_queue: int) -> None:
+    def __init__(self, tenants: list[TenantConfig], max_queue: int, unlisted: bool = False) -> None:
+        """`unlisted`: the tenants not configured share a pool of weight 1 (module doc)."""
         self.caps: dict[str, int] = {}
         self.rest = max_queue
         if tenants:
-            total = sum(t.weight for t in tenants)
+            total = sum(t.weight for t in tenants) + (1 if unlisted else 0)
             self.caps = {t.name: max(1, math.floor(max_queue * t.weight / total)) for t in tenants}
-            self.rest = max(1, max_queue - sum(self.caps.values()))
+            self.rest = max(1, math.floor(max_queue / total) if unlisted else max_queue - sum(self.caps.values()))
         self.counts: dict[str | None, int] = {}  # pool -> requests waiting
 
     def _pool(self, tenant: str) -> str | None:

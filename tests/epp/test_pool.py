@@ -1,0 +1,44 @@
+"""The pool's books, driven without gRPC (as test_move.py): queue shares of unlisted fairness
+ids, a request moved to a fallback endpoint, the endpoints file's reloads."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from presched.epp.config import EppConfig
+from presched.epp.core import PoolGateway
+from presched.serve.errors import GatewayError
+from presched.workload.request import Request
+
+
+def pool(n=1, **cfg) -> PoolGateway:
+    mif = cfg.pop("mif", 1)
+    eps = [{"address": f"127.0.0.1:{9000 + i}", "model": "m", "max_in_flight": mif} for i in range(n)]
+    return PoolGateway(EppConfig(endpoints=eps, log={"path": None}, **cfg).gateway_config())
+
+
+def req(i, tenant="default", **kw):
+    return Request(id=f"r{i}", prompt_tokens=10, model="m", max_tokens=50, tenant=tenant, **kw)
+
+
+def test_unlisted_fairness_ids_share_the_queue_as_one_more_tenant_of_weight_1():
+    """EppConfig.tenants: "an id not listed shares the rest of the queue with weight 1". Before
+    the fix the listed tenants' caps took all of max_queue and the unlisted pool got
+    max(1, max_queue - sum) = 1: one request waiting in the whole picker for every other id."""
+
+    async def main():
+        gw = pool(tenants=[{"name": "team-a", "weight": 2}], max_queue=9)  # W = 2 + 1
+        assert gw.shares.share("team-a") == 6 and gw.shares.share("default") == 3
+        gw.accept_in(req(0), None, None, None)  # runs (one slot)
+        for i in range(1, 4):  # three wait: the unlisted pool's share
+            gw.accept_in(req(i, tenant="x" if i % 2 else "default"), None, None, None)
+        with pytest.raises(GatewayError) as e:
+            gw.accept_in(req(4, tenant="y"), None, None, None)
+        assert e.value.status == 429 and "3 of max_queue 9" in str(e.value)
+        for i in range(5, 11):  # the listed tenant still has its own six
+            gw.accept_in(req(i, tenant="team-a"), None, None, None)
+        assert gw.num_waiting == 9
+
+    asyncio.run(main())
