@@ -42,3 +42,22 @@ def test_unlisted_fairness_ids_share_the_queue_as_one_more_tenant_of_weight_1():
         assert gw.num_waiting == 9
 
     asyncio.run(main())
+
+
+def test_a_request_moved_to_a_fallback_is_told_to_the_new_endpoints_policy():
+    """Envoy served the request from a fallback: `move_running` put it in the new endpoint's
+    running list without telling that endpoint's policy, so mlfq raised KeyError in on_tokens
+    and on_finish (policy_errors 2 per fallback) and kv-admission's footprint missed it."""
+
+    async def main():
+        gw = pool(2, policy="mlfq", mif=4)
+        a = gw.accept_in(req(0), None, None, None)
+        old, new = gw.backends[a.instance], gw.backends[1 - a.instance]
+        gw.move_running(a, new)
+        assert a in new.running and a not in old.running and not old.healthy
+        assert id(a) not in old.policy._state and id(a) in new.policy._state  # on_cancel / on_arrival
+        gw.tokens(a, 5)
+        gw.finish(a, 5)
+        assert gw.policy_errors == 0 and not new.policy._state and not new.running
+
+    asyncio.run(main())

@@ -97,14 +97,24 @@ class PoolGateway(Gateway):
 
     def move_running(self, seq: GatewaySeq, to: Backend) -> None:
         """`seq` runs on `to`, not where it was released (the proxy fell back): the first
-        endpoint failed it and is marked down; `to` carries it from now on, in the router's
-        records too (routed again with `to` the only choice: its prefixes, its work)."""
+        endpoint failed it and is marked down (its policy hears `on_cancel`); `to` carries it
+        from now on, in the router's records too (routed again with `to` the only choice: its
+        prefixes, its work) and in its policy's (`on_arrival`, `on_schedule`: mlfq's levels,
+        kv-admission's footprint). A hook that raises is counted and logged; the request runs
+        there already, so it goes on (as a failing `on_tokens`)."""
         old = self.backends[seq.instance]
         self._leave(old, seq, finished=False)  # (the router's record on `old` goes)
         self.set_health(old, False)
-        seq.routed = self.router.route(seq, self.backends, self.now(), [to.index])
+        now = self.now()
+        seq.routed = self.router.route(seq, self.backends, now, [to.index])
         seq.instance = to.index
         to.running.append(seq)
+        for hook in ("on_arrival", "on_schedule"):
+            try:
+                getattr(to.policy, hook)(seq, now)
+            except Exception as e:  # noqa: BLE001 - the proxy runs it there: it goes on
+                self._policy_error(to, seq, hook, e)
+                break
         self.dispatch(old)
 
     def by_address(self, address: str) -> Backend | None:
