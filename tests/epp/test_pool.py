@@ -4,11 +4,13 @@ ids, a request moved to a fallback endpoint, the endpoints file's reloads."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
-from presched.epp.config import EppConfig
-from presched.epp.core import PoolGateway
+from presched.epp.config import EndpointConfig, EppConfig
+from presched.epp.core import Picker, PoolGateway
+from presched.epp.endpoints import Pool, initial_endpoints, read_endpoints
 from presched.serve.errors import GatewayError
 from presched.workload.request import Request
 
@@ -61,3 +63,60 @@ def test_a_request_moved_to_a_fallback_is_told_to_the_new_endpoints_policy():
         assert gw.policy_errors == 0 and not new.policy._state and not new.running
 
     asyncio.run(main())
+
+
+def _write(f, text, n=[0]):  # noqa: B006 - a changed mtime at every write, even on a coarse clock
+    f.write_text(text)
+    n[0] += 2
+    os.utime(f, ns=(n[0], n[0]))
+
+
+def test_a_bad_endpoints_edit_is_logged_and_the_health_loop_goes_on(tmp_path, caplog):
+    """kv-admission needs kv_tokens: an endpoint added without it made Backend() raise in
+    set_endpoints inside Pool._loop, which died silently (no more reloads or health checks),
+    and Pool.stop raised it again, so EppServer.stop never closed the request log."""
+    from epp.conftest import fitted_predictor
+
+    f = tmp_path / "pool.yaml"
+    _write(f, "endpoints:\n  - {address: 127.0.0.1:1, kv_tokens: 1000}\n")
+    cfg = EppConfig(endpoints_file=f, log={"path": None}, policy="kv-admission", health_interval_s=0.02)
+    picker = Picker(cfg, fitted_predictor(), None, initial_endpoints(cfg))
+    gw = picker.gw
+    live = lambda: sorted(b.name for b in gw.backends if b.index not in gw.retired)  # noqa: E731
+
+    async def main():
+        pool = Pool(cfg, picker)
+        await pool.start()
+        _write(f, "endpoints:\n  - {address: 127.0.0.1:1, kv_tokens: 1000}\n  - {address: 127.0.0.1:2}\n")
+        await asyncio.sleep(0.2)
+        assert not pool._task.done() and live() == ["127.0.0.1:1"] and len(gw.backends) == 1
+        _write(f, "endpoints:\n  - {address: 127.0.0.1:3, kv_tokens: 1000}\n")  # a good edit still applies
+        for _ in range(100):
+            if live() == ["127.0.0.1:3"]:
+                break
+            await asyncio.sleep(0.02)
+        assert live() == ["127.0.0.1:3"]
+        await pool.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        picker.close()
+    assert "endpoint 127.0.0.1:2: field 'kv_tokens'" in caplog.text and "keeping the endpoints in force" in caplog.text
+
+
+def test_an_address_listed_twice_is_refused_naming_it(tmp_path):
+    """It became two backends: in the file, in the file and `endpoints`, or in a reload."""
+    f = tmp_path / "pool.yaml"
+    _write(f, "endpoints:\n  - {address: 127.0.0.1:7}\n  - {address: 127.0.0.1:7}\n")
+    with pytest.raises(ValueError, match=r"pool.yaml: endpoints: 127\.0\.0\.1:7 is listed twice"):
+        read_endpoints(f)
+    _write(f, "endpoints:\n  - {address: 127.0.0.1:7}\n")
+    cfg = EppConfig(endpoints=[{"address": "127.0.0.1:7"}], endpoints_file=f, log={"path": None})
+    with pytest.raises(ValueError, match=r"endpoints and endpoints_file .*: 127\.0\.0\.1:7 is listed twice"):
+        initial_endpoints(cfg)
+    gw = pool(1)
+    with pytest.raises(ValueError, match=r"127\.0\.0\.1:9001 is listed twice"):
+        gw.set_endpoints([EndpointConfig(address="127.0.0.1:9001")] * 2)
+    assert [b.name for b in gw.backends] == ["127.0.0.1:9000"] and not gw.retired  # nothing changed
+

@@ -125,22 +125,33 @@ class PoolGateway(Gateway):
 
     def set_endpoints(self, endpoints: list[EndpointConfig]) -> None:
         """Add the endpoints not known yet; retire those no longer listed (their running
-        requests finish; their waiting ones move to the others)."""
-        want = {e.address: e for e in endpoints}
+        requests finish; their waiting ones move to the others). ValueError naming the address,
+        nothing changed, for an address listed twice or an endpoint the policy cannot run on
+        (kv-admission without kv_tokens)."""
+        want: dict[str, EndpointConfig] = {}
+        for e in endpoints:
+            if e.address in want:
+                raise ValueError(f"endpoints: {e.address} is listed twice")
+            want[e.address] = e
+        known = {b.name for b in self.backends}  # one backend per address, ever
+        fresh = []  # made before anything changes: a bad endpoint changes nothing
+        for addr, e in want.items():
+            if addr not in known:
+                bc = BackendConfig(url=f"http://{addr}", name=addr, model=e.model,
+                                   max_in_flight=e.max_in_flight, kv_tokens=e.kv_tokens)  # fmt: skip
+                try:
+                    fresh.append(Backend(len(self.backends) + len(fresh), bc, self._new_policy(), self._drift_alarm))
+                except ValueError as err:
+                    raise ValueError(f"endpoint {addr}: {err}") from None
         for b in self.backends:
             if b.name not in want and b.index not in self.retired:
                 self.retired.add(b.index)
                 b.healthy = True  # so that set_health moves its queue
                 self.set_health(b, False)
-        for addr, e in want.items():
-            back = next((b for b in self.backends if b.name == addr and b.index in self.retired), None)
-            if back is not None:  # it left and came back: its own index (and router state) again
-                self.retired.discard(back.index)
-                continue  # down until a health check passes
-            if self.by_address(addr) is None:
-                bc = BackendConfig(url=f"http://{addr}", name=addr, model=e.model,
-                                   max_in_flight=e.max_in_flight, kv_tokens=e.kv_tokens)  # fmt: skip
-                self.backends.append(Backend(len(self.backends), bc, self._new_policy(), self._drift_alarm))
+        for b in self.backends:  # one that left and came back: its own index (and router
+            if b.name in want:  # state) again; down until a health check passes
+                self.retired.discard(b.index)
+        self.backends.extend(fresh)
 
 
 class Picker:

@@ -14,7 +14,6 @@ endpoint that failed requests lately stays down until its hold ends (`Backend.he
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 
@@ -40,11 +39,25 @@ def read_endpoints(path: Path) -> list[EndpointConfig]:
         raise ValueError(f"endpoints_file {path}:\n" + format_validation_error(e, "endpoints")) from None
     if not eps:
         raise ValueError(f"endpoints_file {path}: endpoints: at least one endpoint is required")
+    _unique(eps, f"endpoints_file {path}: endpoints")
     return eps
 
 
+def _unique(eps: list[EndpointConfig], where: str) -> None:
+    seen = set()
+    for e in eps:
+        if e.address in seen:
+            raise ValueError(f"{where}: {e.address} is listed twice")
+        seen.add(e.address)
+
+
 def initial_endpoints(cfg: EppConfig) -> list[EndpointConfig]:
-    return list(cfg.endpoints) + (read_endpoints(cfg.endpoints_file) if cfg.endpoints_file else [])
+    """`endpoints` and the file's; ValueError naming an address listed in both."""
+    if cfg.endpoints_file is None:
+        return list(cfg.endpoints)
+    eps = list(cfg.endpoints) + read_endpoints(cfg.endpoints_file)
+    _unique(eps, f"endpoints and endpoints_file {cfg.endpoints_file}")
+    return eps
 
 
 class Pool:
@@ -67,18 +80,29 @@ class Pool:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
+        """Never raises (the server's stop goes on to close the request log)."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # noqa: BLE001 - _loop catches its own; logged, never raised
+                _log.exception("endpoints: the health loop had failed")
         if self.client is not None:
             await self.client.aclose()
 
     async def _loop(self) -> None:
+        """Reload and check every health_interval_s; a round that fails is logged, never the
+        end of the loop (a dead loop would check no endpoint and read no edit again)."""
         while True:
             await asyncio.sleep(self.cfg.health_interval_s)
-            self.reload()
-            await self.check()
+            try:
+                self.reload()
+                await self.check()
+            except Exception:  # noqa: BLE001
+                _log.exception("endpoints: a reload or health check failed; trying again in %s s",
+                               self.cfg.health_interval_s)  # fmt: skip
 
     def reload(self) -> None:
         """Apply the endpoints file if it changed since it was last read."""
@@ -87,11 +111,11 @@ class Pool:
             return
         self._mtime = m
         try:
-            eps = list(self.cfg.endpoints) + read_endpoints(self.cfg.endpoints_file)
+            eps = initial_endpoints(self.cfg)
+            self.picker.gw.set_endpoints(eps)  # applies all of it or nothing
         except ValueError as e:
             _log.warning("%s; keeping the endpoints in force", e)
             return
-        self.picker.gw.set_endpoints(eps)
         _log.warning("endpoints now: %s", ", ".join(e.address for e in eps))
 
     async def check(self) -> None:
