@@ -120,3 +120,26 @@ def test_an_address_listed_twice_is_refused_naming_it(tmp_path):
         gw.set_endpoints([EndpointConfig(address="127.0.0.1:9001")] * 2)
     assert [b.name for b in gw.backends] == ["127.0.0.1:9000"] and not gw.retired  # nothing changed
 
+
+def test_edits_to_a_known_endpoint_apply():
+    """A reload that changed max_in_flight, kv_tokens or model of a listed endpoint was ignored
+    (only additions and removals were), while the log said "endpoints now: ..."."""
+
+    async def main():
+        gw = pool(1, policy="mlfq", mif=1)
+        b = gw.backends[0]
+        seqs = [gw.accept_in(req(i), None, None, None) for i in range(3)]
+        assert len(b.running) == 1 and len(b.queue) == 2
+        old = b.policy
+        gw.set_endpoints([EndpointConfig(address=b.name, model="m", max_in_flight=3, kv_tokens=5000)])
+        assert (b.max_in_flight, b.engine.kv_tokens, b.engine.max_num_seqs) == (3, 5000, 3)
+        assert len(b.running) == 3 and not b.queue and gw.shares.counts == {}  # released at once
+        assert b.policy is not old and not old._state and len(b.policy._state) == 3  # carried over
+        gw.set_endpoints([EndpointConfig(address=b.name, model="m2", max_in_flight=3, kv_tokens=5000)])
+        assert b.model == "m2" and not b.healthy  # down until a health check (of the new model)
+        for s in seqs:
+            gw.tokens(s, 2)
+            gw.finish(s, 2)
+        assert gw.policy_errors == 0 and not b.policy._state and len(gw.backends) == 1
+
+    asyncio.run(main())

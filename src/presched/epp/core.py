@@ -15,7 +15,7 @@ endpoints come and go (`set_endpoints`: a removed one is retired, never picked a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from presched import xargs
@@ -125,33 +125,76 @@ class PoolGateway(Gateway):
 
     def set_endpoints(self, endpoints: list[EndpointConfig]) -> None:
         """Add the endpoints not known yet; retire those no longer listed (their running
-        requests finish; their waiting ones move to the others). ValueError naming the address,
-        nothing changed, for an address listed twice or an endpoint the policy cannot run on
-        (kv-admission without kv_tokens)."""
+        requests finish; their waiting ones move to the others); apply edits to the others
+        (`_edit`). ValueError naming the address, nothing changed, for an address listed twice
+        or an endpoint the policy cannot run on (kv-admission without kv_tokens)."""
         want: dict[str, EndpointConfig] = {}
         for e in endpoints:
             if e.address in want:
                 raise ValueError(f"endpoints: {e.address} is listed twice")
             want[e.address] = e
-        known = {b.name for b in self.backends}  # one backend per address, ever
-        fresh = []  # made before anything changes: a bad endpoint changes nothing
+        known = {b.name: b for b in self.backends}  # one backend per address, ever
+        fresh, edits = [], []  # made before anything changes: a bad endpoint changes nothing
         for addr, e in want.items():
-            if addr not in known:
-                bc = BackendConfig(url=f"http://{addr}", name=addr, model=e.model,
-                                   max_in_flight=e.max_in_flight, kv_tokens=e.kv_tokens)  # fmt: skip
-                try:
+            try:
+                if addr not in known:
+                    bc = BackendConfig(url=f"http://{addr}", name=addr, model=e.model,
+                                       max_in_flight=e.max_in_flight, kv_tokens=e.kv_tokens)  # fmt: skip
                     fresh.append(Backend(len(self.backends) + len(fresh), bc, self._new_policy(), self._drift_alarm))
-                except ValueError as err:
-                    raise ValueError(f"endpoint {addr}: {err}") from None
+                elif (e.max_in_flight, e.kv_tokens) != (known[addr].max_in_flight, known[addr].engine.kv_tokens):
+                    engine = replace(known[addr].engine, kv_tokens=e.kv_tokens, max_num_seqs=e.max_in_flight)
+                    policy = self._new_policy()
+                    policy.attach(engine)
+                    edits.append((known[addr], e, engine, policy))
+            except ValueError as err:
+                raise ValueError(f"endpoint {addr}: {err}") from None
         for b in self.backends:
             if b.name not in want and b.index not in self.retired:
                 self.retired.add(b.index)
                 b.healthy = True  # so that set_health moves its queue
                 self.set_health(b, False)
-        for b in self.backends:  # one that left and came back: its own index (and router
-            if b.name in want:  # state) again; down until a health check passes
-                self.retired.discard(b.index)
         self.backends.extend(fresh)
+        for b, e, engine, policy in edits:
+            self._edit(b, e, engine, policy)
+        for b in self.backends:
+            e = want.get(b.name)
+            if e is None:
+                continue
+            # it left and came back: its own index (and router state); down until a check passes
+            self.retired.discard(b.index)
+            if e.model != b.cfg.model:
+                b.cfg = b.cfg.model_copy(update={"model": e.model})
+                b.model = e.model  # None: asked again from /v1/models at its next check
+                self.set_health(b, False)  # its waiting requests go where their model is
+
+    def _edit(self, b: Backend, e: EndpointConfig, engine, policy) -> None:
+        """`b`'s max_in_flight or kv_tokens changed: a new policy attached to the new engine
+        info takes over what `b` runs and holds (the old one hears `on_cancel` for each)."""
+        now, old, waiting = self.now(), b.policy, list(b.queue)
+        for s in [*b.running, *waiting]:
+            try:
+                old.on_cancel(s, now)
+            except Exception as err:  # noqa: BLE001
+                self._policy_error(b, s, "on_cancel", err)
+        b.cfg = b.cfg.model_copy(update={"max_in_flight": e.max_in_flight, "kv_tokens": e.kv_tokens})
+        b.max_in_flight, b.engine, b.policy, b.queue = e.max_in_flight, engine, policy, policy.new_queue()
+        for s in b.running:
+            for hook in ("on_arrival", "on_schedule"):
+                try:
+                    getattr(policy, hook)(s, now)
+                except Exception as err:  # noqa: BLE001 - it runs there: it goes on
+                    self._policy_error(b, s, hook, err)
+                    break
+        for s in waiting:
+            try:
+                policy.on_arrival(s, now)
+                b.queue.push(s, now)
+                s.key = policy.priority(s, now)
+            except Exception as err:  # noqa: BLE001 - it fails as a request whose hook raised
+                if s not in b.queue:
+                    self.shares.sub(s.tenant)
+                self._fault(b, s, "on_arrival", err)
+        self.dispatch(b)
 
 
 class Picker:
