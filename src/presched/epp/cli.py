@@ -116,7 +116,7 @@ def _run_local(cfg: EppConfig, pred, log, stubs: int, envoy_port: int | None) ->
     with st:
         Console(stderr=True, soft_wrap=True).print(
             f"presched epp local stack: Envoy on {st.url} -> picker on 127.0.0.1:{st.ports['epp']} -> "
-            + ", ".join(e.address for e in st.picker.cfg.endpoints) + "  (Ctrl-C stops it)", highlight=False)
+            + ", ".join(st.envoy_hosts()) + "  (Ctrl-C stops it)", highlight=False)
         done = threading.Event()
         signal.signal(signal.SIGTERM, lambda *a: done.set())
         try:

@@ -114,13 +114,19 @@ class LocalStack:
             base[name] = (self.ports[name], {"round-robin": "ROUND_ROBIN", "least-request": "LEAST_REQUEST"}[name])
         boot = E.bootstrap(self.ports["envoy"], self.server.port, self.ports["admin"],
                            failure_mode_allow=self.failure_mode_allow, baselines=base,
-                           endpoints=[e.address for e in cfg.endpoints], fallbacks=cfg.fallbacks,
+                           endpoints=self.envoy_hosts(), fallbacks=cfg.fallbacks,
                            dest_header=cfg.destination_header, body_mode=cfg.envoy_body_mode,
                            max_body_bytes=cfg.max_body_bytes, max_event_bytes=cfg.max_event_bytes)  # fmt: skip
         path = E.write_bootstrap(self.workdir / "envoy.json", boot)
         self.envoy_log = self.workdir / "envoy.log"
         self.envoy = E.start_envoy(path, self.envoy_log, base_id=self.ports["admin"])
         E.wait_ready(self.ports["admin"], self.envoy)
+
+    def envoy_hosts(self) -> list[str]:
+        """The pool's endpoints as the picker has them (`endpoints` and the endpoints file's):
+        the hosts of Envoy's cluster."""
+        gw = self.picker.gw
+        return [b.name for b in gw.backends if b.index not in gw.retired]
 
     async def _start_stub(self, port: int | None = None, i: int | None = None) -> int:
         import uvicorn
