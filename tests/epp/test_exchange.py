@@ -102,3 +102,18 @@ def test_a_second_request_headers_before_the_body_is_refused_and_nothing_is_admi
     assert [o.WhichOneof("response") for o in out] == ["request_headers", "immediate_response"]
     assert out[1].immediate_response.status.code == 500
     assert picker.settled() == (0, 0, 0) and picker.rows() == []
+
+
+def test_with_response_body_mode_none_a_request_ends_at_its_response_headers(picker):
+    """A gateway that does not send the response body to the picker (response_body_mode NONE):
+    the request only ended at the response body's end of stream, which never comes, so every
+    successful request was logged 499 when Envoy closed the stream."""
+    first = headers_msg(mode="full-duplex")
+    first.protocol_config.response_body_mode = _MODE.NONE
+    resp = pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+        base_pb2.HeaderValue(key=":status", raw_value=b"200")])))  # fmt: skip
+    out = process(picker.server.port, [first, body_msg(BODY), resp])
+    assert [o.WhichOneof("response") for o in out] == ["request_headers", "request_body", "response_headers"]
+    assert picker.settled() == (1, 1, 0)
+    assert [(r["status"], r["error"]) for r in picker.rows()] == [(200, None)]
+    assert picker.gw.finished == 1

@@ -20,7 +20,8 @@ its row; an endpoint the proxy could not reach shows as Envoy's 503 on the respo
 A message out of order (a second `request_headers`) is answered 500 without deciding again: a
 request admitted on the stream ends then, with 500, and the stream's later messages are ignored.
 The body modes are the ones Envoy names in the stream's first message (`protocol_config`), else
-the configured `envoy_body_mode`'s (`protocol.CONFIGURED_MODES`).
+the configured `envoy_body_mode`'s (`protocol.CONFIGURED_MODES`). With response body mode NONE
+the request ends at its response headers (no usage: output tokens unknown).
 
 Requests that are not generations (GET /v1/models, /health, ...) go to the healthy endpoint with
 the least outstanding requests, unqueued and unlogged.
@@ -190,7 +191,9 @@ class Exchange:
         b = self.adm.out.backend
         extra = {"x-request-id": seq.id, "x-presched-endpoint": b.name if b is not None else "",
                  "x-presched-queue-wait-ms": f"{wait * 1e3:.3f}"}  # fmt: skip
-        if msg.response_headers.end_of_stream:
+        if msg.response_headers.end_of_stream or self.response_mode == P.NO_BODY:
+            # no body follows (none, or the gateway does not send it here): it ends now, its
+            # output tokens unknown when they would have come in the body's usage
             self.tap.chunk(b"", True)
             self.close()
         return P.plain_headers("response", extra)

@@ -45,7 +45,7 @@ EXT_PROC_ATTRS = "envoy.filters.http.ext_proc"
 UPSTREAM_ADDRESS = "upstream.address"
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 _BODY_MODE = processing_mode_pb2.ProcessingMode.BodySendMode
-BUFFERED, DUPLEX = "BUFFERED", "FULL_DUPLEX_STREAMED"
+BUFFERED, DUPLEX, NO_BODY = "BUFFERED", "FULL_DUPLEX_STREAMED", "NONE"
 # EppConfig.envoy_body_mode -> (request, response) body modes, assumed when Envoy names none
 CONFIGURED_MODES = {"buffered": (BUFFERED, "STREAMED"), "full-duplex": (DUPLEX, DUPLEX)}
 
