@@ -214,3 +214,33 @@ async def _started(cls, *args):
     server = cls(*args)  # on the stack's loop: grpc.aio binds the loop it is created on
     await server.start()
     return server
+
+
+def test_stop_reports_not_serving_and_drains_before_refusing_new_streams(stack):
+    """Shutdown set readiness NOT_SERVING and refused new streams at once (server.stop(grace)
+    straight after), so the readiness flip never helped; the ExternalProcessor service stayed
+    SERVING. Now both read NOT_SERVING and new streams are still served for drain_s."""
+    import asyncio
+    import time
+
+    from presched.epp.config import EppConfig
+    from presched.epp.local import free_port
+    from presched.epp.server import EppServer
+
+    st = stack.st
+    cfg = EppConfig(endpoints=st.picker.cfg.endpoints, port=free_port(), log={"path": None}, drain_s=0.8)
+    server = st.call(_started(EppServer, cfg))
+    fut = asyncio.run_coroutine_threadsafe(server.stop(0, drain_s=cfg.drain_s), st.loop)
+    try:
+        time.sleep(0.2)
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            got = {svc: stub.Check(health_pb2.HealthCheckRequest(service=svc), timeout=5).status
+                   for svc in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")}  # fmt: skip
+        S = health_pb2.HealthCheckResponse
+        assert got == {"liveness": S.SERVING, "readiness": S.NOT_SERVING,
+                       "envoy.service.ext_proc.v3.ExternalProcessor": S.NOT_SERVING}  # fmt: skip
+        out = _exchange(server.port, {"model": "tiny", "prompt": "hi", "max_tokens": 2}, announce="buffered")
+        assert [o.WhichOneof("response") for o in out] == ["request_headers", "request_body"]  # still served
+    finally:
+        fut.result(10)

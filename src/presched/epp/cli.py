@@ -99,7 +99,9 @@ async def _serve(cfg: EppConfig, pred, log) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await server.stop(grace_s=30.0)  # streams in flight get 30 s; each still ends with its row
+    # NOT_SERVING first, new requests still taken for drain_s; then streams in flight get 30 s
+    # (each still ends with its row)
+    await server.stop(grace_s=30.0, drain_s=cfg.drain_s)
 
 
 def _run_local(cfg: EppConfig, pred, log, stubs: int, envoy_port: int | None) -> None:

@@ -5,11 +5,13 @@
     await server.stop(grace_s)
 
 Health (grpc.health.v1) answers for "" and "liveness" (the process is up), "readiness" (the
-endpoints are loaded and checked once) and "envoy.service.ext_proc.v3.ExternalProcessor".
+endpoints are loaded and checked once) and "envoy.service.ext_proc.v3.ExternalProcessor";
+`stop` sets the last two NOT_SERVING first and, for `drain_s`, still serves new streams.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
@@ -72,8 +74,14 @@ class EppServer:
         await self.pool.start()
         await self._set("readiness", True)
 
-    async def stop(self, grace_s: float | None = 5.0) -> None:
+    async def stop(self, grace_s: float | None = 5.0, drain_s: float = 0.0) -> None:
+        """Report readiness and the ExternalProcessor service NOT_SERVING, keep serving new
+        streams `drain_s` seconds (the gateway and Kubernetes see it first), then refuse new
+        ones and give those in flight `grace_s`."""
         await self._set("readiness", False)
+        await self._set(P.SERVICE_NAME, False)
+        if drain_s > 0:
+            await asyncio.sleep(drain_s)
         await self.server.stop(grace_s)
         await self.pool.stop()
         self.picker.close()
