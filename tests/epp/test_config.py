@@ -30,6 +30,17 @@ def test_bad_configs_name_the_field():
     assert "listed twice" in _err(endpoints=ep * 2)
 
 
+def test_body_and_drain_limits_are_bounded_naming_the_field():
+    """max_body_bytes had no upper bound: from ~2 GiB grpc.max_*_message_length (C ints)
+    overflowed with a traceback when the server was made."""
+    ep = [{"address": "127.0.0.1:8000"}]
+    assert "max_body_bytes" in _err(endpoints=ep, max_body_bytes=2**31 + 5)
+    msg = _err(endpoints=ep, max_body_bytes=2**30, max_event_bytes=2**30)
+    assert "max_body_bytes" in msg and "under 2 GiB" in msg
+    assert "drain_s" in _err(endpoints=ep, drain_s=-1) and "drain_s" in _err(endpoints=ep, drain_s=301)
+    EppConfig(endpoints=ep, max_body_bytes=2**30)  # with the default max_event_bytes: fits
+
+
 def test_the_endpoints_file_is_reread_and_a_bad_edit_keeps_the_last_good_list(tmp_path):
     f = tmp_path / "pool.yaml"
     f.write_text("endpoints:\n  - {address: 127.0.0.1:18001}\n  - {address: 127.0.0.1:18002}\n")

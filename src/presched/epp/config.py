@@ -23,11 +23,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from presched.config import Config
+from presched.epp.envoy import answer_limit
 from presched.schedule.params import validate_params
 from presched.schedule.registry import POLICIES
 from presched.schedule.routers import ROUTERS
 from presched.serve.config import BackendConfig, LogConfig, ServeConfig, TenantConfig
 
+MAX_GRPC_MESSAGE = 2**31 - 1  # grpc.max_*_message_length is a C int
 _HEADER = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP field name (RFC 9110 token), lower case
 
 
@@ -85,7 +87,7 @@ class EppConfig(Config):
     objectives: list[Objective] = Field(default_factory=list, description="Inference objectives: a request naming one in the objective header gets its latency targets (policy `slo` orders by them); a name not listed is refused (400).")
     max_queue: int = Field(10_000, ge=1, le=10_000_000, description="Most requests held in the picker; more get 429. Each tenant may fill only its share.")
     max_prompt_tokens: int = Field(32_768, ge=1, description="Longer prompts get 413.")
-    max_body_bytes: int = Field(8 * 2**20, ge=1024, description="Larger request bodies get 413 (in 'buffered' mode from Envoy itself: the Envoy of `presched epp --envoy-port` sets its buffer limit to this; the picker accepts gRPC messages of this size plus 1 MiB).")
+    max_body_bytes: int = Field(8 * 2**20, ge=1024, le=2**30, description="At most 1 GiB (gRPC message sizes are C ints: this plus 1 MiB plus max_event_bytes must stay under 2 GiB). Larger request bodies get 413 (in 'buffered' mode from Envoy itself: the Envoy of `presched epp --envoy-port` sets its buffer limit to this; the picker accepts gRPC messages of this size plus 1 MiB).")
     envoy_body_mode: Literal["buffered", "full-duplex"] = Field("buffered", description="How the Envoy of `presched epp --envoy-port` sends bodies over ext_proc (epp/envoy.py BODY_MODES): 'buffered': the request body BUFFERED (one message; trailers SKIP), the response STREAMED: fewer messages per request; 'full-duplex': GIE's standard FULL_DUPLEX_STREAMED both ways (request trailers SEND). The picker answers in the mode Envoy announces in each stream's protocol_config, so a gateway configured either way works; this mode is assumed when Envoy announces none.")
     max_event_bytes: int = Field(2**20, ge=1024, le=2**30, description="Largest server-sent event of a streamed response (up to its blank line), which the picker holds whole to read it; a stream with a larger one ends with an error event (502) and is logged as failed, as `presched serve` does. gRPC messages to Envoy may carry this much more than a body.")
     max_response_bytes: int = Field(64 * 2**20, ge=1024, description="A non-streaming response larger than this is passed on but not parsed for usage.")
@@ -134,6 +136,9 @@ class EppConfig(Config):
         addrs = [e.address for e in self.endpoints]
         if len(set(addrs)) != len(addrs):
             raise ValueError("endpoints: an address is listed twice")
+        if answer_limit(self.max_body_bytes, self.max_event_bytes) > MAX_GRPC_MESSAGE:
+            raise ValueError(f"max_body_bytes: {self.max_body_bytes} plus 1 MiB plus max_event_bytes "
+                             f"({self.max_event_bytes}) must stay under 2 GiB (gRPC's largest message)")  # fmt: skip
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenants: two tenants share a name")
