@@ -56,9 +56,13 @@ class EppServer:
                                                ("grpc.max_send_message_length", sent)])  # fmt: skip
         pb_grpc.add_ExternalProcessorServicer_to_server(self.processor, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        try:  # grpcio returns 0 or (newer) raises RuntimeError "Failed to bind" for a port in use
+            self.port = self.server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"port: cannot listen on {cfg.host}:{cfg.port}")
+            self.picker.close()
+            raise OSError(f"port: cannot listen on {cfg.host}:{cfg.port} (in use, or host not an address here)")
 
     async def _set(self, service: str, ok: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
