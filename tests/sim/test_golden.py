@@ -168,10 +168,15 @@ def test_a_victim_served_earlier_in_the_step_is_taken_out_of_its_shape(monkeypat
     assert (r1.first_scheduled, r1.finish, r2.finish, r0.finish) == (6.0, 8.0, 9.0, 13.0)
 
 
-def test_a_running_prefill_chunk_is_capped_by_the_threshold():
-    # long_prefill_token_threshold 2: a 5-token prompt, alone, is prefilled 2 + 2 + 1
+def test_a_running_prefill_chunk_is_capped_by_the_threshold_unless_it_is_alone():
+    # long_prefill_token_threshold 2: a 5-token prompt alone takes the whole budget (vLLM 0.32:
+    # the cap only binds with more than one running or waiting request: nobody to starve)
     (a,), _ = checked_run(make_requests([(5, 2)], arrivals=[0.0]), long_prefill_token_threshold=2)
-    assert times(a) == (0.0, 3.0, 4.0)
+    assert times(a) == (0.0, 1.0, 2.0)
+    # beside a running request (prompt 1, 12 tokens), a 9-token prompt arriving at 0.5 is
+    # prefilled 2 + 2 + 2 + 2 + 1 in steps 1..5
+    (a, b), _ = checked_run(make_requests([(1, 12), (9, 2)], arrivals=[0.0, 0.5]), long_prefill_token_threshold=2)
+    assert b.first_token == 6.0  # steps 1..5 carry its chunks of 2, 2, 2, 2, 1 beside a's decodes
 
 
 def test_recompute_prefills_prompt_and_generated_tokens_again():
@@ -228,3 +233,30 @@ def test_a_victim_taken_out_of_the_step_gives_its_budget_back():
     (r0, r1, r2), _ = checked_run(reqs, pol, max_num_seqs=1, max_num_batched_tokens=2)
     assert times(r1) == (6.0, 7.0, 8.0) and r2.finish == 9.0
     assert (r0.preemptions, r0.recomputed_tokens, r0.finish) == (1, 6, 16.0)
+
+
+def _timeline(seqs):
+    return [(s.id, s.first_scheduled, s.finish, s.preemptions) for s in seqs]
+
+
+def test_a_preempted_request_resumes_before_the_waiting_ones_that_arrived_with_it():
+    # vLLM 0.32 puts a preempted request at the front of the waiting queue; presched's queue
+    # pushed it behind every waiting request of the same arrival time (a new FIFO tie). Six
+    # requests (prompt 20, 30 tokens) at t = 0, 3 slots, 100 one-token blocks; the times are
+    # vLLM 0.32's own Scheduler run on 1 s steps (a reviewer's harness), which presched now
+    # matches: r2 is preempted and resumes before r3 (it resumed last: r3 finished at 64, not 60)
+    seqs, _ = checked_run(make_requests([(20, 30)] * 6, arrivals=[0.0] * 6), num_blocks=100,
+                          max_num_seqs=3, block_size=1, max_num_batched_tokens=512)  # fmt: skip
+    assert _timeline(seqs) == [("r0", 0.0, 30.0, 0), ("r1", 0.0, 30.0, 0), ("r2", 0.0, 46.0, 1),
+                               ("r3", 30.0, 60.0, 0), ("r4", 30.0, 67.0, 1), ("r5", 46.0, 84.0, 1)]  # fmt: skip
+
+
+def test_a_request_starts_only_when_its_whole_sequence_fits_not_its_first_chunk():
+    # vLLM 0.32 admits a waiting request only if blocks for all its tokens are free
+    # (scheduler_reserve_full_isl, on by default). 100 blocks of 16, a 512-token budget: A
+    # (prompt 1000, 40 tokens) at 0 holds 63 blocks; B (prompt 1000, 5) at 0.5 needs 63 more and
+    # waits for A (vLLM: first scheduled at 41, finished at 47). presched started B on its first
+    # chunk and preempted it 19 times (finish 46).
+    (a, b), _ = checked_run(make_requests([(1000, 40), (1000, 5)], arrivals=[0.0, 0.5]), num_blocks=100,
+                            block_size=16, max_num_batched_tokens=512)  # fmt: skip
+    assert _timeline([a, b]) == [("r0", 0.0, 41.0, 0), ("r1", 41.0, 47.0, 0)]

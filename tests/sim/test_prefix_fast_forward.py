@@ -30,14 +30,18 @@ def test_an_evicted_coarse_unit_lets_a_waiting_request_start_mid_run():
     # long-prefill threshold of 2 tokens caps its chunks); r0's decode take evicts one block
     # owed, which drops a whole unit of r1's cached prompt: its hit and the blocks it must
     # revive shrink by 2 while the free pool shrinks by 1, so step by step r1 starts at once,
-    # mid-run, and finishes at 12 (a run that ignored it finished it at 13).
+    # mid-run, and finishes at 12 (a run that ignored it finished it at 13). Since 2026-12-07
+    # (night) admission needs the whole sequence's blocks (vLLM's scheduler_reserve_full_isl),
+    # which an evicted unit of the hit does not lower (the hit shrinks as the revive does): r1
+    # now finishes at 11 in both modes, and the `_cache_limit` stop is no longer what keeps them
+    # equal here (checked: equal with that stop off). Kept as an equality case.
     def make():
         reqs = make_requests([(4, 6), (4, 4)], [2.0, 2.0])
         return [with_hashes(r, list(range(1000 * (i + 1), 1000 * (i + 1) + 4)), 4) for i, r in enumerate(reqs)]
 
     slow, fast = both(make, num_blocks=6, block_size=2, max_num_batched_tokens=6, long_prefill_token_threshold=2)
     assert fast == slow
-    assert slow[0][1][2] == pytest.approx(12.0)
+    assert slow[0][1][2] == pytest.approx(11.0)
 
 
 @pytest.mark.parametrize("num_blocks", range(20, 28))
@@ -101,7 +105,9 @@ def test_a_preempting_policy_with_a_chunk_cap_sees_the_evictions_of_a_run():
     # One-block units, a 5-token chunk cap and mlfq preempting for the head: an evicted block
     # of the head's hit takes one block off what its capped chunk needs, and a victim's blocks
     # grow each decode step, so the head can start (by preemption) mid-run. r2 was preempted
-    # once and finished at 20 step by step; a fast-forwarded run did neither (11).
+    # once and finished at 20 step by step; a fast-forwarded run did neither (11). With the
+    # whole-sequence admission of 2026-12-07 (night) it is preempted once and finishes at
+    # 13.013 in both modes, equal with or without that stop: kept as an equality case.
     from presched.schedule import POLICIES
     from presched.workload.request import Request
     from presched.workload.prefix import chain_hashes
@@ -124,7 +130,7 @@ def test_a_preempting_policy_with_a_chunk_cap_sees_the_evictions_of_a_run():
     for a, b in zip(fast, slow):
         assert a == pytest.approx(b)
     r2 = next(o for o in slow if o[0] == "r2")
-    assert r2[3] == 1 and r2[2] == pytest.approx(20.013)
+    assert r2[3] == 1 and r2[2] == pytest.approx(13.013)
 
 
 @st.composite

@@ -21,7 +21,11 @@ later turn whose hit grows as an earlier one caches its answer): sys-16-srpt-sma
 turns-32-small-kv changed only in their run counts, both equal to their `fast_forward=False`
 runs before and after. And once more (2026-12-07, night) for the step-time model, not the cache:
 the untied input embedding is no longer read every step and the default overheads were refit,
-so every step's duration moved (tests/sim/test_fingerprints.py too)."""
+so every step's duration moved (tests/sim/test_fingerprints.py too). Then for three scheduler
+semantics of vLLM 0.32 (a preempted request resumes before waiting ones of its arrival time; the
+long-prefill cap only with another request to starve; admission only when the whole sequence's
+blocks are free): mooncake-2-rr, sys-16-srpt-small-kv and the two multi-turn cases moved, each
+still equal to its `fast_forward=False` run; the five runs of test_fingerprints.py did not."""
 
 import hashlib
 
@@ -72,12 +76,12 @@ CASES = {
 }
 
 GOLDEN = {
-    "mooncake-2-rr": "cb85c093714fe390",
+    "mooncake-2-rr": "b96a83835737278e",
     "sys-16": "a3fc988cfafd02d5",
     "sys-16-no-fast-forward": "1d704e3a73295b7b",
-    "sys-16-srpt-small-kv": "341553ee3a3624bd",
-    "turns-32-small-kv": "99e66decce1165eb",
-    "turns-8": "5f456911fff10c73",
+    "sys-16-srpt-small-kv": "6930839051c3aff9",
+    "turns-32-small-kv": "fdf058a6bdd7a4e6",
+    "turns-8": "7720cf4d8dec5e67",
 }
 
 

@@ -55,6 +55,7 @@ class Scheduler:
         self._admits = type(policy).admit is not Policy.admit
         self._max_tokens = cfg.max_num_batched_tokens
         self._threshold = cfg.long_prefill_token_threshold
+        self._thr = self._threshold  # this step's cap (`schedule`: none for a request alone)
         self._kv_tokens = num_blocks * cfg.block_size
         self.decode_next: tuple[int, list[Seq]] | None = None
         """(total context, the requests among them whose next token starts a block) when
@@ -84,7 +85,10 @@ class Scheduler:
     def schedule(self, now: float) -> Batch:
         """This step's work (see module doc)."""
         kv, policy, running = self.kv, self.policy, self.running
-        budget, threshold, bs = self._max_tokens, self._threshold, kv.block_size
+        # the long-prefill cap keeps one long prompt from starving the others: alone, a request
+        # has nobody to starve and takes the whole budget (vLLM's num_eligible_reqs > 1)
+        threshold = self._thr = self._threshold if len(running) + len(self.waiting) > 1 else 0
+        budget, bs = self._max_tokens, kv.block_size
         batch = Batch()
         known, self.decode_next = self.decode_next, None
         if known is not None and len(running) <= budget and len(known[1]) <= kv.free:
@@ -158,8 +162,8 @@ class Scheduler:
             need = self._need(seq, budget)
             if need is None:  # not chunked: wait for a step with room
                 break
-            c, n, extra, units, revive = need
-            if len(running) >= max_seqs or extra + revive > kv.free:
+            c, n, extra, full, units, revive = need
+            if len(running) >= max_seqs or full + revive > kv.free:
                 if not self._preemptive:
                     break
                 victims = self._victims_for(seq, need, budget, batch, now)
@@ -176,8 +180,8 @@ class Scheduler:
                 need = self._need(seq, budget)  # (with caching the victims' release changed it)
                 if need is None:
                     break
-                c, n, extra, units, revive = need
-                if len(running) >= max_seqs or extra + revive > kv.free:
+                c, n, extra, full, units, revive = need
+                if len(running) >= max_seqs or full + revive > kv.free:
                     break  # (only if releasing a victim evicted cached units of the head's hit)
                 waiting.remove(seq)
             elif self._admits and not policy.admit(seq, running, now):
@@ -206,11 +210,14 @@ class Scheduler:
                 seq.first_scheduled = now
             policy.on_schedule(seq, now)
 
-    def _need(self, seq: Seq, budget: int) -> tuple[int, int, int, int, int] | None:
+    def _need(self, seq: Seq, budget: int) -> tuple[int, int, int, int, int, int] | None:
         """What the waiting `seq` needs to start now with `budget` left: (tokens it has (0; the
-        prompt on a decode instance; its cache hit), tokens it computes, blocks it takes, units
-        of its cache hit, cached blocks it revives from the free pool), or None when, with
-        chunking off, it must wait for a step with room."""
+        prompt on a decode instance; its cache hit), tokens it computes, blocks it takes, blocks
+        its whole sequence needs, units of its cache hit, cached blocks it revives from the free
+        pool), or None when, with chunking off, it must wait for a step with room. It starts
+        only if the whole sequence's blocks are free, not only its first chunk's (vLLM's
+        `scheduler_reserve_full_isl`, on by default: a long prompt admitted on its first chunk
+        was preempted chunk after chunk)."""
         kv = self.kv
         c = seq.computed  # 0, or the prompt when its KV came from a prefill instance
         total = seq.prompt_tokens + seq.generated
@@ -222,14 +229,14 @@ class Scheduler:
         n = self._tokens(total - c, budget)
         if n is None:
             return None
-        return c, n, kv.blocks_for(c + n) - have, units, revive  # a waiting request holds none
+        return c, n, kv.blocks_for(c + n) - have, kv.blocks_for(total) - have, units, revive  # (it holds none)
 
     def _tokens(self, rest: int, budget: int) -> int | None:
         """Tokens a waiting request with `rest` tokens to compute takes in this step with
         `budget` left; None when, with chunking off, it must wait for a step with room."""
         n = rest
-        if self._threshold and n > self._threshold:
-            n = self._threshold
+        if self._thr and n > self._thr:
+            n = self._thr
         if n > budget:
             if self.cfg.enable_chunked_prefill:
                 return budget
@@ -246,7 +253,7 @@ class Scheduler:
         `admit` against that batch. None if the policy stops naming victims first or `admit`
         refuses: nobody is preempted for a head that still could not start."""
         policy, kv, seqs = self.policy, self.kv, batch.seqs
-        c, _, _, units, revive = need
+        c, _, _, _, units, revive = need
         rest, have = seq.prompt_tokens + seq.generated - c, c // kv.block_size if units else 0
         trial = self.running.copy()
         victims: list[Seq] = []
@@ -260,10 +267,8 @@ class Scheduler:
                 budget += batch.ntoks[seqs.index(victim)]
             if len(trial) >= self.cfg.max_num_seqs:
                 continue
-            n = self._tokens(rest, budget)  # (never None: the budget only grew)
-            if n is not None and kv.blocks_for(c + n) - have + revive <= kv.free + self._freed(
-                victims, units
-            ):
+            # (the budget only grew, so the head's chunk fits it; the whole sequence's blocks must)
+            if kv.blocks_for(c + rest) - have + revive <= kv.free + self._freed(victims, units):
                 break
         if self._admits and not policy.admit(seq, trial, now):
             return None
