@@ -139,3 +139,39 @@ def test_removed_requests_are_not_kept_while_the_head_stays(keep_every):
     assert sum(r() is not None for r in gone) <= 64 + len(q)  # at most the slack is kept
     assert len(q._heap) <= 2 * len(q) + 64
     assert [q.pop() for _ in range(len(q))] == [ref.pop() for _ in range(len(ref))]
+
+
+class _NoneFor(Policy):
+    """FCFS, but a request with target 0 gets the key None (a policy bug)."""
+
+    name = "none-for"
+
+    def priority(self, seq, now):
+        return None if seq.target == 0 else seq.arrival
+
+
+def test_a_key_that_cannot_be_ordered_is_refused_before_the_heap_is_touched():
+    """heapq appended the bad entry before comparing: the push raised, but the next pop
+    compared against None and raised too (an engine plugin's pop is not guarded)."""
+    q = WaitingQueue(_NoneFor())
+    q.push(seq(0, 1.0), 0.0)
+    with pytest.raises(TypeError):
+        q.push(seq(1, 0.5, target=0), 0.0)
+    q.push(seq(2, 2.0), 0.0)
+    assert [q.pop().id for _ in range(2)] == ["r0", "r2"] and not q
+
+
+def test_a_tenant_whose_first_request_fails_its_key_leaves_no_empty_queue():
+    """vtc(inner=...): the tenant's queue was registered before the push raised; its head (None)
+    then broke every decision (the engine plugin fell back to FCFS for good)."""
+    vtc = POLICIES.create("vtc")
+    q = vtc.new_queue()
+    vtc.priority = lambda s, now: None if s.target == 0 else s.arrival  # the inner policy's key
+    bad = SimpleNamespace(id="x", arrival=0.0, target=0, generated=0, request=SimpleNamespace(tenant="c"))
+    with pytest.raises(TypeError):
+        q.push(bad, 0.0)
+    assert "c" not in q.queues and len(q) == 0
+    good = SimpleNamespace(id="y", arrival=1.0, target=5, generated=0, request=SimpleNamespace(tenant="a"))
+    q.push(good, 0.0)
+    q.update(0.0)
+    assert q.peek() is good

@@ -48,8 +48,10 @@ class WaitingQueue(RequestQueue):
         self._timed = type(policy).rekey_at is not Policy.rekey_at
 
     def push(self, seq: SeqView, now: float) -> None:
+        key = self.policy.priority(seq, now)
+        key < key  # noqa: B015 - a key that cannot be ordered (None) raises here, heap untouched
         tie = next(self._tie)
-        heapq.heappush(self._heap, (self.policy.priority(seq, now), _order(seq), tie, seq))
+        heapq.heappush(self._heap, (key, _order(seq), tie, seq))
         self._live[id(seq)] = (tie, seq)
         if self._timed:
             t = self.policy.rekey_at(seq, now)

@@ -41,11 +41,14 @@ class TenantQueues(RequestQueue):
     def push(self, seq: SeqView, now: float) -> None:
         tenant = tenant_of(seq)
         q = self.queues.get(tenant)
-        if q is None:  # the tenant becomes backlogged
+        if q is None:  # the tenant becomes backlogged, once its first request is in its queue:
+            q = WaitingQueue(self.policy)  # a priority that raises leaves no empty queue behind
+            q.push(seq, now)  # (whose head, None, broke every later decision)
             self.policy._wake(tenant)
             self._lift(tenant)
-            q = self.queues[tenant] = WaitingQueue(self.policy)
-        q.push(seq, now)
+            self.queues[tenant] = q
+        else:
+            q.push(seq, now)
         self._n += 1
 
     def _lift(self, tenant: str) -> None:
