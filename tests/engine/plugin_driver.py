@@ -389,7 +389,60 @@ def refused_once() -> dict:
     return {"steps": rows, "preempt_for": s.counts["preempt_for"], "refused": s.counts["preempt_for_refused"]}
 
 
-SCENARIOS = {f.__name__: f for f in (fits_edge_cases, head_cache_hit, refused_once, stopped_while_preempted, batch_queue_refused,
+class RaisingPriority(Policy):
+    """A policy whose `priority` raises for every request (the Guard serves them FCFS)."""
+
+    name = "test-raising-priority"
+
+    def priority(self, seq, now):
+        raise RuntimeError("no key")
+
+
+if "test-raising-priority" not in POLICIES:
+    POLICIES.register("test-raising-priority")(RaisingPriority)
+
+
+def write_failures() -> dict:
+    """Writes that fail must not stop the engine: the records database held by another writer
+    (sqlite's lock), then the stats folder removed. And policy errors rewrite the stats file at
+    most every STATS_INTERVAL_S, not once per error (20 errors in one step: 20 rewrites)."""
+    import shutil
+    import sqlite3
+
+    import presched.engine.plugin.scheduler as plugin_scheduler
+
+    run = TMP / "write-failures"
+    run.mkdir()
+    rec = run / "r.sqlite"
+    s = make_sched({"policy": "test-raising-priority", "records": str(rec), "stats": str(run / "stats.json")},
+                   max_num_seqs=32)  # fmt: skip
+    writes = []
+    real = plugin_scheduler.write_stats
+    plugin_scheduler.write_stats = lambda path, stats: (writes.append(stats["policy_errors_total"]), real(path, stats))
+    try:
+        for i in range(20):
+            s.add_request(req(f"p{i}", max_tokens=1))  # each push: one priority error
+        errors_at_arrival, writes_at_arrival = s.guard.total, len(writes)
+        holder = sqlite3.connect(rec, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        t0 = time.perf_counter()
+        for _ in range(2):
+            step(s)  # the 20 finish: their records writes fail on the lock
+        locked_s = time.perf_counter() - t0
+        holder.rollback()
+        holder.close()
+        shutil.rmtree(run)
+        s.add_request(req("last", max_tokens=1))
+        for _ in range(2):
+            step(s)  # it finishes: the stats rewrite fails (no folder)
+    finally:
+        plugin_scheduler.write_stats = real
+    return {"errors_at_arrival": errors_at_arrival, "writes_at_arrival": writes_at_arrival,
+            "write_errors": s.counts["write_errors"], "finished": s.counts["finished"],
+            "locked_s": locked_s}  # fmt: skip
+
+
+SCENARIOS = {f.__name__: f for f in (write_failures, fits_edge_cases, head_cache_hit, refused_once, stopped_while_preempted, batch_queue_refused,
                                      grammar_head_preempt_for, grammar_head_admit, error_finish,
                                      slo_from_xargs, preempt_for_all_or_nothing,
                                      preempt_for_counts_as_vllm)}  # fmt: skip

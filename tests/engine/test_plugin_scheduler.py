@@ -39,7 +39,8 @@ from presched.serve.log_read import load_log_requests
 DRIVER = Path(__file__).with_name("plugin_driver.py")
 SCENARIOS = ("stopped_while_preempted", "batch_queue_refused", "grammar_head_preempt_for",
              "grammar_head_admit", "error_finish", "slo_from_xargs", "preempt_for_all_or_nothing",
-             "preempt_for_counts_as_vllm", "fits_edge_cases", "head_cache_hit", "refused_once")  # fmt: skip
+             "preempt_for_counts_as_vllm", "fits_edge_cases", "head_cache_hit", "refused_once",
+             "write_failures")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +166,15 @@ def test_a_preemption_vllm_did_not_use_is_not_repeated_while_the_batch_stays(dri
     got = _ok(driven, "refused_once")
     assert (got["preempt_for"], got["refused"]) == (1, 1), got
     assert [p for p, _ in got["steps"]] == [True] + [False] * (len(got["steps"]) - 1)
+
+
+def test_failing_writes_are_counted_and_policy_errors_do_not_rewrite_the_stats_each_time(driven):
+    """A records database locked by another writer and a removed stats folder raised out of
+    vLLM's update_from_output (the engine died); each policy error rewrote the stats file (a
+    policy failing on every comparison of vLLM's victim `max` made 85 ms steps of 1.5 ms ones)."""
+    got = _ok(driven, "write_failures")
+    assert got["errors_at_arrival"] == 20
+    assert got["writes_at_arrival"] <= 2  # the start's and the first error's, not one per error
+    assert got["finished"] == 21
+    assert got["write_errors"] >= 2  # at least one locked records write and the stats write
+    assert got["locked_s"] < 5.0  # sqlite's 5 s busy wait per write is cut to 0.1 s

@@ -100,7 +100,11 @@ class PolicyRequestQueue:
                 self.pinned = None
             self.q.remove(head)
         else:
-            self.q.pop()
+            try:
+                self.q.pop()
+            except Exception as e:  # noqa: BLE001 - the head was peeked: take it out by identity
+                self.guard.failed("priority", e)
+                self.q.remove(head)
         self.on_pop(head)
         return head.vreq
 

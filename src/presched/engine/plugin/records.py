@@ -70,7 +70,8 @@ class RecordWriter:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # a short lock wait: another writer must not stall the engine loop (sqlite waits 5 s)
+        self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=0.1)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self._prepare()
