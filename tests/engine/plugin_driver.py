@@ -442,7 +442,28 @@ def write_failures() -> dict:
             "locked_s": locked_s}  # fmt: skip
 
 
-SCENARIOS = {f.__name__: f for f in (write_failures, fits_edge_cases, head_cache_hit, refused_once, stopped_while_preempted, batch_queue_refused,
+def paused_no_preempt_for() -> dict:
+    """vLLM paused with mode 'wait' (PAUSED_NEW: the running requests drain, no one is admitted):
+    srpt must not preempt a running request for a short head vLLM will not start (its KV was
+    thrown away and it was stranded in the queue until resume)."""
+    from vllm.v1.core.sched.interface import PauseState
+
+    s = make_sched({"policy": "srpt"}, max_num_seqs=2)
+    for rid, at in (("long1", 1.0), ("long2", 1.1)):
+        s.add_request(req(rid, prompt=20, max_tokens=30, arrival=at, xargs={"presched_quantiles": [30] * 11}))
+    step(s)
+    step(s)
+    s.set_pause_state(PauseState.PAUSED_NEW)
+    for i in range(2):
+        s.add_request(req(f"short{i}", prompt=5, max_tokens=3, arrival=2.0 + i, xargs={"presched_quantiles": [3] * 11}))
+    for _ in range(40):
+        if all(r in ("short0", "short1") for r in s.requests):  # the running ones drained
+            break
+        step(s)
+    return {"preempt_for": s.counts["preempt_for"], "waiting": sorted(r.request_id for r in s.waiting)}
+
+
+SCENARIOS = {f.__name__: f for f in (paused_no_preempt_for, write_failures, fits_edge_cases, head_cache_hit, refused_once, stopped_while_preempted, batch_queue_refused,
                                      grammar_head_preempt_for, grammar_head_admit, error_finish,
                                      slo_from_xargs, preempt_for_all_or_nothing,
                                      preempt_for_counts_as_vllm)}  # fmt: skip

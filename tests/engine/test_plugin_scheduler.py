@@ -40,7 +40,7 @@ DRIVER = Path(__file__).with_name("plugin_driver.py")
 SCENARIOS = ("stopped_while_preempted", "batch_queue_refused", "grammar_head_preempt_for",
              "grammar_head_admit", "error_finish", "slo_from_xargs", "preempt_for_all_or_nothing",
              "preempt_for_counts_as_vllm", "fits_edge_cases", "head_cache_hit", "refused_once",
-             "write_failures")  # fmt: skip
+             "write_failures", "paused_no_preempt_for")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +178,8 @@ def test_failing_writes_are_counted_and_policy_errors_do_not_rewrite_the_stats_e
     assert got["finished"] == 21
     assert got["write_errors"] >= 2  # at least one locked records write and the stats write
     assert got["locked_s"] < 5.0  # sqlite's 5 s busy wait per write is cut to 0.1 s
+
+
+def test_no_preemption_for_a_head_while_vllm_is_paused(driven):
+    got = _ok(driven, "paused_no_preempt_for")
+    assert got["preempt_for"] == 0 and got["waiting"] == ["short0", "short1"]

@@ -33,7 +33,8 @@ def victims_for(s, head) -> list | None:
 
 def would_start(s, head, victims: list) -> bool:
     """Whether vLLM's `schedule()` would start `head` this step were `victims` preempted,
-    counted as vLLM 0.32 counts: a slot (paused streaming sessions hold one); the token
+    counted as vLLM 0.32 counts: not while vLLM is paused (it admits no one then); a slot
+    (paused streaming sessions hold one); the token
     budget left after the running requests, which vLLM schedules first (each capped by
     `long_prefill_token_threshold` as vLLM caps it); the head's chunk likewise capped, and
     whole when chunked prefill is off; free blocks plus those the victims give back (a
@@ -42,6 +43,8 @@ def would_start(s, head, victims: list) -> bool:
     prefill chunk, spec-decode lookahead), against the head's whole prompt when vLLM
     reserves it (`scheduler_reserve_full_isl`, the default) and its chunk plus lookahead,
     less its prefix-cache hit (`cache_hit`), plus vLLM's watermark."""
+    if getattr(s, "_pause_state", 0) != 0:  # PauseState.UNPAUSED: a paused vLLM starts no one
+        return False
     gone = {v.id for v in victims}
     running = [r for r in s.running if r.request_id not in gone]
     if len(running) + getattr(s, "num_waiting_for_streaming_input", 0) >= s.max_num_active_reqs:

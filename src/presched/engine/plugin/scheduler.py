@@ -258,8 +258,8 @@ class PreschedScheduler(Scheduler):
     def _preempt_for_head(self) -> None:
         """Preempt, all or none, the running requests the policy names for the waiting head
         (admission.py `victims_for`; module doc), then pop the head first in this step. Should
-        vLLM still not start it (`_fits` cannot see everything: resumed streaming sessions, a
-        paused engine, KV cache groups past the first), that is counted (`preempt_for_refused`)
+        vLLM still not start it (`_fits` cannot see everything: resumed streaming sessions, KV
+        cache groups past the first), that is counted (`preempt_for_refused`)
         and nothing is preempted for that head again until a request ends or one that was not
         running then runs (the victims coming back do not count): at most one wasted
         preemption per head and batch, never a loop."""
