@@ -57,6 +57,9 @@ def _cfg(data) -> dict:
     ({"features": {"record_steps": ["x"]}}, "features.record_steps.0"),
     ({"features": {"record_steps": [16]}}, "features.record_steps"),  # no records: nothing recorded
     ({"features": {"record_steps": [16], "steps": False}, "records": "r.sqlite"}, "features.record_steps"),
+    ({"stats": "/no/such/folder/stats.json"}, "stats"),  # was a FileNotFoundError after vLLM's start
+    ({"stats": "/tmp"}, "stats"),
+    ({"records": "/tmp"}, "records"),
 ])  # fmt: skip
 def test_bad_config_names_the_field(data, field):
     with pytest.raises(PluginConfigError) as e:

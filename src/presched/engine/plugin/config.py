@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from presched.config import Config, format_validation_error
 
@@ -60,13 +60,26 @@ class PluginConfig(Config):
     tokenizer: str | None = Field(None, description="Tokenizer (folder or name) that turns prompt token ids back into text for the predictor; default: the served model's.")
     records: Path | None = Field(None, description="SQLite file that gets one row per finished request, in the gateway's request-log schema plus preemptions and recomputed_tokens. None: no records.")
     store_prompts: bool = Field(False, description="Also store the prompt text (decoded with the tokenizer) in the records, for `presched train --from-log` with text predictors.")
-    stats: Path | None = Field(None, description="JSON file with the plugin's counters (policy errors per hook, predictions by source, bad vllm_xargs, preemptions asked by the policy, the plugin's own time plugin_own_s over steps), rewritten at start, when a request finishes (at most once a second while others run, always when the engine goes idle), after each policy error and at shutdown. None: counters only in the engine log.")
+    stats: Path | None = Field(None, description="JSON file with the plugin's counters (policy errors per hook, predictions by source, bad vllm_xargs, preemptions asked by the policy, the plugin's own time plugin_own_s over steps), rewritten at start, when a request finishes (at most once a second while others run, always when the engine goes idle), after the first policy error (then at most once a second) and at shutdown. None: counters only in the engine log.")
     features: FeatureConfig | None = Field(None, description="Hidden-state features from the worker hook (needs `--worker-cls presched.engine.plugin.worker.PreschedCPUWorker` and prefix caching off; the launcher's --features sets both). None: off.")
     probe: Path | None = Field(None, description="A probe model file (`presched train -p probe`), loaded in the engine core and run on each request's pooled prompt state after prefill: its prediction replaces the request's estimate unless the request sent its own in vllm_xargs. An `egtp` file (`presched train -p egtp`) reads the entropy-weighted pools and needs `features.egtp`. Needs `features`; its FeatureSpec (model, layer, hidden, sink, pooling) must be what the hook pools from the served model. None: off.")
     refine: Path | None = Field(None, description="A probe-refine model file (predict/probe/refine.py), loaded in the engine core: when a request's per-step state is at a `refine_at` generated token, its estimate is replaced by probe-refine's (total length given L > g, from that state and the pooled prompt state) unless the request sent its own in vllm_xargs. Needs `features` with steps on; the file's model, layer, sink and width must be what the hook reads. None: off.")
     draft_probe: Path | None = Field(None, description="A draft-probe model file (`presched train -p draft-probe`), loaded in the engine core and run on each request's pooled prompt state from the draft model (`features.draft_layer`): its prediction replaces the request's estimate unless the request sent its own in vllm_xargs or a `probe` or `refine` estimate (the served model's own states) replaced it. Its FeatureSpec (draft model, layer, hidden, sink) must be what the draft hook pools. None: off.")
     refine_at: tuple[int, ...] = Field((16, 64, 256), min_length=1, max_length=64, description="Generated-token counts at which `refine` replaces a running request's estimate.")
     imports: tuple[str, ...] = Field((), description="Modules (dotted names or .py paths) imported before the policy is built, e.g. to register your own policies.")
+
+    @field_validator("stats", "records")
+    @classmethod
+    def _a_file_path(cls, v: Path | None, info) -> Path | None:
+        """A file the plugin can write (checked here, before vLLM's slow start): not a folder;
+        the stats file's folder must exist (the records' is made)."""
+        if v is None:
+            return v
+        if v.is_dir():
+            raise ValueError(f"{v} is a folder; give a file path")
+        if info.field_name == "stats" and not v.parent.is_dir():
+            raise ValueError(f"{v}: its folder {v.parent} does not exist")
+        return v
 
 
 def read_config_text(raw: str) -> dict:

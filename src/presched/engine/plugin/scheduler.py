@@ -125,9 +125,15 @@ class PreschedScheduler(Scheduler):
                                              self.model_name)  # fmt: skip
         self._tokenizer = None
         if cfg.store_prompts:
-            self._tokenizer = (self.predictor.tokenizer if self.predictor else
-                               _load_tokenizer(cfg.tokenizer or mc.tokenizer))  # fmt: skip
-        self.records = RecordWriter(cfg.records) if cfg.records is not None else None
+            try:
+                self._tokenizer = (self.predictor.tokenizer if self.predictor else
+                                   _load_tokenizer(cfg.tokenizer or mc.tokenizer))  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - named: a bad folder or name
+                raise PluginConfigError(f"tokenizer: cannot load {cfg.tokenizer or mc.tokenizer!r}: {e}") from None
+        try:
+            self.records = RecordWriter(cfg.records) if cfg.records is not None else None
+        except (OSError, sqlite3.Error) as e:  # not a database, no permission
+            raise PluginConfigError(f"records: {cfg.records}: {type(e).__name__}: {e}") from None
         self.min_free_blocks = self.usable_blocks
         # a preemption for a head that vLLM then did not start: (head id, the running ids before
         # it, requests ended by then); `_attempt` is the one in flight this step
