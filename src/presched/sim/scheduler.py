@@ -229,7 +229,8 @@ class Scheduler:
         n = self._tokens(total - c, budget)
         if n is None:
             return None
-        return c, n, kv.blocks_for(c + n) - have, kv.blocks_for(total) - have, units, revive  # (it holds none)
+        # a waiting request holds no blocks: the chunk's and the whole sequence's, less its hit
+        return c, n, kv.blocks_for(c + n) - have, kv.blocks_for(total) - have, units, revive
 
     def _tokens(self, rest: int, budget: int) -> int | None:
         """Tokens a waiting request with `rest` tokens to compute takes in this step with
