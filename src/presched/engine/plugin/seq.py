@@ -44,8 +44,9 @@ Hidden-state features (plugin config `features`, worker.py), None / 0 without th
     features_draft   the draft model's pooled prompt state (`features.draft_layer`); draft_n,
                      draft_missing, draft_pools as features_n, features_missing, feature_pools
 
-Also kept for the request record: `recomputed_tokens` (tokens prefilled again after
-preemptions), `finish`, `vreq` (the vLLM request).
+Also kept for the request record: `recomputed_tokens` (tokens whose KV its preemptions dropped:
+prefilled again, less, with prefix caching on, what vLLM finds still cached when it resumes, which
+is not subtracted: an upper bound), `finish`, `vreq` (the vLLM request).
 """
 
 from __future__ import annotations
