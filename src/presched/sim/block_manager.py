@@ -32,7 +32,7 @@ class BlockManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold KV for `num_tokens` tokens: ceil(num_tokens / block_size)."""
-        return -(-num_tokens // self.block_size)
+        return (num_tokens + self.block_size - 1) // self.block_size
 
     def take(self, seq: Seq, extra: int) -> None:
         """Give `seq` `extra` more blocks (the caller has checked `extra <= free`)."""
@@ -47,12 +47,12 @@ class BlockManager:
         decode run's; the caller has checked that they fit): `take` of each one's missing
         `blocks_for(computed + k) - blocks`, in one call."""
         bs, free = self.block_size, self.free
+        up = k + bs - 1  # blocks_for(computed + k) = (computed + up) // bs
         for seq in seqs:
-            need = seq.computed + k
-            if need > seq.blocks * bs:
-                extra = -(-need // bs) - seq.blocks
-                seq.blocks += extra
-                free -= extra
+            blocks = (seq.computed + up) // bs
+            if blocks > seq.blocks:
+                free -= blocks - seq.blocks
+                seq.blocks = blocks
         self.free = free
         used = self.num_blocks - free
         if used > self.peak_used:

@@ -103,8 +103,8 @@ class Instance:
         if run is not None:  # the run stops at the first step that starts at or after `now`
             self._pending = None
             start, k, t0, s, seqs, C, _ = run
-            k = min(k, _steps_starting_before(now - start, t0, s))
-            self._apply_run(start, k, t0, s, seqs, C)
+            j = _steps_starting_before(now - start, t0, s)
+            self._apply_run(start, j if j < k else k, t0, s, seqs, C)
         if not self.sched.has_work() and self.clock < now:
             self.clock = now  # idle engine: time jumps to the arrival
         seq.instance = self.index
@@ -137,7 +137,7 @@ class Instance:
         P, B, C = batch.prefill_tokens, batch.num_decode, batch.decode_context
         ff = self.fast_forward and not P and not batch.changed
         if ff and len(seqs) == len(self.sched.running):
-            self._run_decodes(seqs, B, C, now, until)
+            self._run_decodes(seqs, B, C, now, until, batch.left)
             return
         dur = self.step_model.step_time(P, batch.prefill_pairs, batch.prefill_context, B, C)
         end = now + dur
@@ -150,13 +150,16 @@ class Instance:
         # step is known (`Scheduler.decode_next`): their context, those whose next token starts
         # a block
         known = not batch.partial and len(seqs) == len(self.sched.running)
-        context, needy = 0, []
+        context, needy, left = 0, [], math.inf
+        hook = self._tokens_hook
         for seq, n in zip(seqs, ntoks):
-            seq.computed += n
-            if caching and seq.computed >= seq.next_unit_end:
+            c = seq.computed + n
+            seq.computed = c
+            if caching and c >= seq.next_unit_end:
                 self.sched.kv.insert(seq)
-            if seq.computed == seq.prompt_tokens + seq.generated:  # the step sampled a token
-                seq.generated += 1
+            if c == seq.prompt_tokens + seq.generated:  # the step sampled a token
+                g = seq.generated + 1
+                seq.generated = g
                 last = seq.last_token
                 if last is None:
                     seq.first_token = end
@@ -170,24 +173,28 @@ class Instance:
                     if gap > seq.max_itl:
                         seq.max_itl = gap
                 seq.last_token = end
-                if self._tokens_hook:
+                if hook:
                     self.policy.on_tokens(seq, 1, end)
-                if seq.generated >= seq.stop:
+                r = seq.stop - g  # tokens it has left to generate
+                if r <= 0:
                     self._finish(seq, end)
                 elif known:
-                    c = seq.computed
                     context += c + 1
                     if c == seq.blocks * bs:
                         needy.append(seq)
+                    if r < left:
+                        left = r
         if contiguous:
             self.itl.add(dur, 0.0, 1, contiguous)
         if known and self.sched.running:
-            self.sched.decode_next = (context, needy)
+            self.sched.decode_next = (context, needy, left)
 
-    def _run_decodes(self, seqs: list[Seq], B: int, C: int, now: float, until: float) -> None:
+    def _run_decodes(
+        self, seqs: list[Seq], B: int, C: int, now: float, until: float, left: int | None
+    ) -> None:  # fmt: skip
         t0, slope, valid = self.step_model.decode_line(B, C)
         s = slope * B  # each step is s seconds longer than the previous one
-        k = min([seq.stop - seq.generated for seq in seqs])
+        k = left if left is not None else min([seq.stop - seq.generated for seq in seqs])
         if valid != math.inf:
             k = min(k, int((valid - C) // B) + 1)
         limit = math.inf if self.lazy else until
@@ -224,47 +231,52 @@ class Instance:
         self.clock = end
         kv = self.sched.kv
         bs = kv.block_size
-        contiguous = 0
+        contiguous = B  # those that ran the step before (less the others, below)
         max_step = t0 + s * (k - 1)
         longest = max_step if max_step > t0 else t0  # longest gap of one that ran the last step
         caching, hook = self.sched.caching, self._tokens_hook
         if caching:  # every step's blocks are taken before anyone finishes, as step by step:
             kv.grow(seqs, k)  # a release must not spare an eviction the steps would have made
         context = C + k * B  # the survivors' next decode step: their context, those that
-        needy = []  # need a block for it
+        needy, left = [], math.inf  # need a block for it, the fewest tokens one has left
         for seq in seqs:
             c = seq.computed + k
-            if not caching and c > seq.blocks * bs:  # past the blocks it holds
-                kv.take(seq, kv.blocks_for(c) - seq.blocks)
             seq.computed = c
-            if caching and c >= seq.next_unit_end:
-                kv.insert(seq)
-            seq.generated += k
+            if caching:
+                if c >= seq.next_unit_end:
+                    kv.insert(seq)
+            elif c > seq.blocks * bs:  # past the blocks it holds
+                kv.take(seq, kv.blocks_for(c) - seq.blocks)
+            g = seq.generated + k
+            seq.generated = g
             last = seq.last_token
-            if last == now:
-                contiguous += 1
-                if longest > seq.max_itl:
-                    seq.max_itl = longest
-            else:
+            if last != now:  # it did not run the step before
+                contiguous -= 1
                 gap = now + t0 - last
                 self.itl.add(gap, 0.0, 1, 1)
                 m = gap if gap > max_step else max_step
                 if m > seq.max_itl:
                     seq.max_itl = m
+            elif longest > seq.max_itl:
+                seq.max_itl = longest
             seq.last_token = end
             if hook:
                 self.policy.on_tokens(seq, k, end)
-            if seq.generated >= seq.stop:
+            r = seq.stop - g  # tokens it has left to generate
+            if r <= 0:
                 self._finish(seq, end)
                 context -= c + 1
-            elif c == seq.blocks * bs:  # its next token starts a block
-                needy.append(seq)
+            else:
+                if c == seq.blocks * bs:  # its next token starts a block
+                    needy.append(seq)
+                if r < left:
+                    left = r
         if contiguous:
             self.itl.add(t0, 0.0, 1, contiguous)
         if k > 1:
             self.itl.add(t0 + s, s, k - 1, B)
         if self.sched.running:
-            self.sched.decode_next = (context, needy)
+            self.sched.decode_next = (context, needy, left)
 
     def _finish(self, seq: Seq, now: float) -> None:
         seq.finish = now
@@ -283,7 +295,8 @@ def _steps_starting_before(R: float, t0: float, s: float) -> int:
     else:
         b = t0 - s / 2
         m = math.ceil((-b + math.sqrt(b * b + 2 * s * R)) / s) - 1
-    m = max(m, 0)
+    if m < 0:
+        m = 0
     while m > 0 and m * t0 + s * m * (m - 1) / 2 >= R:  # floating-point guard
         m -= 1
     while (m + 1) * t0 + s * (m + 1) * m / 2 < R:
@@ -333,7 +346,7 @@ def _cache_limit(seqs: list[Seq], k: int, sched: Scheduler) -> int:
             k = _kv_limit(seqs, k, kv.blocks_for, max(uncached, 0))
     if waiting and kv.coarse and k > 1:
         for seq in seqs:  # the next unit anyone of the run completes (owners' too: their
-            if seq.keys:  # `next_unit_end` is lazily infinite)
+            if seq.keys:  # `next_unit_end` is lazily `NEVER`)
                 u = seq.computed // seq.unit_tokens
                 if u < len(seq.keys):
                     k = min(k, max(1, (u + 1) * seq.unit_tokens - seq.computed))

@@ -46,7 +46,7 @@ Two pieces of work are done lazily, when someone could see them, never changing 
   units it computes then are appended as vLLM would append them, but only when the node is
   read (`_sync`: by a lookup, an insert or acquire that walks into it, its release, an
   inspection), as the first `min(len(keys), computed // unit_tokens)` of its keys: the same
-  units an eager insert after every step would have added. Its `next_unit_end` is infinite
+  units an eager insert after every step would have added. Its `next_unit_end` is `NEVER`
   meanwhile, so steps make no calls. Another request walking into it ends the ownership
   (`_claim`), and the owner's next full unit goes through `insert` again.
 - **Evictions.** `take` only counts (the base class's); the blocks taken beyond the uncached
@@ -62,13 +62,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections import deque
 
 from presched.sim.block_manager import BlockManager
 from presched.sim.prefix_keys import PrefixCacheError, unit_keys  # noqa: F401 (PrefixCacheError: imported from here too)
 from presched.sim.prefix_node import Node, common, view
-from presched.sim.seq import Seq
+from presched.sim.seq import NEVER, Seq
 
 
 class CachingBlockManager(BlockManager):
@@ -115,7 +114,7 @@ class CachingBlockManager(BlockManager):
     def _reset(self, seq: Seq) -> None:
         seq.cache_node = None
         seq.cached_upto = 0
-        seq.next_unit_end = seq.unit_tokens if seq.keys else math.inf
+        seq.next_unit_end = seq.unit_tokens if seq.keys else NEVER
 
     # --- admission ------------------------------------------------------------------------
     def lookup(self, seq: Seq, total: int) -> tuple[int, int]:
@@ -212,7 +211,9 @@ class CachingBlockManager(BlockManager):
         miss after them too: they only remove runs nobody holds)."""
         keys, unit = seq.keys, seq.unit_tokens
         i = seq.cached_upto
-        end = min(len(keys), seq.computed // unit)
+        end = seq.computed // unit
+        if end > len(keys):
+            end = len(keys)
         ub = unit // self.block_size
         node = seq.cache_node or self.root
         while i < end:
@@ -250,7 +251,7 @@ class CachingBlockManager(BlockManager):
                 if node.src is not keys or node.end != i:  # (a node made just now views them)
                     view(node, keys, i, i)  # its own leaf: later units are appended lazily
                 node.owner = seq
-                seq.next_unit_end = math.inf
+                seq.next_unit_end = NEVER
                 self.open.pop(seq, None)
                 return
         self._next_unit(seq, i)
@@ -262,13 +263,15 @@ class CachingBlockManager(BlockManager):
             seq.next_unit_end = (i + 1) * seq.unit_tokens
             self.open[seq] = None
         else:
-            seq.next_unit_end = math.inf
+            seq.next_unit_end = NEVER
             self.open.pop(seq, None)
 
     def _sync(self, node: Node) -> None:
         """Append to its owner's leaf the units the owner has computed since (module doc)."""
         seq: Seq = node.owner  # type: ignore[assignment]
-        end = min(len(seq.keys), seq.computed // seq.unit_tokens)
+        end = seq.computed // seq.unit_tokens
+        if end > len(seq.keys):
+            end = len(seq.keys)
         if end > seq.cached_upto:  # (the node views seq.keys, ending at cached_upto)
             node.end += end - seq.cached_upto
             seq.cached_upto = end

@@ -26,10 +26,12 @@ B. Only if nothing was preempted in A (vLLM's anti-thrash rule): waiting request
 The caller (instance.py) runs the step for `step_time(shape)` seconds and applies its tokens.
 
 After a fast-forwarded decode run, or a step in which every running request took part and each
-now decodes next (instance.py), the instance already knows phase A's outcome: the total context
-and the requests whose next token starts a block (`decode_next`). If the free blocks cover
-those, no one can be preempted, and the step takes them all without visiting each request (the
-same batch, block for block: the golden fingerprints check it).
+now decodes next (instance.py), the instance already knows phase A's outcome: the total context,
+the requests whose next token starts a block and the fewest tokens any request has left
+(`decode_next`). If the free blocks cover the needy ones, no one can be preempted, and the step
+takes them all without visiting each request (the same batch, block for block: the golden
+fingerprints check it); a decode run from it needs no pass for its first completion
+(`Batch.left`).
 """
 
 from __future__ import annotations
@@ -57,13 +59,13 @@ class Scheduler:
         self._threshold = cfg.long_prefill_token_threshold
         self._thr = self._threshold  # this step's cap (`schedule`: none for a request alone)
         self._kv_tokens = num_blocks * cfg.block_size
-        self.decode_next: tuple[int, list[Seq]] | None = None
-        """(total context, the requests among them whose next token starts a block) when
-        every running request's next step is a decode: set by the instance after a decode
-        run or step, used and cleared by the next `schedule`, which then batches them all without
-        visiting each one when the free blocks cover the needy ones (phase A could preempt
-        no one). `schedule` takes it before it admits or preempts anyone; a request finishing
-        outside it clears it."""
+        self.decode_next: tuple[int, list[Seq], int] | None = None
+        """(total context, the requests among them whose next token starts a block, the fewest
+        tokens any of them has left to generate) when every running request's next step is a
+        decode: set by the instance after a decode run or step, used and cleared by the next
+        `schedule`, which then batches them all without visiting each one when the free blocks
+        cover the needy ones (phase A could preempt no one). `schedule` takes it before it
+        admits or preempts anyone; a request finishing outside it clears it."""
 
     def add(self, seq: Seq, now: float) -> None:
         # KV is needed for every token but the last one generated here (sampled, never fed back)
@@ -96,7 +98,7 @@ class Scheduler:
             for seq in known[1]:
                 kv.take(seq, 1)
             batch.seqs, batch.ntoks = running.copy(), [1] * n
-            batch.num_decode, batch.decode_context = n, known[0]
+            batch.num_decode, batch.decode_context, batch.left = n, known[0], known[2]
             if self.waiting:
                 self._admit(now, batch, budget - n)
             return batch
@@ -329,7 +331,7 @@ class Batch:
     `partial`: a prefill chunk stops short of its prompt."""
 
     __slots__ = ("seqs", "ntoks", "changed", "partial", "prefill_tokens", "prefill_pairs",
-                 "prefill_context", "num_decode", "decode_context")  # fmt: skip
+                 "prefill_context", "num_decode", "decode_context", "left")  # fmt: skip
 
     def __init__(self) -> None:
         self.seqs: list[Seq] = []
@@ -342,6 +344,8 @@ class Batch:
         self.prefill_context = 0
         self.num_decode = 0
         self.decode_context = 0
+        self.left: int | None = None  # phase A known (`decode_next`): the fewest tokens a
+        # running request has left to generate
 
     def add_prefill(self, n: int, computed: int, sign: int = 1) -> None:
         self.prefill_tokens += sign * n

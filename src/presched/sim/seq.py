@@ -13,12 +13,15 @@ policies read `target`.
 
 from __future__ import annotations
 
-import math
+import sys
 from typing import Any
 
 from presched.workload.request import Request
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
+NEVER = sys.maxsize
+"""`next_unit_end` of a request with no unit to insert: `computed` never reaches it (an int, not
+`math.inf`: a step's int-to-int compare with it is cheaper than an int-to-float one)."""
 
 
 class Seq:
@@ -59,7 +62,7 @@ class Seq:
         self.unit_tokens = 0  # tokens per unit
         self.cache_node = None  # deepest cache tree node it holds (and so every ancestor)
         self.cached_upto = 0  # units [0, cached_upto) are cached and held
-        self.next_unit_end: float = math.inf  # `computed` at which the next unit is full
+        self.next_unit_end = NEVER  # `computed` at which the next unit is full
         self.cached_tokens = 0  # prompt tokens found cached, over all its admissions
 
     @property

@@ -208,7 +208,7 @@ class RooflineStepModel(StepTimeModel):
                 + self._t_per_win_flops * win)  # fmt: skip
         t_m += (self._t_per_kv_token * prefill_context + self._t_per_ctx_kv * c
                 + self._t_per_win_kv * win + self._t_per_ssm_seq * num_decode)  # fmt: skip
-        return self._overheads(prefill_tokens, num_decode) + max(t_c, t_m)
+        return self._overheads(prefill_tokens, num_decode) + (t_m if t_m > t_c else t_c)  # max
 
     def _decode_lines(self, b: int, c: int) -> tuple[float, float, float, float, float]:
         """Compute and memory terms of a decode-only step as lines in C on the piece holding
@@ -249,7 +249,8 @@ class RooflineStepModel(StepTimeModel):
         win = c if self._window is None else min(c, b * self._window)
         tc += zero_c + self._t_per_ctx_flops * c + self._t_per_win_flops * win
         tm += zero_m + self._t_per_ctx_kv * c + self._t_per_win_kv * win + ssm
-        return overheads + max(tc, tm), d1, min(valid_until, max(float(c), end))
+        t0 = overheads + (tm if tm > tc else tc)  # max(tc, tm)
+        return t0, d1, valid_until if end == math.inf else min(valid_until, max(float(c), end))
 
     def _decode_terms(self, b: int) -> tuple:
         """The terms of a decode-only step of `b` requests that do not depend on its context,
