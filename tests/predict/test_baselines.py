@@ -31,6 +31,10 @@ def test_training_targets_use_uncapped_sample_means():
     some = Request(id="d", prompt_tokens=5, output_tokens=90, output_samples=(90, 256, 110), max_tokens=256)
     t, keep = training_targets([cut, some])
     assert keep.tolist() == [False, True] and t[1] == 100.0
+    # a log reader that knew the finish reason has judged the row: a natural stop at exactly
+    # max_tokens, or a cut row kept on purpose (--keep-censored), is a label
+    judged = Request(id="e", prompt_tokens=5, output_tokens=256, max_tokens=256, metadata={"censored": False})
+    assert training_targets([judged])[1].tolist() == [True]
 
 
 @pytest.mark.parametrize("name", BASELINES)

@@ -198,11 +198,13 @@ def load_predictor(path: str | Path) -> Predictor:
 def request_samples(r: Request) -> np.ndarray:
     """All observed lengths of a request (its samples, else its one output), capped ones removed:
     at CASTILLO's generation cap, or at the request's own `max_tokens` (cut there, so only a lower
-    bound, as `presched train --from-log` treats a `length` finish)."""
+    bound, as `presched train --from-log` treats a `length` finish). Rows a log reader already
+    judged (`metadata["censored"]`: it knew the finish reason, and kept a cut row only when
+    asked to, `--keep-censored`) are taken as it left them."""
     s = np.asarray(r.output_samples if r.output_samples else
                    ([r.output_tokens] if r.output_tokens is not None else []), dtype=float)  # fmt: skip
     s = s[s < CAP]
-    return s if r.max_tokens is None else s[s < r.max_tokens]
+    return s if r.max_tokens is None or "censored" in r.metadata else s[s < r.max_tokens]
 
 
 def training_targets(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
