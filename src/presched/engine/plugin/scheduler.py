@@ -68,7 +68,7 @@ from presched.engine.plugin.guard import Guard
 from presched.engine.plugin.queue import PolicyRequestQueue
 from presched.engine.plugin.records import RecordWriter, record_row
 from presched.engine.plugin.seq import EngineSeq, slos_of, xargs_of
-from presched.engine.plugin.stats import write_stats
+from presched.engine.plugin.stats import snapshot, write_failed, write_stats
 from presched.engine.plugin.support import admissible, check_supported
 from presched.engine.plugin.version import check_vllm_version
 from presched.engine.plugin.victim_key import VictimKey
@@ -350,7 +350,7 @@ class PreschedScheduler(Scheduler):
                 if self.features is not None:
                     self.features.write(self.records, seq)
             except (OSError, sqlite3.Error) as e:
-                self._write_failed("records", e)
+                write_failed(self.counts, "records", e)
         # the request is still in self.requests: <= 1 means the engine goes idle now
         if len(self.requests) <= 1 or self._now - self._stats_saved >= STATS_INTERVAL_S:
             self._save_stats()
@@ -363,12 +363,6 @@ class PreschedScheduler(Scheduler):
         if self.guard.total == 1 or self._now - self._stats_saved >= STATS_INTERVAL_S:
             self._save_stats()
 
-    def _write_failed(self, what: str, e: Exception) -> None:
-        self.counts["write_errors"] += 1
-        if self.counts["write_errors"] <= 5:
-            log.error("presched: writing the %s failed (%d so far; the engine goes on): %s: %s",
-                      what, self.counts["write_errors"], type(e).__name__, e)  # fmt: skip
-
     def _save_stats(self) -> None:
         """Rewrite the stats file (config `stats`): at start, when a request finishes (at most
         every STATS_INTERVAL_S while others run; always when it was the last one), after a
@@ -378,18 +372,10 @@ class PreschedScheduler(Scheduler):
         path = self.ps_cfg.stats
         if path is None:
             return
-        stats = {"policy": self.ps.describe(), "policy_errors": dict(self.guard.errors),
-                 "policy_errors_total": self.guard.total, **self.counts,
-                 "running": len(self.running), "waiting": len(self.waiting),
-                 "kv_blocks_free": self.kv_cache_manager.block_pool.get_num_free_blocks(),
-                 "kv_blocks_usable": self.usable_blocks,
-                 "kv_blocks_free_min": self.min_free_blocks,
-                 "block_size": self.block_size,
-                 "plugin_own_s": round(self.own_s, 6), "steps": self.steps}  # fmt: skip
         try:
-            write_stats(path, stats)
+            write_stats(path, snapshot(self))
         except OSError as e:
-            self._write_failed("stats", e)
+            write_failed(self.counts, "stats", e)
 
     def shutdown(self) -> None:
         self._save_stats()
