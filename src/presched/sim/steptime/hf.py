@@ -63,6 +63,14 @@ def _field(cfg: Mapping[str, Any], key: str, default: Any = ..., *, minimum: int
     return v
 
 
+def _tied(cfg: Mapping[str, Any]) -> bool:
+    """tie_word_embeddings (default false); ValueError naming it unless true or false."""
+    tied = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ValueError(f"hf_config.tie_word_embeddings: expected true or false, got {tied!r}")
+    return tied
+
+
 def spec_from_hf_config(
     name: str,
     hf_config: Mapping[str, Any],
@@ -89,9 +97,7 @@ def spec_from_hf_config(
     K = _field(cfg, "num_key_value_heads", H)
     d = _field(cfg, "head_dim", h // H)
     V = _field(cfg, "vocab_size")
-    tied = cfg.get("tie_word_embeddings", False)
-    if not isinstance(tied, bool):
-        raise ValueError(f"hf_config.tie_word_embeddings: expected true or false, got {tied!r}")
+    tied = _tied(cfg)
     inter = _field(cfg, "intermediate_size", None)
 
     # attention
@@ -219,9 +225,7 @@ def _hybrid_spec(name: str, cfg: Mapping[str, Any], *, weight_dtype: str, kv_dty
         mamba = h * (inner + xbc + nH) + xbc * conv + inner * h
         ssm = nH * hd * N * dtype_bytes(ssm_dtype) + (conv - 1) * xbc * dtype_bytes(weight_dtype)
     attn = h * H * d + 2 * h * K * d + H * d * h
-    tied = cfg.get("tie_word_embeddings", False)
-    if not isinstance(tied, bool):
-        raise ValueError(f"hf_config.tie_word_embeddings: expected true or false, got {tied!r}")
+    tied = _tied(cfg)
     params = (n_mamba * mamba + n_attn * attn + n_mlp * 2 * h * inter
               + V * h * (1 if tied else 2))  # fmt: skip
     try:
