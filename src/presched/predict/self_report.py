@@ -96,12 +96,11 @@ class SelfReport(Predictor):
         for r in requests:
             if not r.prompt:
                 raise ValueError(f"request {r.id!r}: field 'prompt' is empty; self-report asks the model about the text")
-        cache, got = self._replies, {}
-        for prompt in {r.prompt for r in requests}:
-            if prompt in cache:
-                cache.move_to_end(prompt)
-                got[prompt] = cache[prompt]
-        todo = sorted({r.prompt for r in requests} - got.keys())
+        cache, got, prompts = self._replies, {}, {r.prompt for r in requests}
+        for prompt in prompts & cache.keys():
+            cache.move_to_end(prompt)
+            got[prompt] = cache[prompt]
+        todo = sorted(prompts - got.keys())
         if todo:
             import httpx
 
