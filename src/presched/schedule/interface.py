@@ -135,7 +135,8 @@ class Policy(ABC):
 
     def admit(self, seq: SeqView, running: Sequence[SeqView], now: float) -> bool:
         """May `seq`, the head of the waiting queue, start now? Called by the engine after it
-        checked that a batch slot and its KV blocks for this step are free. Return False to
+        checked that a batch slot and its KV blocks for this step are free (vLLM's plugin: the
+        slot; vLLM checks the blocks after, so count admissions in `on_schedule`). Return False to
         keep it (and, as the order is strict, everyone behind it) waiting, e.g. because its
         predicted footprint would over-commit memory later. `running` may be the batch without
         the victims the simulator means to preempt for `seq` (it asks before preempting them).

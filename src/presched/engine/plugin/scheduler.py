@@ -31,7 +31,7 @@ put the policy in charge of each decision:
   client went away; or vLLM's FINISHED_ERROR).
 
 `preempt_for` and `admit` are asked only about a head vLLM would try to start this step
-(support.py `admissible`: not one whose structured-output grammar is still compiling).
+(support.py `admissible`), `admit` only while a batch slot is free.
 
 `policy.attach` gets the engine's real numbers: KV blocks x block size, max_num_seqs,
 max_num_batched_tokens. A seq also carries `computed` (vLLM's num_computed_tokens) live.
@@ -210,6 +210,8 @@ class PreschedScheduler(Scheduler):
     def _gate(self, seq: EngineSeq) -> bool:
         if not self._admits or not admissible(seq.vreq):
             return True  # vLLM skips a head it cannot start now (support.py): ask for the next
+        if len(self.running) + self.num_waiting_for_streaming_input >= self.max_num_active_reqs:
+            return True  # no slot: vLLM's own check ends admission next; `admit` is for a head with one
         running = [self._seqs[r.request_id] for r in self.running if r.request_id in self._seqs]
         return self.guard.call("admit", True, self.ps.admit, seq, running, self._now)
 
