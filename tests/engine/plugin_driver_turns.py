@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 
 import plugin_driver as D
+from vllm.sampling_params import SamplingParams
+from vllm.v1.request import Request
 
 from presched.schedule import POLICIES
 
@@ -63,7 +65,33 @@ def admit_with_a_slot() -> dict:
             "scheduled": [c[1] for c in s.ps.calls if c[0] == "on_schedule"]}  # fmt: skip
 
 
-SCENARIOS = {f.__name__: f for f in (admit_with_a_slot,)}
+def _chunk(prompt: list[int], max_tokens: int, arrival: float) -> Request:
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return Request("S", prompt, sp, None, arrival_time=arrival, resumable=True)
+
+
+def session_turns() -> dict:
+    """A streaming-input session S (vLLM's resumable request): turn 1 (10 prompt tokens, 3
+    output tokens), a pause (S keeps its blocks), a second chunk (3 tokens, 4 output tokens),
+    then the end of input. What does the policy hear of S?"""
+    s = _hooked(max_num_seqs=2)
+    s.add_request(_chunk(list(range(1, 11)), 3, 1.0))
+    for _ in range(4):
+        D.step(s)
+    paused = {"status": s.requests["S"].status.name, "policy_queue": [r.request_id for r in s.waiting],
+              "vllm_holders": [r.request_id for r in s.kv_holding_waiting]}  # fmt: skip
+    s.add_request(_chunk([50, 51, 52], 4, 2.0))
+    for _ in range(6):
+        D.step(s)
+    s.add_request(Request("S", [0], SamplingParams(max_tokens=1), None, resumable=False))  # input closed
+    for _ in range(2):
+        if s.has_requests():
+            D.step(s)
+    calls = [c for c in s.ps.calls if c[1] == "S"]
+    return {"paused": paused, "calls": calls, "tokens_heard": sum(1 for c in calls if c[0] == "on_tokens")}
+
+
+SCENARIOS = {f.__name__: f for f in (admit_with_a_slot, session_turns)}
 
 if __name__ == "__main__":
     D.SCENARIOS = SCENARIOS

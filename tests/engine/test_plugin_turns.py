@@ -4,7 +4,11 @@ engine venv; the workers' outputs made up as in test_plugin_scheduler.py):
 - `admit` is asked only about a head with a free batch slot, as the simulator and the gateway
   ask it (docs/policies.md): the plugin asked it at every step while the batch was full, before
   vLLM's own slot check, so a refusal (kv-admission's memo) could be made about a head that
-  could not have started anyway.
+  could not have started anyway;
+- a streaming-input session (vLLM's resumable request) is one request to the policy: its next
+  turn starts from vLLM's own queue of KV-block holders (never the policy's), and the policy
+  hears the tokens of every turn: vLLM clears a session's output at each new chunk, and the
+  policy heard the second turn's 4 tokens as 1 (only past the first turn's count of 3).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import pytest
 from presched.engine.venv import engine_env, engine_python
 
 DRIVER = Path(__file__).with_name("plugin_driver_turns.py")
-SCENARIOS = ("admit_with_a_slot",)
+SCENARIOS = ("admit_with_a_slot", "session_turns")
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +44,18 @@ def test_admit_is_asked_only_with_a_free_slot(driven):
     assert all(slot for _, slot in asked), asked  # never while 'long' held the only slot
     assert got["scheduled"] == ["long", "short"]
 
+
+def test_a_streaming_session_is_one_request_whose_turns_add_up(driven):
+    got = driven["session_turns"]
+    paused = got["paused"]
+    assert paused == {"status": "WAITING_FOR_STREAMING_REQ", "policy_queue": [], "vllm_holders": ["S"]}
+    calls = got["calls"]
+    kinds = [c[0] for c in calls]
+    assert kinds.count("on_arrival") == kinds.count("on_schedule") == kinds.count("admit") == 1
+    tokens = [c for c in calls if c[0] == "on_tokens"]
+    # 3 tokens in turn 1, 4 in turn 2: one on_tokens each, `generated` counting on
+    assert [c[2] for c in tokens] == [1, 2, 3, 4, 5, 6, 7]
+    # the second chunk's 3 tokens join the prompt (10) when it arrives
+    assert [c[3] for c in tokens] == [10, 10, 10, 13, 13, 13, 13]
+    # vLLM ends a session whose input closes while it waits for more as FINISHED_ABORTED
+    assert kinds[-1] == "on_cancel" and calls[-1][2] == 7

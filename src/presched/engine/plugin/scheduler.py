@@ -31,7 +31,8 @@ put the policy in charge of each decision:
   client went away; or vLLM's FINISHED_ERROR).
 
 `preempt_for` and `admit` are asked only about a head vLLM would try to start this step
-(support.py `admissible`), `admit` only while a batch slot is free.
+(support.py `admissible`), `admit` only while a batch slot is free. A streaming-input session
+is one request to the policy, its turns added up (support.py).
 
 `policy.attach` gets the engine's real numbers: KV blocks x block size, max_num_seqs,
 max_num_batched_tokens. A seq also carries `computed` (vLLM's num_computed_tokens) live.
@@ -180,8 +181,8 @@ class PreschedScheduler(Scheduler):
         return seq
 
     def _sync(self, seq: EngineSeq) -> None:
-        """Bring the seq's token count up to the vLLM request's; `on_tokens` with the delta."""
-        n = seq.vreq.num_output_tokens
+        """Bring the seq's token count up to the vLLM request's (+ a session's earlier turns)."""
+        n = seq.turn_base + seq.vreq.num_output_tokens
         d = n - seq.generated
         if d > 0:
             if seq.first_token is None:
@@ -289,6 +290,17 @@ class PreschedScheduler(Scheduler):
             self.running.remove(victim.vreq)
             self._preempt_request(victim.vreq, time.monotonic())
         self.waiting.serve_first(head)  # before a victim that ranks first once back (vtc ties), this step
+
+    def _update_request_as_session(self, session, update) -> None:
+        """A streaming-input session's next chunk (module doc): vLLM clears its output tokens;
+        the ended turn's are counted first, the next turn's on top (`turn_base`)."""
+        seq = self._seqs.get(session.request_id)
+        if seq is not None:
+            self._sync(seq)
+        super()._update_request_as_session(session, update)
+        if seq is not None:
+            seq.turn_base = seq.generated
+            seq.prompt_tokens += len(update.prompt_token_ids or ())
 
     def _ended(self) -> int:
         return self.counts["finished"] + self.counts["aborted"] + self.counts["errors"]

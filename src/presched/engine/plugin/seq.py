@@ -9,7 +9,9 @@ until it is freed. The attributes policies read are plain fields, refreshed by t
                      for `slo`: `slos_of`)
     arrival          vLLM's arrival time (unix seconds, set by the API server)
     prompt_tokens    len(prompt_token_ids)
-    generated        output tokens so far (kept across preemptions: vLLM recomputes them)
+    generated        output tokens so far (kept across preemptions: vLLM recomputes them;
+                     a streaming-input session's: those of all its turns, `turn_base` of them
+                     before the current turn; its prompt_tokens: all its input chunks)
     estimate         a `RequestEstimate` (vllm_xargs or the in-engine predictor) or None;
                      replaced after prefill by the in-engine probe's unless from vllm_xargs
     pred_source      'xargs', 'predictor', 'probe', 'refine', 'draft-probe' or None: where
@@ -69,7 +71,7 @@ class EngineSeq:
                  "features_missing", "feature_pools", "features_step", "feature_steps",
                  "features_step_g", "features_draft", "draft_n", "draft_missing", "draft_pools",
                  "features_egtp", "features_record", "features_answer", "features_answer_g",
-                 "features_record_answer")  # fmt: skip
+                 "features_record_answer", "turn_base")  # fmt: skip
 
     def __init__(self, vreq: Any, estimate: Any = None, pred_source: str | None = None,
                  slos: dict[str, float] | None = None) -> None:  # fmt: skip
@@ -88,6 +90,7 @@ class EngineSeq:
         self.arrival = arrival
         self.prompt_tokens = prompt
         self.generated = int(vreq.num_output_tokens)
+        self.turn_base = 0  # a streaming-input session's tokens of the turns before this one
         self.estimate = estimate
         self.pred_source = pred_source
         self.first_scheduled: float | None = None

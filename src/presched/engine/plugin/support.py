@@ -24,6 +24,17 @@ it, which it never does while the batch is full. The policy is asked `preempt_fo
 only for an admissible head (scheduler.py): preempting for a head vLLM then skips would free a
 running request's KV for nothing, and vLLM would admit the victim again; a refusing `admit`
 would end admission although vLLM would have passed over that head to the next.
+
+Streaming-input sessions (vLLM's resumable requests, e.g. its realtime API): the first turn
+queues, is ordered and admitted like any request; at the end of each turn vLLM keeps the
+session's KV blocks and batch slot and puts it in its own queue of block holders
+(`kv_holding_waiting`), which its admission loop drains before the policy's queue (a holder must
+never wait behind a head whose allocation fails). So the policy sees a session as one request
+that stays admitted until the session ends: its next turns are neither queued, nor asked
+`admit`, nor announced by `on_schedule`. What it is told adds up: `generated` counts the tokens
+of all turns (vLLM clears the output at each new chunk; until 2026-12-08 the policy heard a second
+turn's tokens only past the first turn's count), `prompt_tokens` all input chunks
+(scheduler.py `_update_request_as_session`).
 """
 
 from __future__ import annotations
