@@ -17,7 +17,9 @@ from presched.predict.loso import (
     PREFIX,
     SOURCES,
     evaluate_loso,
+    loso_cells,
     loso_figures,
+    loso_markdown,
     loso_splits,
     loso_summary,
     merge,
@@ -56,18 +58,39 @@ def _row(view, name, tau, mae, cov, status="ok"):
 
 def test_summary_is_unweighted_mean_and_worst_coverage():
     res = Evaluation()
-    res.splits = {"in-dist": {}, "loso-A": {}, "loso-B": {}, "loso-C": {}}
+    res.splits = {"in-dist": {}, "loso-A": {}, "loso-B": {}}
     res.rows = [_row("in-dist", "text-gbm", 0.9, 1.0, 0.0),  # not a fold: left out
                 _row("loso-A", "text-gbm", 0.2, 100.0, 3.0),
                 _row("loso-B", "text-gbm", 0.4, 200.0, 7.0),
-                _row("loso-C", "text-gbm", None, None, None, status="error"),  # failed: left out
                 _row("loso-A", "other", -1.0, 0.0, 99.0)]  # fmt: skip
     s = loso_summary(res, "text-gbm")
-    assert s["folds"] == 2 and set(s["per_source"]) == {"A", "B"}
+    assert s["folds"] == s["of"] == 2 and set(s["per_source"]) == {"A", "B"} and s["failed"] == {}
     assert s["mean_kendall_tau_b"] == pytest.approx(0.3) and s["mean_mae"] == pytest.approx(150.0)
     assert s["max_coverage_error_pts"] == 7.0 and s["mean_coverage_error_pts"] == 5.0
     assert loso_figures(res) == {"loso_mean_tau": pytest.approx(0.3), "loso_max_coverage_error_pts": 7.0}
     assert all(math.isnan(v) for v in loso_figures(res, "absent").values())
+    assert loso_summary(res, "absent")["of"] == 0
+
+
+def test_a_failed_fold_is_reported_and_leaves_no_mean_over_the_others():
+    """The mean over the folds that succeeded (0.3) read better than any mean over all three:
+    the failed fold, often the hardest source, was dropped silently."""
+    res = Evaluation()
+    res.splits = {"loso-A": {}, "loso-B": {}, "loso-C": {}}
+    res.rows = [_row("loso-A", "text-gbm", 0.2, 100.0, 3.0),
+                _row("loso-B", "text-gbm", 0.4, 200.0, 7.0),
+                {**_row("loso-C", "text-gbm", None, None, None, status="error"), "error": "ValueError: boom"}]  # fmt: skip
+    s = loso_summary(res, "text-gbm")
+    assert s["folds"] == 2 and s["of"] == 3 and s["failed"] == {"C": "ValueError: boom"}
+    assert set(s["per_source"]) == {"A", "B"}  # the folds that succeeded are kept, per source
+    for k in ("mean_kendall_tau_b", "mean_mae", "mean_coverage_error_pts", "max_coverage_error_pts"):
+        assert math.isnan(s[k]), k
+    assert all(math.isnan(v) for v in loso_figures(res).values())
+    heads, rows = loso_cells(res)
+    cells = dict(zip(heads, rows[0]))
+    assert cells["A"] == "0.200" and cells["C"] == "failed"
+    assert cells["mean τ-b"] == cells["mean MAE"] == cells["max cov-err pts"] == "— (2/3 folds)"
+    assert "| failed |" in loso_markdown(res) and "— (2/3 folds)" in loso_markdown(res)
 
 
 def test_quick_folds_fit_and_score(data_dir):

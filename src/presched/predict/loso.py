@@ -13,6 +13,9 @@ which gives the per-source drop; the ShareGPT fold is the `cross-dataset` view.
 
 The summary's mean is the unweighted mean over the 7 sources (each source counts once, however
 many rows it has); the coverage figure is the worst source's max |coverage − τ| over q10…q90.
+A fold the predictor failed is listed (`failed`, "failed" in the tables) and makes its means
+and worst coverage nan ("— (6/7 folds)" in the tables): over the folds left they would read
+better than the predictor is, having dropped the fold it failed.
 Latency is not timed here (the in-dist view times the same predictor); `evaluate_loso` fits and
 scores only.
 """
@@ -78,27 +81,38 @@ def merge(*results: Evaluation) -> Evaluation:
     return out
 
 
-def _row(result: Evaluation, view: str, name: str) -> dict[str, Any] | None:
+def _rows(result: Evaluation, name: str) -> dict[str, dict[str, Any]]:
+    """{LOSO view: `name`'s row there}, the ok row where there are several."""
+    out: dict[str, dict[str, Any]] = {}
     for row in result.rows:
-        if row["view"] == view and row["predictor"] == name and row.get("status") == "ok":
-            return row
-    return None
+        if row["predictor"] == name and is_loso(row["view"]) and out.get(row["view"], {}).get("status") != "ok":
+            out[row["view"]] = row
+    return out
 
 
 def loso_summary(result: Evaluation, name: str) -> dict[str, Any]:
     """{"per_source": {source: {n, kendall_tau_b, mae, max_coverage_error_pts}}, "folds",
-    "mean_kendall_tau_b", "mean_mae", "mean_coverage_error_pts", "max_coverage_error_pts"}
-    over the LOSO folds in `result` where `name` succeeded (nan when none did)."""
+    "of", "failed": {source: error}, "mean_kendall_tau_b", "mean_mae", "mean_coverage_error_pts",
+    "max_coverage_error_pts"}: `per_source` holds the LOSO folds in `result` where `name`
+    succeeded (`folds` of them, of the `of` folds run); the means and the worst coverage are
+    over all `of` folds, so nan when a fold failed (a mean over the folds left would leave out
+    the one it failed, often the hardest) or when `name` ran no fold."""
+    rows = _rows(result, name)
+    views = [v for v in result.splits if is_loso(v)] if rows else []
     per: dict[str, dict[str, float]] = {}
-    for view in result.splits:
-        row = _row(result, view, name) if is_loso(view) else None
-        if row is not None:
+    failed: dict[str, str] = {}
+    for view in views:
+        row = rows.get(view)
+        if row is not None and row.get("status") == "ok":
             per[view[len(PREFIX):]] = {"n": row.get("n"), **{k: _num(row.get(k)) for k in METRICS}}
-    mean = lambda k: float(np.mean([v[k] for v in per.values()])) if per else math.nan  # noqa: E731
-    worst = max((v["max_coverage_error_pts"] for v in per.values()), default=math.nan)
-    return {"per_source": per, "folds": len(per), "mean_kendall_tau_b": mean("kendall_tau_b"),
-            "mean_mae": mean("mae"), "mean_coverage_error_pts": mean("max_coverage_error_pts"),
-            "max_coverage_error_pts": worst}  # fmt: skip
+        else:
+            failed[view[len(PREFIX):]] = str(row.get("error", "failed")) if row is not None else "not run"
+    whole = bool(per) and not failed
+    mean = lambda k: float(np.mean([v[k] for v in per.values()])) if whole else math.nan  # noqa: E731
+    worst = max(v["max_coverage_error_pts"] for v in per.values()) if whole else math.nan
+    return {"per_source": per, "folds": len(per), "of": len(views), "failed": failed,
+            "mean_kendall_tau_b": mean("kendall_tau_b"), "mean_mae": mean("mae"),
+            "mean_coverage_error_pts": mean("max_coverage_error_pts"), "max_coverage_error_pts": worst}  # fmt: skip
 
 
 def _num(v: Any) -> float:
@@ -106,8 +120,9 @@ def _num(v: Any) -> float:
 
 
 def loso_figures(result: Evaluation, default: str = DEFAULT) -> dict[str, float]:
-    """The benchmark's LOSO lines for the default predictor (nan if it has no LOSO folds); a run
-    that left some sources out (`--quick`, a subset) still reports over the folds it has."""
+    """The benchmark's LOSO lines for the default predictor: nan if it has no LOSO folds or
+    failed on one (`loso_summary`); a run that left some sources out (a subset) reports over
+    the folds it ran."""
     s = loso_summary(result, default)
     return {"loso_mean_tau": s["mean_kendall_tau_b"], "loso_max_coverage_error_pts": s["max_coverage_error_pts"]}
 
@@ -161,9 +176,11 @@ def loso_markdown(result: Evaluation) -> str:
 
 def _cells(s: dict[str, Any], sources: Sequence[str]) -> list[str]:
     """One predictor's row: τ-b per source, mean τ-b, mean MAE, worst coverage error."""
-    cells = [_fmt(s["per_source"].get(src, {}).get("kendall_tau_b"), "{:.3f}") for src in sources]
-    return cells + [_fmt(s["mean_kendall_tau_b"], "{:.3f}"), _fmt(s["mean_mae"], "{:.1f}"),
-                    _fmt(s["max_coverage_error_pts"], "{:.1f}")]  # fmt: skip
+    cells = [_fmt(s["per_source"].get(src, {}).get("kendall_tau_b"), "{:.3f}")
+             if src not in s["failed"] else "failed" for src in sources]  # fmt: skip
+    short = f" ({s['folds']}/{s['of']} folds)" if s["failed"] else ""  # why the means are missing
+    return cells + [_fmt(s["mean_kendall_tau_b"], "{:.3f}") + short, _fmt(s["mean_mae"], "{:.1f}") + short,
+                    _fmt(s["max_coverage_error_pts"], "{:.1f}") + short]  # fmt: skip
 
 
 def _fmt(v: float | None, fmt: str) -> str:
