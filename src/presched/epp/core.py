@@ -62,6 +62,7 @@ class Admission:
     subset: set[str] | None
     out: Outcome = field(default_factory=Outcome)
     ended: bool = False
+    served0: int = 0  # its endpoint's `served` count when it was sent there (a 504's verdict)
 
 
 class PoolGateway(Gateway):
@@ -280,7 +281,7 @@ class Picker:
         except GatewayError as e:  # its policy failed (PolicyError)
             adm.out.status, adm.out.error, adm.out.kind = e.status, str(e), e.kind
             raise Refusal(e.status, str(e), e.kind) from None
-        adm.out.backend = b
+        adm.out.backend, adm.served0 = b, b.served
         others = sorted((o for o in self.gw.eligible(adm.seq) if o is not b),
                         key=lambda o: (o.num_outstanding, o.index))  # fmt: skip
         return [b.name] + [o.name for o in others[: self.cfg.fallbacks]]
@@ -322,7 +323,7 @@ class Picker:
         adm.out.retries += 1
         cur.note_failure(self.gw.now(), self.cfg.health_interval_s)
         self.gw.move_running(adm.seq, b)
-        adm.out.backend = b
+        adm.out.backend, adm.served0 = b, b.served
 
     def end(self, adm: Admission) -> None:
         """Every admitted request passes here exactly once: slot, tracker, log row."""
@@ -338,12 +339,15 @@ class Picker:
             if out.status == 0:
                 out.status, out.error = 499, out.error or "the stream ended before the response did"
             self.gw.cancel(seq)
-            if out.status in (502, 503, 504) and out.backend is not None:
+            b = out.backend
+            if b is not None and (out.status in (502, 503) or (out.status == 504 and b.served == adm.served0)):
                 # the endpoint (or the proxy, failing to reach it) could not serve: down at
                 # once, as `presched serve` marks a backend that refuses; health checks bring
-                # it back after its hold
-                out.backend.note_failure(self.gw.now(), self.cfg.health_interval_s)
-                self.gw.set_health(out.backend, False)
+                # it back after its hold. A 504 is a proxy's timeout of this request: a verdict
+                # on the endpoint only if it served nothing since this one was sent (stalled);
+                # one slow request on an endpoint that serves others is none
+                b.note_failure(self.gw.now(), self.cfg.health_interval_s)
+                self.gw.set_health(b, False)
             seq.finish = self.gw.now()
         self.gw.forget(seq)
         if self.log is not None:
