@@ -5,7 +5,10 @@ one endpoint by Envoy's subset hint:
 - a 504 is a proxy's timeout of one request (Envoy's route or per-try timeout, a gateway's
   backend timeout): it marks its endpoint down only if the endpoint served nothing since that
   request was sent (stalled). Before, any 504 marked it down: one slow non-streaming request
-  took a healthy, busy endpoint out of the pool for its hold, longer at each repeat.
+  took a healthy, busy endpoint out of the pool for its hold, longer at each repeat;
+- a gateway that skips the response headers (response_header_mode SKIP) but sends the body: the
+  status is read off the body (a completion 200, events 200, an OpenAI error its code); every
+  such request was logged 499 "the stream ended before any response came".
 """
 
 from __future__ import annotations
@@ -133,3 +136,40 @@ def test_a_502_or_503_marks_its_endpoint_down_whatever_it_served(picker, code):
     failing.end()
     assert picker.settled() == (2, 2, 0)
     assert not picker.st.call_soon(lambda: picker.gw.by_address(x).healthy)
+
+
+STREAM_BODY = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2, "stream": True}).encode()
+EVENTS = (b'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [{"text": "b", "finish_reason": "length"}]}\n\n'
+          b'data: {"choices": [], "usage": {"completion_tokens": 2}}\n\ndata: [DONE]\n\n')  # fmt: skip
+
+
+@pytest.mark.parametrize("body, answer, want", [
+    (BODY, USAGE, (200, None, 2)),
+    (STREAM_BODY, EVENTS, (200, None, 2)),
+    (BODY, json.dumps({"error": {"message": "bad", "type": "BadRequestError", "code": 400}}).encode(), (400, "bad", None)),
+])  # fmt: skip
+def test_without_response_headers_the_status_is_read_off_the_body(picker, body, answer, want):
+    """A gateway that skips the response headers (response_header_mode SKIP) but sends the
+    body: the response came whole, and was logged 499 'the stream ended before any response
+    came' (the policy heard on_cancel, the usage was lost)."""
+    out = Stream(picker.server.port, [headers_msg(), body_msg(body)])
+    _until(lambda: picker.st.call_soon(lambda: sum(len(b.running) for b in picker.gw.backends)) == 1)
+    out.send(response_body(answer))
+    out.end()
+    assert picker.settled() == (1, 1, 0)
+    row = picker.rows()[0]
+    status, error, tokens = want
+    assert (row["status"], row["output_tokens"]) == (status, tokens)
+    assert error is None and row["error"] is None or error in row["error"]
+    assert picker.gw.finished == (status == 200)
+
+
+def test_without_response_headers_or_body_the_status_is_unknown_and_said_so(picker):
+    """Response headers skipped and body NONE: nothing tells the status; 499 as before, but the
+    error says why (it said the stream ended before any response came)."""
+    out = Stream(picker.server.port, [headers_msg(), body_msg(BODY)])
+    _until(lambda: picker.st.call_soon(lambda: sum(len(b.running) for b in picker.gw.backends)) == 1)
+    out.end()
+    assert picker.settled() == (1, 1, 0)
+    row = picker.rows()[0]
+    assert row["status"] == 499 and "client left" in row["error"] and "response_header_mode SKIP" in row["error"]

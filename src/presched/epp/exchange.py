@@ -21,7 +21,9 @@ A message out of order (a second `request_headers`) is answered 500 without deci
 request admitted on the stream ends then, with 500, and the stream's later messages are ignored.
 The body modes are the ones Envoy names in the stream's first message (`protocol_config`), else
 the configured `envoy_body_mode`'s (`protocol.CONFIGURED_MODES`). With response body mode NONE
-the request ends at its response headers (no usage: output tokens unknown).
+the request ends at its response headers (no usage: output tokens unknown). A response body
+that comes without response headers (response_header_mode SKIP) tells the status itself
+(`ResponseTap.headless`).
 
 Requests that are not generations (GET /v1/models, /health, ...) go to the healthy endpoint with
 the least outstanding requests, unqueued and unlogged.
@@ -99,6 +101,8 @@ class Exchange:
             return [self._response_headers(msg)]
         if kind == "response_body":
             rb = msg.response_body
+            if self.tap is not None and not self.tap.out.started and rb.body:
+                self.tap.headless(rb.body)  # no response headers came: the gateway skips them
             data = self.tap.chunk(rb.body, rb.end_of_stream) if self.tap is not None else rb.body
             if rb.end_of_stream or (self.tap is not None and self.tap.failed):
                 self.close()  # a cut stream (an event over max_event_bytes) ends now, with 502
@@ -209,7 +213,10 @@ class Exchange:
         if adm.out.status == 0 and self.tap is not None:  # the proxy closed the stream early
             adm.out.status = 499
             adm.out.error = ("the stream ended before the response did (the client or the endpoint left)"
-                             if self.tap.status else "the stream ended before any response came")  # fmt: skip
+                             if self.tap.status else "the body told no status, and no response headers came "
+                             "(the gateway skips them: response_header_mode SKIP)" if self.tap.no_headers
+                             else "the stream ended before any response came (the client left, or the "
+                             "gateway skips the response headers: response_header_mode SKIP)")  # fmt: skip
         try:
             self.picker.end(adm)
         except Exception:  # noqa: BLE001 - a bug here must not leave the stream hanging

@@ -40,10 +40,19 @@ class ResponseTap:
         self._whole = bytearray()
         self.ended = False
         self.failed = False  # cut at an event over max_event_bytes: the outcome is final (502)
+        self.no_headers = False  # the body came without response headers (`headless`)
 
     def headers(self, status: int) -> None:
         self.status = status
         self.out.started = True
+
+    def headless(self, first: bytes) -> None:
+        """The body's first bytes came without response headers (the gateway skips them,
+        response_header_mode SKIP): server-sent events are a 200 stream; a whole body tells
+        its status at its end (`_end_whole`: a completion is 200, an OpenAI error its code)."""
+        self.out.started = self.no_headers = True
+        if self.stream and first.lstrip().startswith(b"data:"):
+            self.status = 200
 
     @property
     def events(self) -> bool:
@@ -93,15 +102,17 @@ class ResponseTap:
 
     def _end_whole(self) -> None:
         self.ended = True
+        try:
+            parsed = json.loads(bytes(self._whole))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            parsed = None
+        if self.no_headers and not self.status:
+            self.status = _status_of(parsed)
         self.out.status = self.status
         now = self.clock()
         if self.status != 200:
             self.out.error = bytes(self._whole[:500]).decode("utf-8", "replace")
             return
-        try:
-            parsed = json.loads(bytes(self._whole))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            parsed = None
         if isinstance(parsed, dict):
             self.out.tokens = usage_tokens(parsed.get("usage"))
             choices = parsed.get("choices")
@@ -109,3 +120,15 @@ class ResponseTap:
                 fr = choices[0].get("finish_reason")
                 self.out.finish_reason = fr[:100] if isinstance(fr, str) else None
         self.seq.first_token = self.seq.last_token = now
+
+
+def _status_of(parsed) -> int:
+    """A body's status when no headers told it: 200 for a completion (`choices`), an OpenAI
+    error's `code` (400-599), else 0 (unknown)."""
+    if not isinstance(parsed, dict):
+        return 0
+    err = parsed.get("error")
+    if isinstance(err, dict):
+        code = err.get("code")
+        return code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599 else 0
+    return 200 if isinstance(parsed.get("choices"), list) else 0
