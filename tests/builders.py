@@ -162,7 +162,8 @@ class StepChecks:
       ceil((computed + n) / block_size), and sits in the running list once;
     - its shape (prefill tokens, pairs, context; decodes, decode context) equals a recomputation
       from its requests and token counts;
-    - free + the blocks of every running request = num_blocks; waiting requests hold none.
+    - free + the blocks of every running request (with a hybrid model's `state_blocks` each)
+      = num_blocks; waiting requests hold none.
 
     After every step or run: every running request holds ceil(computed / block_size) blocks
     (plus its next token's, while a lazily planned decode run is pending), and the same KV
@@ -202,8 +203,9 @@ class StepChecks:
         return (tokens + bs - 1) // bs
 
     def check_balance(self) -> None:
-        sched, kv = self.inst.sched, self.kv
+        sched, kv = self.inst.sched, self.kv  # (a hybrid model's running requests hold state too)
         held = sum(s.blocks for s in sched.running)
+        held += (self.cfg.state_blocks or 0) * len(sched.running)
         assert kv.free >= 0 and kv.free + held == kv.num_blocks, (kv.free, held, kv.num_blocks)
         assert all(s.blocks == 0 for s in sched.waiting)
         self.peak_used = max(self.peak_used, held)

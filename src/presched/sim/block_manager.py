@@ -7,6 +7,12 @@ The simulator only needs counts, not block ids; prefix caching (`prefix_cache.py
 Invariant: 0 <= free <= num_blocks at all times, and free + the blocks every request holds =
 num_blocks.
 
+A hybrid attention / Mamba model's requests also hold `state_blocks` blocks each for their
+recurrent state while they run (vLLM's hybrid KV-cache manager: one block per Mamba layer group,
+see steptime/hybrid.py), kept apart from `seq.blocks`: the scheduler takes them at admission
+(`hold_state`) and gives them back after the request's `release` (`drop_state`). Then free +
+the blocks every request holds + state_blocks * running requests = num_blocks.
+
 `blocks_for` is the one place that rounds tokens up to blocks (as nano-vllm's BlockManager owns
 its rounding; `grow` is its batch form for a decode run): the scheduler and the fast-forward path
 both ask it, so the two modes cannot disagree on a request's footprint.
@@ -25,6 +31,7 @@ class BlockManager:
         self.block_size = block_size
         self.free = num_blocks
         self.peak_used = 0
+        self.state_blocks = 0  # per running request (set by the scheduler for hybrid models)
 
     @property
     def used(self) -> int:
@@ -57,6 +64,17 @@ class BlockManager:
         used = self.num_blocks - free
         if used > self.peak_used:
             self.peak_used = used
+
+    def hold_state(self) -> None:
+        """A request starts running: take its `state_blocks` (the caller has checked they fit)."""
+        self.free -= self.state_blocks
+        used = self.num_blocks - self.free
+        if used > self.peak_used:
+            self.peak_used = used
+
+    def drop_state(self) -> None:
+        """A running request leaves (after its `release`): give back its `state_blocks`."""
+        self.free += self.state_blocks
 
     def release(self, seq: Seq) -> None:
         self.free += seq.blocks

@@ -21,7 +21,9 @@ B. Only if nothing was preempted in A (vLLM's anti-thrash rule): waiting request
    and its first step feeds its first token: a decode (vLLM's KV-connector semantics). With
    prefix caching (`engine.enable_prefix_caching`, prefix_cache.py) it starts with its cache
    hit computed: only the rest is computed, and it fits if its new blocks plus the cached ones
-   it revives from the free pool do.
+   it revives from the free pool do. A hybrid attention / Mamba model's request also holds
+   `state_blocks` blocks for its state while it runs (block_manager.py): they must be free for
+   it to start, and a victim gives them back.
 
 The caller (instance.py) runs the step for `step_time(shape)` seconds and applies its tokens.
 
@@ -50,6 +52,12 @@ class Scheduler:
         self.caching = cfg.enable_prefix_caching
         kv_class = CachingBlockManager if self.caching else BlockManager
         self.kv = kv_class(num_blocks, cfg.block_size)
+        self._state = state = cfg.state_blocks or 0  # each running request's (hybrid models)
+        if state >= num_blocks:
+            raise ValueError(f"engine.state_blocks: {state} blocks of state per request leave "
+                             f"no KV block of the {num_blocks} (num_blocks); lower state_blocks "
+                             f"or raise num_blocks")  # fmt: skip
+        self.kv.state_blocks = state
         self.waiting = policy.new_queue()
         self.running: list[Seq] = []
         self.num_preemptions = 0
@@ -58,7 +66,7 @@ class Scheduler:
         self._max_tokens = cfg.max_num_batched_tokens
         self._threshold = cfg.long_prefill_token_threshold
         self._thr = self._threshold  # this step's cap (`schedule`: none for a request alone)
-        self._kv_tokens = num_blocks * cfg.block_size
+        self._kv_tokens = (num_blocks - state) * cfg.block_size
         self.decode_next: tuple[int, list[Seq], int] | None = None
         """(total context, the requests among them whose next token starts a block, the fewest
         tokens any of them has left to generate) when every running request's next step is a
@@ -73,7 +81,8 @@ class Scheduler:
             raise ValueError(
                 f"request {seq.id!r}: prompt_tokens + output tokens = "
                 f"{seq.prompt_tokens + seq.stop} exceeds the KV cache of one instance "
-                f"({self._kv_tokens} tokens); raise num_blocks or cap max_tokens"
+                f"({self._kv_tokens} tokens{self._state and ' besides its state blocks' or ''});"
+                f" raise num_blocks or cap max_tokens"
             )
         if self.caching:
             self.kv.prepare(seq)
@@ -197,6 +206,7 @@ class Scheduler:
                 seq.cached_tokens += kv.acquire(seq, units, revive, total)
                 seq.computed = c
             kv.take(seq, extra)
+            kv.hold_state()  # (after its hit's blocks are held: taking may evict)
             seqs.append(seq)
             ntoks.append(n)
             if c and n == 1 and c + 1 == total and seq.generated:  # KV arrived: a decode
@@ -215,7 +225,7 @@ class Scheduler:
     def _need(self, seq: Seq, budget: int) -> tuple[int, int, int, int, int, int] | None:
         """What the waiting `seq` needs to start now with `budget` left: (tokens it has (0; the
         prompt on a decode instance; its cache hit), tokens it computes, blocks it takes, blocks
-        its whole sequence needs, units of its cache hit, cached blocks it revives from the free
+        its whole sequence and its state need, units of its cache hit, cached blocks it revives from the free
         pool), or None when, with chunking off, it must wait for a step with room. It starts
         only if the whole sequence's blocks are free, not only its first chunk's (vLLM's
         `scheduler_reserve_full_isl`, on by default: a long prompt admitted on its first chunk
@@ -231,8 +241,10 @@ class Scheduler:
         n = self._tokens(total - c, budget)
         if n is None:
             return None
-        # a waiting request holds no blocks: the chunk's and the whole sequence's, less its hit
-        return c, n, kv.blocks_for(c + n) - have, kv.blocks_for(total) - have, units, revive
+        # a waiting request holds no blocks: the chunk's and the whole sequence's (and its state's),
+        # less its hit
+        return (c, n, kv.blocks_for(c + n) - have, kv.blocks_for(total) - have + self._state,
+                units, revive)  # fmt: skip
 
     def _tokens(self, rest: int, budget: int) -> int | None:
         """Tokens a waiting request with `rest` tokens to compute takes in this step with
@@ -271,7 +283,8 @@ class Scheduler:
             if len(trial) >= self.cfg.max_num_seqs:
                 continue
             # (the budget only grew, so the head's chunk fits it; the whole sequence's blocks must)
-            if kv.blocks_for(c + rest) - have + revive <= kv.free + self._freed(victims, units):
+            if (kv.blocks_for(c + rest) - have + self._state + revive
+                    <= kv.free + self._freed(victims, units)):  # fmt: skip
                 break
         if self._admits and not policy.admit(seq, trial, now):
             return None
@@ -283,7 +296,7 @@ class Scheduler:
         cached units that someone else still holds (counted in each holder's blocks) and those
         of units nobody else holds that the head's hit would revive (they become free, and the
         head takes them out of the free pool again)."""
-        freed = sum(v.blocks for v in victims)
+        freed = sum(v.blocks for v in victims) + self._state * len(victims)
         if not self.caching:
             return freed
         kv = self.kv
@@ -311,6 +324,7 @@ class Scheduler:
     def _preempt(self, seq: Seq, now: float) -> None:
         self.running.remove(seq)
         self.kv.release(seq)
+        self.kv.drop_state()
         seq.recomputed_tokens += seq.computed
         seq.computed = 0
         seq.status = WAITING
@@ -323,6 +337,7 @@ class Scheduler:
         self.running.remove(seq)
         self.decode_next = None
         self.kv.release(seq)
+        self.kv.drop_state()
 
 
 class Batch:
