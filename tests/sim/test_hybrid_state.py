@@ -12,9 +12,47 @@ from pydantic import ValidationError
 
 from presched.schedule import POLICIES
 from presched.sim import SimConfig, simulate
-from presched.sim.config import EngineConfig
+from presched.sim.config import DisaggConfig, EngineConfig
 from presched.sim.scheduler import Scheduler
 from presched.sim.seq import Seq
+
+NEMOTRON = dict(model="nemotron-nano-9b-v2", hardware="h100-sxm")
+
+
+def test_a_hybrid_engine_gets_vllms_block_size_and_state_blocks():
+    cfg = SimConfig(step_time=NEMOTRON)
+    engine = cfg.engine_for()
+    assert (engine.block_size, engine.state_blocks, cfg.num_blocks()) == (1312, 7, 2653)
+    assert cfg.engine.block_size == 16 and cfg.engine.state_blocks is None  # the config as given
+    ignored = SimConfig(step_time=NEMOTRON, engine=EngineConfig(state_blocks=0)).engine_for()
+    assert (ignored.block_size, ignored.state_blocks) == (1312, 0)  # set: kept
+    dense = SimConfig()
+    assert dense.engine_for() is dense.engine and dense.engine.state_blocks is None
+
+
+def admitted(engine: EngineConfig, num_blocks: int, n: int, prompt: int) -> int:
+    """Requests running after one step with n prompts waiting and room for all in the budget."""
+    sched = Scheduler(engine, num_blocks, POLICIES.create("fcfs"))
+    for i, r in enumerate(make_requests([(prompt, 100)] * n, [0.0] * n)):
+        sched.add(Seq(r, i), 0.0)
+    sched.schedule(0.0)
+    return len(sched.running)
+
+
+def test_a_hybrid_engine_admits_fewer_sequences_than_with_its_state_ignored():
+    cfg = SimConfig(step_time=NEMOTRON,
+                    engine=EngineConfig(max_num_seqs=4096, max_num_batched_tokens=2**22))
+    engine, blocks = cfg.engine_for(), cfg.num_blocks()  # 2653 blocks of 1312 tokens, 7 of state
+    ignored = engine.model_copy(update={"state_blocks": 0})
+    # a 1000-token prompt (+100 out) needs one attention block; with its state 8 blocks
+    assert admitted(engine, blocks, 600, 1000) == 2653 // 8 == 331
+    assert admitted(ignored, blocks, 600, 1000) == 600
+    # with vLLM's default 256 seats: 3000 + 100 tokens take 3 attention blocks, 10 with the
+    # state (room for 265: the seats bind); 4000 + 100 take 4, 11 with the state: memory binds
+    seats = engine.model_copy(update={"max_num_seqs": 256})
+    assert admitted(seats, blocks, 300, 3000) == 256
+    assert admitted(seats, blocks, 300, 4000) == 2653 // 11 == 241
+    assert admitted(ignored.model_copy(update={"max_num_seqs": 256}), blocks, 300, 4000) == 256
 
 
 def test_state_blocks_come_back_at_finish_and_preemption():
@@ -86,7 +124,7 @@ def test_a_run_under_pressure_preempts_and_frees_every_state_block():
     assert inst.sched.kv.free == 24 and all(s.generated == 40 for s in seqs)
 
 
-def test_prefix_caching_keeps_the_state_balance():
+def test_prefix_caching_and_disaggregation_keep_the_state_balance():
     from presched.workload.prefix import with_hashes
 
     toks = [list(range(20)) + [100 + i] * 6 for i in range(6)]  # a shared 20-token prefix
@@ -97,6 +135,9 @@ def test_prefix_caching_keeps_the_state_balance():
     kv = inst.sched.kv
     assert sum(s.cached_tokens for s in seqs) > 0 and sum(s.preemptions for s in seqs) > 0
     assert kv.free == kv.num_blocks and kv.evictable == sum(n.blocks for n in kv.nodes())
+    cfg = SimConfig(step_time=NEMOTRON, disaggregated=DisaggConfig(num_prefill=1, num_decode=1))
+    res = simulate(make_requests([(2000, 50)] * 20, [0.0] * 20), cfg)
+    assert all(s.generated == 50 for s in res.seqs)
 
 
 def test_a_dense_model_runs_as_before():

@@ -31,7 +31,7 @@ class EngineConfig(Config):
         None, ge=1, le=2**40, description="KV-cache blocks per instance. Default: derived from the model, hardware and gpu_memory_utilization like vLLM's num_gpu_blocks."
     )
     state_blocks: int | None = Field(
-        None, ge=0, le=2**20, description="KV-cache blocks each running request holds for its recurrent state, from admission to finish or preemption (vLLM's hybrid KV-cache manager: one block per Mamba layer group). Default: none (0)."
+        None, ge=0, le=2**20, description="KV-cache blocks each running request holds for its recurrent state, from admission to finish or preemption (vLLM's hybrid KV-cache manager: one block per Mamba layer group). Default: derived from the model (0 without state-space layers; nemotron-nano-9b-v2: 7), and block_size is then raised as vLLM raises it (1312 for Nemotron Nano v2; docs/steptime.md, KV-cache size)."
     )
     enable_prefix_caching: bool = Field(
         False, description="Automatic prefix caching (vLLM --enable-prefix-caching; on by default in vLLM v1, off here so results without block hashes stay as they were): full blocks are cached by the chain hash of the request's `block_hashes`, a hit skips that prefill, unused cached blocks are evicted least recently used first (docs/simulator.md, Prefix caching)."

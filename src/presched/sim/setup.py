@@ -22,6 +22,7 @@ from presched.sim.config import MAX_INSTANCES, DisaggConfig, EngineConfig
 from presched.sim.disagg import DisaggCluster
 from presched.sim.result import SimResult
 from presched.sim.steptime import StepTimeConfig, build_step_model, kv_cache_blocks
+from presched.sim.steptime.hybrid import hybrid_kv_layout
 from presched.workload.request import Request
 
 
@@ -73,9 +74,24 @@ class SimConfig(Config):
             )
         return self
 
+    def engine_for(self, engine: EngineConfig | None = None) -> EngineConfig:
+        """`engine` (default: `self.engine`) as vLLM runs it on this model: for a hybrid
+        (state-space) model, `block_size` raised until an attention page holds a Mamba state
+        and `state_blocks`, unless set, derived (`steptime.hybrid`); else `engine` itself."""
+        engine = engine or self.engine
+        st = self.step_time
+        layout = hybrid_kv_layout(st.model_spec(), st.tp, engine.block_size)
+        if layout is None:
+            return engine
+        update: dict[str, Any] = {"block_size": layout.block_size}
+        if engine.state_blocks is None:
+            update["state_blocks"] = layout.state_blocks
+        return engine.model_copy(update=update)
+
     def num_blocks(self, engine: EngineConfig | None = None) -> int:
         """KV blocks per instance of `engine` (default: `self.engine`): its `num_blocks`, else
-        derived from model and hardware."""
+        derived from model and hardware (for a hybrid model, blocks of
+        `engine_for(engine).block_size` tokens)."""
         engine = engine or self.engine
         if engine.num_blocks is not None:
             return engine.num_blocks
@@ -111,7 +127,7 @@ def build_cluster(cfg: SimConfig) -> Cluster | DisaggCluster:
     if cfg.num_instances > 1:
         router = _router(cfg.router, cfg.router_params, "router_params")
     return Cluster(
-        engine=cfg.engine, num_blocks=cfg.num_blocks(), step_model=build_step_model(cfg.step_time),
+        engine=cfg.engine_for(), num_blocks=cfg.num_blocks(), step_model=build_step_model(cfg.step_time),
         policy_factory=cfg.policy_factory(), router=router, num_instances=cfg.num_instances,
         fast_forward=cfg.fast_forward,
     )  # fmt: skip
@@ -120,7 +136,7 @@ def build_cluster(cfg: SimConfig) -> Cluster | DisaggCluster:
 def _build_disagg(cfg: SimConfig, d: DisaggConfig) -> DisaggCluster:
     prefill_engine = d.prefill_engine or cfg.engine
     return DisaggCluster(
-        prefill_engine=prefill_engine, decode_engine=cfg.engine,
+        prefill_engine=cfg.engine_for(prefill_engine), decode_engine=cfg.engine_for(),
         prefill_blocks=cfg.num_blocks(prefill_engine), decode_blocks=cfg.num_blocks(),
         step_model=build_step_model(cfg.step_time), policy_factory=cfg.policy_factory(),
         prefill_router=_router(d.prefill_router, d.prefill_router_params,

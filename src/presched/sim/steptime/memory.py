@@ -17,12 +17,24 @@ ids, so the engine's block count is the per-GPU count:
 For tp <= num_kv_heads this is (util * capacity * tp - weights - tp * reserve)
 / (kv_bytes_per_token * block_size). The real engine logs its own `num_gpu_blocks`; when it is
 known, configure that number directly instead (this is an estimate).
+
+A hybrid model (state-space layers, `num_ssm_layers > 0`) is sized as vLLM 0.32's hybrid
+allocator sizes it (`hybrid_kv_layout`): every layer's page (one block of one layer) has one
+size, the attention block size is raised until an attention page holds a Mamba state, the
+layers are split into KV-cache groups of `group_size` layers, and a block is one page in each of
+`group_size` layers, shared by every group:
+
+    num_blocks = floor(budget_per_gpu / (group_size * page_bytes))
+
+A running sequence holds one block per Mamba group (`state_blocks`) besides its attention
+blocks of `block_size` tokens.
 """
 
 from __future__ import annotations
 
 import math
 
+from presched.sim.steptime.hybrid import hybrid_kv_layout
 from presched.sim.steptime.specs import GIB, HardwareSpec, ModelSpec
 
 DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GIB
@@ -45,6 +57,8 @@ def kv_cache_blocks(
     ep: int = 1,
 ) -> int:
     """Number of KV blocks (of `block_size` tokens) the engine gets; see the module docstring.
+    For a hybrid model, blocks of the raised `hybrid_kv_layout(model, tp, block_size).block_size`
+    tokens, `state_blocks` of them held by each running sequence.
 
     Raises ValueError naming the argument for a bad value, and KVCacheDoesNotFitError when the
     weight shard and reserve exceed `gpu_memory_utilization * mem_capacity` on one GPU.
@@ -69,7 +83,11 @@ def kv_cache_blocks(
     if not math.isfinite(budget):  # specs built outside a config (theirs refuse inf and NaN)
         raise ValueError(f"mem_capacity: the KV budget of {hardware.name!r} is not finite "
                          f"({hardware.mem_capacity!r} bytes); expected a finite size")  # fmt: skip
-    block_bytes = model.kv_bytes_per_token_per_gpu(tp) * block_size
+    hybrid = hybrid_kv_layout(model, tp, block_size)
+    if hybrid is None:
+        block_bytes = model.kv_bytes_per_token_per_gpu(tp) * block_size
+    else:
+        block_bytes = hybrid.block_bytes
     if budget < block_bytes:
         raise KVCacheDoesNotFitError(
             f"model {model.name!r} does not fit on {tp} x {hardware.name}: per GPU, weights "
@@ -78,4 +96,12 @@ def kv_cache_blocks(
             f" GiB = {usable / GIB:.2f} GiB (less one KV block); use a larger tp, more memory "
             f"or a higher gpu_memory_utilization"
         )
-    return math.floor(budget / block_bytes)
+    blocks = math.floor(budget / block_bytes)
+    if hybrid is not None and blocks <= hybrid.state_blocks:
+        raise KVCacheDoesNotFitError(
+            f"model {model.name!r} does not fit on {tp} x {hardware.name}: its KV budget of "
+            f"{budget / GIB:.2f} GiB per GPU holds {blocks} blocks of {block_bytes / GIB:.3f} "
+            f"GiB, and one sequence needs {hybrid.state_blocks} for its Mamba state plus one; "
+            f"use a larger tp, more memory or a higher gpu_memory_utilization"
+        )
+    return blocks
