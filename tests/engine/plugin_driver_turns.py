@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 import plugin_driver as D
+from vllm.config import ECTransferConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.v1.request import Request
 
@@ -91,7 +92,18 @@ def session_turns() -> dict:
     return {"paused": paused, "calls": calls, "tokens_heard": sum(1 for c in calls if c[0] == "on_tokens")}
 
 
-SCENARIOS = {f.__name__: f for f in (admit_with_a_slot, session_turns)}
+def ec_connector_refused() -> dict:
+    """An encoder-cache connector (--ec-transfer-config): refused at start, naming the field?"""
+    ec = ECTransferConfig(ec_connector="ECExampleConnector", ec_role="ec_consumer",
+                          ec_connector_extra_config={"shared_storage_path": str(D.TMP)})  # fmt: skip
+    D.VllmConfig = lambda **kw: VllmConfig(**kw, ec_transfer_config=ec)
+    try:
+        return {"refused": D._error(lambda: D.make_sched({"policy": "fcfs"}))}
+    finally:
+        D.VllmConfig = VllmConfig
+
+
+SCENARIOS = {f.__name__: f for f in (admit_with_a_slot, session_turns, ec_connector_refused)}
 
 if __name__ == "__main__":
     D.SCENARIOS = SCENARIOS

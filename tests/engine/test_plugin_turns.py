@@ -8,7 +8,10 @@ engine venv; the workers' outputs made up as in test_plugin_scheduler.py):
 - a streaming-input session (vLLM's resumable request) is one request to the policy: its next
   turn starts from vLLM's own queue of KV-block holders (never the policy's), and the policy
   hears the tokens of every turn: vLLM clears a session's output at each new chunk, and the
-  policy heard the second turn's 4 tokens as 1 (only past the first turn's count of 3).
+  policy heard the second turn's 4 tokens as 1 (only past the first turn's count of 3);
+- an encoder-cache connector (`ec_transfer_config`) is refused at start, naming the field: its
+  skip of a head whose encoder outputs are in transit popped it through the policy's queue
+  while WAITING, heard as an admission (`on_schedule`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import pytest
 from presched.engine.venv import engine_env, engine_python
 
 DRIVER = Path(__file__).with_name("plugin_driver_turns.py")
-SCENARIOS = ("admit_with_a_slot", "session_turns")
+SCENARIOS = ("admit_with_a_slot", "session_turns", "ec_connector_refused")
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +62,8 @@ def test_a_streaming_session_is_one_request_whose_turns_add_up(driven):
     assert [c[3] for c in tokens] == [10, 10, 10, 13, 13, 13, 13]
     # vLLM ends a session whose input closes while it waits for more as FINISHED_ABORTED
     assert kinds[-1] == "on_cancel" and calls[-1][2] == 7
+
+
+def test_an_encoder_cache_connector_is_refused_naming_the_field(driven):
+    refused = driven["ec_connector_refused"]["refused"]
+    assert refused.startswith("PluginConfigError:") and "ec_transfer_config" in refused

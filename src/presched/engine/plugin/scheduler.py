@@ -45,8 +45,8 @@ records get the pooled prompt state (records.py, table `prompt_features`). With 
 own vllm_xargs prediction (consume.py: the order and the precedence).
 
 A policy hook that raises is counted and logged (`Guard`), the FCFS decision is taken for that
-call, and the engine keeps serving. The vLLM version is pinned (version.py); LoRA, KV
-connectors, async scheduling and pipeline parallelism are refused (support.py).
+call, and the engine keeps serving. The vLLM version is pinned (version.py); LoRA, KV and
+encoder-cache connectors, async scheduling and pipeline parallelism are refused (support.py).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class PreschedScheduler(Scheduler):
         cfg = load_plugin_config()
         policy = build_policy(cfg)
         super().__init__(*args, **kwargs)
-        check_supported(self)  # LoRA, KV connectors, async scheduling / pipeline parallelism
+        check_supported(self)  # LoRA, KV/EC connectors, async scheduling, pipeline parallelism
         self.ps_cfg, self.ps = cfg, policy
         if cfg.features is not None:
             check_engine_config(self.vllm_config, cfg.features.draft_layer)

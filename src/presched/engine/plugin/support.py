@@ -4,6 +4,13 @@
 
 - LoRA and KV connectors: their skip paths in vLLM's admission loop would be mistaken for
   admissions;
+- an encoder-cache connector (`--ec-transfer-config`, vllm_config.ec_transfer_config): vLLM
+  skips a multimodal head whose encoder outputs are still in transit (`_ec_transfer_pending`)
+  by popping it from the policy's queue while it still reads WAITING, so the policy heard
+  `on_schedule` for a request that did not start (kv-admission counted it again at its real
+  start), and `admit` / `preempt_for` were asked about a head vLLM then skipped. Whether it
+  skips depends on the connector's `ensure_cache_available`, which starts the transfers itself
+  and is asked after vLLM's prefix-cache lookup inside its loop: the plugin cannot foresee it;
 - a batch queue (`vllm_config.max_concurrent_batches > 1`): async scheduling (`--async-scheduling`,
   on by default on GPU; vLLM forces it off on CPU) or pipeline parallelism. vLLM then calls
   `schedule()` again before the previous step's output is back, with two steps in flight. The
@@ -16,7 +23,8 @@
 with `_handle_blocked_waiting_request`) would try to start this waiting request now rather than
 skip it (pop it and put it back after the loop). It skips a request whose structured-output
 grammar is still compiling (or failed to compile: vLLM then ends it with FINISHED_ERROR), one
-waiting for more streaming input or for remote KVs (KV connectors are refused, so never here),
+waiting for more streaming input or for remote KVs (KV connectors are refused, so never here)
+or for its encoder outputs (encoder-cache connectors are refused too),
 and one with stale output still in flight (async scheduling, refused too). A grammar that is
 ready counts as admissible although the status still reads
 WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: vLLM promotes it to WAITING only when its loop reaches
@@ -52,6 +60,12 @@ def check_supported(sched) -> None:
         raise PluginConfigError(
             "presched's in-engine scheduler does not support LoRA or KV connectors "
             "(--enable-lora / --kv-transfer-config); start vLLM without them"
+        )
+    if sched.vllm_config.ec_transfer_config is not None:
+        raise PluginConfigError(
+            "presched's in-engine scheduler does not support an encoder-cache connector "
+            "(ec_transfer_config, --ec-transfer-config: its skip of a head whose encoder "
+            "outputs are in transit would be taken for an admission); start vLLM without it"
         )
     vc = sched.vllm_config
     if vc.scheduler_config.async_scheduling or vc.max_concurrent_batches > 1:
