@@ -66,10 +66,11 @@ def admit_with_a_slot() -> dict:
             "scheduled": [c[1] for c in s.ps.calls if c[0] == "on_schedule"]}  # fmt: skip
 
 
-def _chunk(prompt: list[int], max_tokens: int, arrival: float) -> Request:
-    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return Request("S", prompt, sp, None, arrival_time=arrival, resumable=True)
-
+def _chunk(prompt: list[int], max_tokens: int, arrival: float, rid: str = "S",
+           resumable: bool = True) -> Request:
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                        extra_args={"presched_quantiles": [max_tokens] * 11})  # fmt: skip
+    return Request(rid, prompt, sp, None, arrival_time=arrival, resumable=resumable)
 
 def session_turns() -> dict:
     """A streaming-input session S (vLLM's resumable request): turn 1 (10 prompt tokens, 3
@@ -92,6 +93,24 @@ def session_turns() -> dict:
     return {"paused": paused, "calls": calls, "tokens_heard": sum(1 for c in calls if c[0] == "on_tokens")}
 
 
+def holders_fifo() -> dict:
+    """Under --scheduling-policy priority (the driver's config), three sessions A, B, C (one
+    arrival time: a tie for the default victim) pause in that order, then all get their next
+    chunk. In what order do they resume, and is `policy.victim` asked, with no KV pressure?"""
+    s = _hooked(max_num_seqs=4)
+    asked, victim = [], s.ps.victim
+    s.ps.victim = lambda c, now: (asked.append([x.id for x in c]), victim(c, now))[1]
+    for i, rid in enumerate("ABC"):
+        s.add_request(_chunk(list(range(1, 11)), 2 + i, 1.0, rid=rid))  # A's turn ends first
+    for _ in range(6):
+        D.step(s)
+    paused = [r.request_id for r in s.kv_holding_waiting]
+    for rid in "ABC":
+        s.add_request(_chunk([7, 8], 2, 5.0, rid=rid))
+    resumed = list(s.schedule().num_scheduled_tokens)
+    return {"paused": paused, "resumed": resumed, "victim_asked": asked}
+
+
 def ec_connector_refused() -> dict:
     """An encoder-cache connector (--ec-transfer-config): refused at start, naming the field?"""
     ec = ECTransferConfig(ec_connector="ECExampleConnector", ec_role="ec_consumer",
@@ -103,7 +122,8 @@ def ec_connector_refused() -> dict:
         D.VllmConfig = VllmConfig
 
 
-SCENARIOS = {f.__name__: f for f in (admit_with_a_slot, session_turns, ec_connector_refused)}
+SCENARIOS = {f.__name__: f for f in (admit_with_a_slot, session_turns, holders_fifo,
+                                     ec_connector_refused)}  # fmt: skip
 
 if __name__ == "__main__":
     D.SCENARIOS = SCENARIOS

@@ -9,6 +9,9 @@ engine venv; the workers' outputs made up as in test_plugin_scheduler.py):
   turn starts from vLLM's own queue of KV-block holders (never the policy's), and the policy
   hears the tokens of every turn: vLLM clears a session's output at each new chunk, and the
   policy heard the second turn's 4 tokens as 1 (only past the first turn's count of 3);
+- vLLM's queue of those holders is FIFO under --scheduling-policy priority too: it was a heap
+  on the `VictimKey`s, asking `policy.victim` with no KV pressure and resuming tied sessions
+  last paused first;
 - an encoder-cache connector (`ec_transfer_config`) is refused at start, naming the field: its
   skip of a head whose encoder outputs are in transit popped it through the policy's queue
   while WAITING, heard as an admission (`on_schedule`).
@@ -25,7 +28,7 @@ import pytest
 from presched.engine.venv import engine_env, engine_python
 
 DRIVER = Path(__file__).with_name("plugin_driver_turns.py")
-SCENARIOS = ("admit_with_a_slot", "session_turns", "ec_connector_refused")
+SCENARIOS = ("admit_with_a_slot", "session_turns", "holders_fifo", "ec_connector_refused")
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +65,12 @@ def test_a_streaming_session_is_one_request_whose_turns_add_up(driven):
     assert [c[3] for c in tokens] == [10, 10, 10, 13, 13, 13, 13]
     # vLLM ends a session whose input closes while it waits for more as FINISHED_ABORTED
     assert kinds[-1] == "on_cancel" and calls[-1][2] == 7
+
+
+def test_block_holders_resume_in_the_order_they_paused(driven):
+    got = driven["holders_fifo"]
+    assert got["paused"] == got["resumed"] == ["A", "B", "C"]
+    assert got["victim_asked"] == []  # no KV pressure: the policy's victim is not asked
 
 
 def test_an_encoder_cache_connector_is_refused_naming_the_field(driven):

@@ -25,7 +25,7 @@ put the policy in charge of each decision:
 - KV-pressure victim: vLLM's priority mode picks `max(running, key=(priority, arrival))`; each
   running request's `priority` is a `VictimKey` whose comparison asks `policy.victim`, so that
   max is the policy's victim among all running requests (vLLM gives the token budget of an
-  already served victim back);
+  already served victim back); vLLM's queue of KV-block holders stays FIFO (sessions.py);
 - notifications: `on_arrival` (add_request), `on_schedule` (admission), `on_tokens` (after each
   step), `on_preempt` (recompute), `on_finish` (stop or length), `on_cancel` (an abort: the
   client went away; or vLLM's FINISHED_ERROR).
@@ -69,6 +69,7 @@ from presched.engine.plugin.guard import Guard
 from presched.engine.plugin.queue import PolicyRequestQueue
 from presched.engine.plugin.records import RecordWriter, record_row
 from presched.engine.plugin.seq import EngineSeq, slos_of, xargs_of
+from presched.engine.plugin.sessions import Sessions
 from presched.engine.plugin.stats import snapshot, write_failed, write_stats
 from presched.engine.plugin.support import admissible, check_supported
 from presched.engine.plugin.version import check_vllm_version
@@ -79,7 +80,7 @@ log = logging.getLogger("presched.engine.plugin")
 STATS_INTERVAL_S = 1.0
 
 
-class PreschedScheduler(Scheduler):
+class PreschedScheduler(Sessions, Scheduler):  # Sessions: between a session's turns
     def __init__(self, *args, **kwargs) -> None:
         check_vllm_version(vllm.__version__)
         cfg = load_plugin_config()
@@ -290,17 +291,6 @@ class PreschedScheduler(Scheduler):
             self.running.remove(victim.vreq)
             self._preempt_request(victim.vreq, time.monotonic())
         self.waiting.serve_first(head)  # before a victim that ranks first once back (vtc ties), this step
-
-    def _update_request_as_session(self, session, update) -> None:
-        """A streaming-input session's next chunk (module doc): vLLM clears its output tokens;
-        the ended turn's are counted first, the next turn's on top (`turn_base`)."""
-        seq = self._seqs.get(session.request_id)
-        if seq is not None:
-            self._sync(seq)
-        super()._update_request_as_session(session, update)
-        if seq is not None:
-            seq.turn_base = seq.generated
-            seq.prompt_tokens += len(update.prompt_token_ids or ())
 
     def _ended(self) -> int:
         return self.counts["finished"] + self.counts["aborted"] + self.counts["errors"]

@@ -42,7 +42,7 @@ that stays admitted until the session ends: its next turns are neither queued, n
 `admit`, nor announced by `on_schedule`. What it is told adds up: `generated` counts the tokens
 of all turns (vLLM clears the output at each new chunk; until 2026-12-08 the policy heard a second
 turn's tokens only past the first turn's count), `prompt_tokens` all input chunks
-(scheduler.py `_update_request_as_session`).
+(sessions.py `_update_request_as_session`).
 """
 
 from __future__ import annotations
