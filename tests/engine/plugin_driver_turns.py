@@ -72,6 +72,12 @@ def _chunk(prompt: list[int], max_tokens: int, arrival: float, rid: str = "S",
                         extra_args={"presched_quantiles": [max_tokens] * 11})  # fmt: skip
     return Request(rid, prompt, sp, None, arrival_time=arrival, resumable=resumable)
 
+
+def _close(rid: str) -> Request:
+    """The end of a session's input (vLLM's finished sentinel: a request that is not resumable)."""
+    return Request(rid, [0], SamplingParams(max_tokens=1), None, resumable=False)
+
+
 def session_turns() -> dict:
     """A streaming-input session S (vLLM's resumable request): turn 1 (10 prompt tokens, 3
     output tokens), a pause (S keeps its blocks), a second chunk (3 tokens, 4 output tokens),
@@ -91,6 +97,25 @@ def session_turns() -> dict:
             D.step(s)
     calls = [c for c in s.ps.calls if c[1] == "S"]
     return {"paused": paused, "calls": calls, "tokens_heard": sum(1 for c in calls if c[0] == "on_tokens")}
+
+
+def paused_session_holds_kv() -> dict:
+    """kv-admission with a 192-token limit: session S (100 prompt tokens, 3 output tokens, 7
+    blocks of 16) pauses between turns holding its blocks; R (the same size, 112 tokens
+    predicted) arrives. 112 + 112 > 192: R must wait while S holds its KV, and start once S
+    ends. (The plugin asked `admit` with the running requests only: S's blocks were not
+    counted and R was admitted.)"""
+    s = D.make_sched({"policy": "kv-admission", "params": {"kv_tokens": 192}}, max_num_seqs=4)
+    s.add_request(_chunk(list(range(1, 101)), 3, 1.0))
+    for _ in range(4):
+        D.step(s)
+    held = len(s.kv_cache_manager.get_blocks("S").get_block_ids()[0])
+    s.add_request(_chunk(list(range(200, 300)), 3, 2.0, rid="R", resumable=False))
+    waited = [sorted(D.step(s).num_scheduled_tokens) for _ in range(2)]
+    s.add_request(_close("S"))
+    started = sorted(D.step(s).num_scheduled_tokens)
+    return {"held_blocks": held, "while_held": waited,
+            "after_close": started, "policy_errors": dict(s.guard.errors)}  # fmt: skip
 
 
 def holders_fifo() -> dict:
@@ -122,7 +147,8 @@ def ec_connector_refused() -> dict:
         D.VllmConfig = VllmConfig
 
 
-SCENARIOS = {f.__name__: f for f in (admit_with_a_slot, session_turns, holders_fifo,
+SCENARIOS = {f.__name__: f for f in (admit_with_a_slot, session_turns, paused_session_holds_kv,
+                                     holders_fifo,
                                      ec_connector_refused)}  # fmt: skip
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ engine venv; the workers' outputs made up as in test_plugin_scheduler.py):
   turn starts from vLLM's own queue of KV-block holders (never the policy's), and the policy
   hears the tokens of every turn: vLLM clears a session's output at each new chunk, and the
   policy heard the second turn's 4 tokens as 1 (only past the first turn's count of 3);
+- between turns a session holds its KV blocks outside vLLM's running list: `admit` is asked
+  with it (kv-admission admitted past its limit while it was paused);
 - vLLM's queue of those holders is FIFO under --scheduling-policy priority too: it was a heap
   on the `VictimKey`s, asking `policy.victim` with no KV pressure and resuming tied sessions
   last paused first;
@@ -28,7 +30,8 @@ import pytest
 from presched.engine.venv import engine_env, engine_python
 
 DRIVER = Path(__file__).with_name("plugin_driver_turns.py")
-SCENARIOS = ("admit_with_a_slot", "session_turns", "holders_fifo", "ec_connector_refused")
+SCENARIOS = ("admit_with_a_slot", "session_turns", "paused_session_holds_kv", "holders_fifo",
+             "ec_connector_refused")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +68,13 @@ def test_a_streaming_session_is_one_request_whose_turns_add_up(driven):
     assert [c[3] for c in tokens] == [10, 10, 10, 13, 13, 13, 13]
     # vLLM ends a session whose input closes while it waits for more as FINISHED_ABORTED
     assert kinds[-1] == "on_cancel" and calls[-1][2] == 7
+
+
+def test_admit_counts_the_kv_a_paused_session_holds(driven):
+    got = driven["paused_session_holds_kv"]
+    assert got["held_blocks"] == 7  # S holds 112 tokens of KV between its turns
+    assert got["while_held"] == [[], []]  # R (112 predicted) does not fit beside it in 192
+    assert got["after_close"] == ["R"] and got["policy_errors"] == {}
 
 
 def test_block_holders_resume_in_the_order_they_paused(driven):

@@ -13,9 +13,11 @@ from __future__ import annotations
 def victims_for(s, head) -> list | None:
     """The running requests to preempt so that vLLM starts `head` this step, or None: each
     `preempt_for` call is asked about the batch without the ones it named before, until
-    `s._fits` (`would_start`) says the head would start; then `admit` against that batch.
-    None if the policy stops naming victims first or `admit` refuses: nobody is preempted for
-    a head that still could not start (a victim would lose its KV and wait behind it)."""
+    `s._fits` (`would_start`) says the head would start; then `admit` against that batch and
+    the sessions that hold KV between turns (`s._held()`, sessions.py: not preemptible, so never
+    offered to `preempt_for`). None if the policy stops naming victims first or `admit` refuses:
+    nobody is preempted for a head that still could not start (a victim would lose its KV and
+    wait behind it)."""
     trial = [s._seqs[r.request_id] for r in s.running if r.request_id in s._seqs]
     victims: list = []
     while True:
@@ -26,7 +28,7 @@ def victims_for(s, head) -> list | None:
         victims.append(victim)
         if s._fits(head, victims):
             break
-    if s._admits and not s.guard.call("admit", True, s.ps.admit, head, trial, s._now):
+    if s._admits and not s.guard.call("admit", True, s.ps.admit, head, trial + s._held(), s._now):
         return None
     return victims
 

@@ -31,8 +31,9 @@ put the policy in charge of each decision:
   client went away; or vLLM's FINISHED_ERROR).
 
 `preempt_for` and `admit` are asked only about a head vLLM would try to start this step
-(support.py `admissible`), `admit` only while a batch slot is free. A streaming-input session
-is one request to the policy, its turns added up (support.py).
+(support.py `admissible`), `admit` only while a batch slot is free, its running list with the
+sessions that hold KV between turns (sessions.py). A streaming-input session is one request to
+the policy, its turns added up (support.py).
 
 `policy.attach` gets the engine's real numbers: KV blocks x block size, max_num_seqs,
 max_num_batched_tokens. A seq also carries `computed` (vLLM's num_computed_tokens) live.
@@ -215,7 +216,7 @@ class PreschedScheduler(Sessions, Scheduler):  # Sessions: between a session's t
         if len(self.running) + self.num_waiting_for_streaming_input >= self.max_num_active_reqs:
             return True  # no slot: vLLM's own check ends admission next; `admit` is for a head with one
         running = [self._seqs[r.request_id] for r in self.running if r.request_id in self._seqs]
-        return self.guard.call("admit", True, self.ps.admit, seq, running, self._now)
+        return self.guard.call("admit", True, self.ps.admit, seq, running + self._held(), self._now)
 
     # --- vLLM's Scheduler methods -------------------------------------------------------------
     def add_request(self, request) -> None:

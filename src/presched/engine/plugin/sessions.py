@@ -9,17 +9,35 @@ scheduler's `_seqs` and `_sync`. Only the engine process imports it.
   (no KV pressure, none of them running), and the order was no order: a victim tie answers
   both ways (`later > earlier`), so tied sessions resumed last paused first, and a victim that
   moves with time (hrrn, aging) can break the heap. FIFO is vLLM's default order for them.
+- `_held()`: the seqs of the sessions that hold KV blocks but are not in `self.running`
+  (paused, or their next chunk waiting in `kv_holding_waiting`). `admit` gets them with the
+  running requests (the policy counts a session admitted until it ends): `kv-admission` summed
+  its footprint without them while one was paused, and admitted past its limit.
 """
 
 from __future__ import annotations
 
+from itertools import chain
+
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+from vllm.v1.request import RequestStatus
 
 
 class Sessions:
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.kv_holding_waiting = FCFSRequestQueue()  # empty yet: vLLM's default order (module doc)
+
+    def _held(self) -> list:
+        """The seqs of requests that hold KV blocks and are not running: those in vLLM's queue
+        of holders, and those its admission loop popped from it and skips this step (paused
+        sessions: `deferred_waiting`, which also holds requests without blocks)."""
+        found = {}
+        for r in chain(self.kv_holding_waiting, self.deferred_waiting):
+            seq = self._seqs.get(r.request_id)
+            if seq is not None and r.status != RequestStatus.RUNNING and self._holds_kv_blocks(r):
+                found[r.request_id] = seq
+        return sorted(found.values(), key=lambda s: (s.arrival, s.id))
 
     def _update_request_as_session(self, session, update) -> None:
         """A streaming-input session's next chunk: vLLM clears its output tokens; the ended

@@ -39,7 +39,8 @@ session's KV blocks and batch slot and puts it in its own queue of block holders
 (`kv_holding_waiting`), which its admission loop drains before the policy's queue (a holder must
 never wait behind a head whose allocation fails). So the policy sees a session as one request
 that stays admitted until the session ends: its next turns are neither queued, nor asked
-`admit`, nor announced by `on_schedule`. What it is told adds up: `generated` counts the tokens
+`admit`, nor announced by `on_schedule`, and `admit` finds it in its running list while it holds
+its blocks between turns (sessions.py). What it is told adds up: `generated` counts the tokens
 of all turns (vLLM clears the output at each new chunk; until 2026-12-08 the policy heard a second
 turn's tokens only past the first turn's count), `prompt_tokens` all input chunks
 (sessions.py `_update_request_as_session`).
