@@ -8,12 +8,13 @@ prints one JSON object {scenario: observations} on its last line.
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 
 import plugin_driver as D
 from vllm.config import ECTransferConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from presched.schedule import POLICIES
 
@@ -47,8 +48,8 @@ if "test-hooks" not in POLICIES:
     POLICIES.register("test-hooks")(Hooks)
 
 
-def _hooked(**kw):
-    s = D.make_sched({"policy": "test-hooks"}, **kw)
+def _hooked(plugin: dict | None = None, **kw):
+    s = D.make_sched({"policy": "test-hooks", **(plugin or {})}, **kw)
     s.ps.sched = s
     return s
 
@@ -81,8 +82,9 @@ def _close(rid: str) -> Request:
 def session_turns() -> dict:
     """A streaming-input session S (vLLM's resumable request): turn 1 (10 prompt tokens, 3
     output tokens), a pause (S keeps its blocks), a second chunk (3 tokens, 4 output tokens),
-    then the end of input. What does the policy hear of S?"""
-    s = _hooked(max_num_seqs=2)
+    then the end of input. What does the policy hear of S? And of S2, paused, then aborted?"""
+    rec = D.TMP / "session-records.sqlite"
+    s = _hooked({"records": str(rec)}, max_num_seqs=3)
     s.add_request(_chunk(list(range(1, 11)), 3, 1.0))
     for _ in range(4):
         D.step(s)
@@ -91,12 +93,21 @@ def session_turns() -> dict:
     s.add_request(_chunk([50, 51, 52], 4, 2.0))
     for _ in range(6):
         D.step(s)
-    s.add_request(Request("S", [0], SamplingParams(max_tokens=1), None, resumable=False))  # input closed
-    for _ in range(2):
-        if s.has_requests():
-            D.step(s)
+    s.add_request(_chunk([1, 2], 2, 3.0, rid="S2"))
+    for _ in range(3):
+        D.step(s)
+    s.add_request(_close("S"))  # input closed while S waits for more
+    s.finish_requests("S2", RequestStatus.FINISHED_ABORTED)  # its client went away
+    s.shutdown()
     calls = [c for c in s.ps.calls if c[1] == "S"]
-    return {"paused": paused, "calls": calls, "tokens_heard": sum(1 for c in calls if c[0] == "on_tokens")}
+    con = sqlite3.connect(rec)
+    rows = {r[0]: list(r[1:]) for r in con.execute(
+        "SELECT id, status, finish_reason, output_tokens FROM requests")}  # fmt: skip
+    con.close()
+    return {"paused": paused, "calls": calls,
+            "tokens_heard": sum(1 for c in calls if c[0] == "on_tokens"),
+            "s2_end": [c[0] for c in s.ps.calls if c[1] == "S2"][-1], "records": rows,
+            "counts": {k: s.counts[k] for k in ("finished", "aborted")}}  # fmt: skip
 
 
 def paused_session_holds_kv() -> dict:
@@ -139,7 +150,7 @@ def holders_fifo() -> dict:
 def ec_connector_refused() -> dict:
     """An encoder-cache connector (--ec-transfer-config): refused at start, naming the field?"""
     ec = ECTransferConfig(ec_connector="ECExampleConnector", ec_role="ec_consumer",
-                          ec_connector_extra_config={"shared_storage_path": str(D.TMP)})  # fmt: skip
+                          ec_connector_extra_config={"shared_storage_path": str(D.TMP)})
     D.VllmConfig = lambda **kw: VllmConfig(**kw, ec_transfer_config=ec)
     try:
         return {"refused": D._error(lambda: D.make_sched({"policy": "fcfs"}))}
@@ -148,8 +159,7 @@ def ec_connector_refused() -> dict:
 
 
 SCENARIOS = {f.__name__: f for f in (admit_with_a_slot, session_turns, paused_session_holds_kv,
-                                     holders_fifo,
-                                     ec_connector_refused)}  # fmt: skip
+                                     holders_fifo, ec_connector_refused)}  # fmt: skip
 
 if __name__ == "__main__":
     D.SCENARIOS = SCENARIOS

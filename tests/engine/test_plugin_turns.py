@@ -9,6 +9,9 @@ engine venv; the workers' outputs made up as in test_plugin_scheduler.py):
   turn starts from vLLM's own queue of KV-block holders (never the policy's), and the policy
   hears the tokens of every turn: vLLM clears a session's output at each new chunk, and the
   policy heard the second turn's 4 tokens as 1 (only past the first turn's count of 3);
+- a session whose input closes while it waits for more completed its last turn: vLLM ends it
+  FINISHED_ABORTED, the plugin reported it aborted (`on_cancel`, a 499 record); it is now
+  finished as that turn ended (`on_finish`, 'length'); a client's abort still reads as one;
 - between turns a session holds its KV blocks outside vLLM's running list: `admit` is asked
   with it (kv-admission admitted past its limit while it was paused);
 - vLLM's queue of those holders is FIFO under --scheduling-policy priority too: it was a heap
@@ -66,8 +69,13 @@ def test_a_streaming_session_is_one_request_whose_turns_add_up(driven):
     assert [c[2] for c in tokens] == [1, 2, 3, 4, 5, 6, 7]
     # the second chunk's 3 tokens join the prompt (10) when it arrives
     assert [c[3] for c in tokens] == [10, 10, 10, 13, 13, 13, 13]
-    # vLLM ends a session whose input closes while it waits for more as FINISHED_ABORTED
-    assert kinds[-1] == "on_cancel" and calls[-1][2] == 7
+    # vLLM ends a session whose input closes while it waits for more as FINISHED_ABORTED; its
+    # last turn completed (4 tokens, length-capped): finished, not aborted
+    assert kinds[-1] == "on_finish" and calls[-1][2] == 7
+    assert got["records"]["S"] == [200, "length", 7]
+    # a paused session whose client goes away is still an abort
+    assert got["s2_end"] == "on_cancel" and got["records"]["S2"][:2] == [499, "abort"]
+    assert got["counts"] == {"finished": 1, "aborted": 1}
 
 
 def test_admit_counts_the_kv_a_paused_session_holds(driven):

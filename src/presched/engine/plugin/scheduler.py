@@ -27,8 +27,8 @@ put the policy in charge of each decision:
   max is the policy's victim among all running requests (vLLM gives the token budget of an
   already served victim back); vLLM's queue of KV-block holders stays FIFO (sessions.py);
 - notifications: `on_arrival` (add_request), `on_schedule` (admission), `on_tokens` (after each
-  step), `on_preempt` (recompute), `on_finish` (stop or length), `on_cancel` (an abort: the
-  client went away; or vLLM's FINISHED_ERROR).
+  step), `on_preempt` (recompute), `on_finish` (stop or length; a streaming session whose input
+  closed while it waited), `on_cancel` (an abort: the client went away; or FINISHED_ERROR).
 
 `preempt_for` and `admit` are asked only about a head vLLM would try to start this step
 (support.py `admissible`), `admit` only while a batch slot is free, its running list with the
@@ -335,7 +335,7 @@ class PreschedScheduler(Sessions, Scheduler):  # Sessions: between a session's t
         self._sync(seq)
         seq.finish = self._now
         seq.preemptions = int(request.num_preemptions)
-        status = request.status
+        status = self._end_status(seq, request)  # a session closed while it waited: its last turn's
         # an abort (client gone) or an engine error (grammar, KV load): it did not complete, its
         # `generated` is no true length, so the policy hears on_cancel, not on_finish
         kind = {RequestStatus.FINISHED_ABORTED: "aborted",

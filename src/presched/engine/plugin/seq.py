@@ -11,7 +11,8 @@ until it is freed. The attributes policies read are plain fields, refreshed by t
     prompt_tokens    len(prompt_token_ids)
     generated        output tokens so far (kept across preemptions: vLLM recomputes them;
                      a streaming-input session's: those of all its turns, `turn_base` of them
-                     before the current turn; its prompt_tokens: all its input chunks)
+                     before the current turn; its prompt_tokens: all its input chunks;
+                     `turn_status`: how its last turn ended, sessions.py)
     estimate         a `RequestEstimate` (vllm_xargs or the in-engine predictor) or None;
                      replaced after prefill by the in-engine probe's unless from vllm_xargs
     pred_source      'xargs', 'predictor', 'probe', 'refine', 'draft-probe' or None: where
@@ -71,7 +72,7 @@ class EngineSeq:
                  "features_missing", "feature_pools", "features_step", "feature_steps",
                  "features_step_g", "features_draft", "draft_n", "draft_missing", "draft_pools",
                  "features_egtp", "features_record", "features_answer", "features_answer_g",
-                 "features_record_answer", "turn_base")  # fmt: skip
+                 "features_record_answer", "turn_base", "turn_status")  # fmt: skip
 
     def __init__(self, vreq: Any, estimate: Any = None, pred_source: str | None = None,
                  slos: dict[str, float] | None = None) -> None:  # fmt: skip
@@ -91,6 +92,7 @@ class EngineSeq:
         self.prompt_tokens = prompt
         self.generated = int(vreq.num_output_tokens)
         self.turn_base = 0  # a streaming-input session's tokens of the turns before this one
+        self.turn_status = None  # vLLM's status at the end of a session's last turn (sessions.py)
         self.estimate = estimate
         self.pred_source = pred_source
         self.first_scheduled: float | None = None

@@ -13,6 +13,12 @@ scheduler's `_seqs` and `_sync`. Only the engine process imports it.
   (paused, or their next chunk waiting in `kv_holding_waiting`). `admit` gets them with the
   running requests (the policy counts a session admitted until it ends): `kv-admission` summed
   its footprint without them while one was paused, and admitted past its limit.
+- a session whose input closes while it waits for more: vLLM ends it FINISHED_ABORTED
+  (`Scheduler.add_request`: the finished sentinel for a session in WAITING_FOR_STREAMING_REQ);
+  its last turn did complete, so `_end_status` gives that turn's end (FINISHED_STOPPED,
+  FINISHED_LENGTH_CAPPED, ...): the policy hears `on_finish`, it counts as finished and its
+  record carries that finish reason. A client's abort still reads as an abort (it does not come
+  through `add_request`).
 """
 
 from __future__ import annotations
@@ -20,13 +26,14 @@ from __future__ import annotations
 from itertools import chain
 
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
-from vllm.v1.request import RequestStatus
+from vllm.v1.request import RequestStatus, StreamingUpdate
 
 
 class Sessions:
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.kv_holding_waiting = FCFSRequestQueue()  # empty yet: vLLM's default order (module doc)
+        self._closing: str | None = None  # the session whose input is closing while it waits
 
     def _held(self) -> list:
         """The seqs of requests that hold KV blocks and are not running: those in vLLM's queue
@@ -38,6 +45,31 @@ class Sessions:
             if seq is not None and r.status != RequestStatus.RUNNING and self._holds_kv_blocks(r):
                 found[r.request_id] = seq
         return sorted(found.values(), key=lambda s: (s.arrival, s.id))
+
+    def add_request(self, request) -> None:
+        old = self.requests.get(request.request_id)
+        if (old is None or old.status != RequestStatus.WAITING_FOR_STREAMING_REQ
+                or StreamingUpdate.from_request(request) is not None):  # fmt: skip
+            super().add_request(request)
+            return
+        self._closing = request.request_id  # vLLM frees it in there, FINISHED_ABORTED
+        try:
+            super().add_request(request)
+        finally:
+            self._closing = None
+
+    def _handle_stopped_request(self, request) -> bool:
+        seq = self._seqs.get(request.request_id)
+        if seq is not None and request.resumable:
+            seq.turn_status = request.status  # the turn's end, before vLLM sets the next turn's
+        return super()._handle_stopped_request(request)
+
+    def _end_status(self, seq, request) -> RequestStatus:
+        """vLLM's status of a request being freed; for a session whose input closed while it
+        waited, its last turn's end (module doc)."""
+        if request.request_id == self._closing and seq.turn_status is not None:
+            return seq.turn_status
+        return request.status
 
     def _update_request_as_session(self, session, update) -> None:
         """A streaming-input session's next chunk: vLLM clears its output tokens; the ended
