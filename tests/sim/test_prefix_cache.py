@@ -31,7 +31,16 @@ class CacheChecks(StepChecks):
     blocks, plus every cached unit held by anyone, once) = num_blocks; a cached run's reference
     count is the number of running requests holding it, and a request holds a path from the
     root (every ancestor of what it holds) covering exactly its first `cached_upto` units, its
-    own keys; `evictable` = the blocks of the runs nobody holds."""
+    own keys (those of the tokens it has computed, or, right after a step is scheduled, will
+    compute in it: vLLM caches blocks when it allocates them); `evictable` = the blocks of the
+    runs nobody holds."""
+
+    scheduled: dict = {}  # id(seq) -> tokens in the batch just scheduled (none after a step)
+
+    def check_batch(self, batch, capped=True):
+        self.scheduled = {id(s): n for s, n in zip(batch.seqs, batch.ntoks)}
+        super().check_batch(batch, capped)
+        self.scheduled = {}
 
     def check_balance(self):
         sched, kv = self.inst.sched, self.kv
@@ -43,7 +52,8 @@ class CacheChecks(StepChecks):
             for n in paths[id(s)]:
                 assert n.parent is parent and n.parent.children[n.keys[0]] is n
                 parent, keys = n, keys + n.keys
-            assert keys == list(s.keys[: s.cached_upto]) and s.cached_upto * s.unit_tokens <= s.computed
+            assert keys == list(s.keys[: s.cached_upto])
+            assert s.cached_upto * s.unit_tokens <= s.computed + self.scheduled.get(id(s), 0)
         private = sum(s.blocks - sum(n.blocks for n in paths[id(s)]) for s in sched.running)
         shared = sum(n.blocks for n in nodes if n.ref)
         assert kv.free >= 0 and kv.free + private + shared == kv.num_blocks

@@ -84,7 +84,9 @@ def test_a_later_turn_starts_mid_run_as_the_earlier_turn_caches_its_answer():
     # Blocks of 1, units of 2 blocks (hashes over prompt and answer). turn2 = turn1's prompt +
     # answer + 1 token arrives at 2 while turn1 decodes and does not fit yet; each unit turn1
     # caches lengthens turn2's hit by 2 blocks while the decode takes 1 per step, so step by
-    # step turn2 starts at 3, mid-run. A fast-forwarded run started it after turn1 ended (8).
+    # step turn2 starts mid-run. A fast-forwarded run started it after turn1 ended (8). Since
+    # units are cached when a step is scheduled (vLLM's allocate_slots), turn2 hits the unit
+    # turn1's step completes in that same step: it starts at 2 (first token at 3), not 3.
     from presched.workload.request import Request
     from presched.workload.prefix import chain_hashes
 
@@ -98,7 +100,7 @@ def test_a_later_turn_starts_mid_run_as_the_earlier_turn_caches_its_answer():
 
     slow, fast = both(make, num_blocks=14, block_size=1)
     assert fast == slow
-    assert slow[0][1][1] == pytest.approx(4.0)  # turn2's first token
+    assert slow[0][1][1] == pytest.approx(3.0)  # turn2's first token
 
 
 def test_a_preempting_policy_with_a_chunk_cap_sees_the_evictions_of_a_run():

@@ -25,7 +25,12 @@ so every step's duration moved (tests/sim/test_fingerprints.py too). Then for th
 semantics of vLLM 0.32 (a preempted request resumes before waiting ones of its arrival time; the
 long-prefill cap only with another request to starve; admission only when the whole sequence's
 blocks are free): mooncake-2-rr, sys-16-srpt-small-kv and the two multi-turn cases moved, each
-still equal to its `fast_forward=False` run; the five runs of test_fingerprints.py did not."""
+still equal to its `fast_forward=False` run; the five runs of test_fingerprints.py did not.
+Then (2026-12-08) for when a unit is cached: when its step is scheduled, as vLLM caches blocks
+when it allocates them (`allocate_slots` -> `cache_blocks`), not once computed, so a request
+admitted later in a step hits what the requests before it are computing in that step (found by
+tests/engine/test_sim_vs_vllm.py): all but sys-16 moved, each equal to its `fast_forward=False`
+run."""
 
 import hashlib
 
@@ -76,12 +81,12 @@ CASES = {
 }
 
 GOLDEN = {
-    "mooncake-2-rr": "b96a83835737278e",
+    "mooncake-2-rr": "028cf95601b99a7d",
     "sys-16": "a3fc988cfafd02d5",
-    "sys-16-no-fast-forward": "1d704e3a73295b7b",
-    "sys-16-srpt-small-kv": "6930839051c3aff9",
-    "turns-32-small-kv": "fdf058a6bdd7a4e6",
-    "turns-8": "7720cf4d8dec5e67",
+    "sys-16-no-fast-forward": "d55ae10caaa9b4ad",
+    "sys-16-srpt-small-kv": "c791a8f08794a19d",
+    "turns-32-small-kv": "eb4af6a01bbc3fd8",
+    "turns-8": "e387e824e9ffc72b",
 }
 
 

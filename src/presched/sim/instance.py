@@ -313,7 +313,9 @@ def _cache_limit(seqs: list[Seq], k: int, sched: Scheduler) -> int:
     (a block returned mid-run spares an eviction). So, when either can happen:
 
     - the run stops at the step where a request's computed tokens complete a unit that is
-      cached already (or that another request of the run completes too);
+      cached already (or that another request of the run completes too), or, while someone
+      waits, before it (that step's admission sees the unit: it is cached when the step is
+      scheduled, as vLLM caches blocks when it allocates them);
     - with units of several blocks, or a policy that preempts for the head, while the first
       waiting request (the only one admission tries: it stops at the first that cannot start)
       would revive cached units nobody holds, it stops at the last step whose takes fit the
@@ -322,10 +324,11 @@ def _cache_limit(seqs: list[Seq], k: int, sched: Scheduler) -> int:
       units and no preemption for the head an evicted block of its hit is one block more to
       allocate and one less to revive, its admission unchanged; with a chunk cap it is one
       block fewer, which preempting victims whose blocks grow each step can then cover;
-    - with units of several blocks and someone waiting, it stops at the step where a request
-      of the run completes a unit: its insert can lengthen the head's hit by a whole unit
-      (a later turn of a conversation whose earlier answer is being generated), more than
-      the block per step the run takes, so the head can start mid-run."""
+    - with someone waiting, it stops before the step in which a request of the run completes
+      a unit that the head's keys go on with (a later turn of a conversation whose earlier
+      answer is being generated): the step caches it when it is scheduled (as vLLM does), so
+      the head's hit grows by a unit in that step's admission, while the run takes at most a
+      block per request and step, so the head can start mid-run."""
     kv = sched.kv
     uncached = kv.free - kv.evictable  # negative while evictions are owed (`_settle`)
     waiting = sched.waiting
@@ -338,18 +341,21 @@ def _cache_limit(seqs: list[Seq], k: int, sched: Scheduler) -> int:
             groups.setdefault((node, seq.keys[seq.cached_upto]), []).append(seq)
         for (node, key), group in groups.items():
             if len(group) > 1 or key in node.children:  # cached already, or twins: one caches
-                for seq in group:  # it and the others share it in the same step
-                    k = min(k, seq.next_unit_end - seq.computed)
+                for seq in group:  # it and the others share it in the same step (if someone
+                    # waits, when that step is scheduled: it caches as it allocates)
+                    k = min(k, max(1, seq.next_unit_end - seq.computed - (1 if waiting else 0)))
     if waiting and (kv.coarse or sched._preemptive) and k > 1:
         head = waiting.peek()
         if not head.computed and kv.lookup(head, head.prompt_tokens + head.generated)[1]:
             k = _kv_limit(seqs, k, kv.blocks_for, max(uncached, 0))
-    if waiting and kv.coarse and k > 1:
-        for seq in seqs:  # the next unit anyone of the run completes (owners' too: their
-            if seq.keys:  # `next_unit_end` is lazily `NEVER`)
-                u = seq.computed // seq.unit_tokens
-                if u < len(seq.keys):
-                    k = min(k, max(1, (u + 1) * seq.unit_tokens - seq.computed))
+    if waiting and k > 1:
+        keys = waiting.peek().keys
+        for seq in seqs:  # the next unit one of the run completes after the first step, if the
+            unit = seq.unit_tokens  # head's keys go on with it (chain keys: equal key, equal
+            if unit:  # prefix); its `next_unit_end` may be lazily `NEVER`
+                u = (seq.computed + 1) // unit
+                if u < len(seq.keys) and u < len(keys) and keys[u] == seq.keys[u]:
+                    k = min(k, max(1, (u + 1) * unit - seq.computed - 1))
     return k
 
 

@@ -12,8 +12,11 @@ of its last piece). The rules, as in vLLM's `KVCacheManager` / `BlockPool`:
   compute (vLLM computes the last prompt token again for its logits). The request starts with
   `computed` = the hit tokens and holds those blocks by reference; a unit nobody held
   (reference count 0) leaves the free pool.
-- **Insert**: when a request's computed tokens cover a unit, that unit becomes cached (held by
-  the request). If another request cached the same unit meanwhile, this request takes a
+- **Insert**: when a step is scheduled whose tokens complete a unit of a request, that unit
+  becomes cached (held by the request): vLLM caches full blocks when it allocates them
+  (`allocate_slots` -> `cache_blocks`), so a request admitted later in the same step hits it
+  (`cache_ahead`; without anyone to admit, the insert waits for the step's end, which nothing
+  before it could tell apart). If another request cached the same unit meanwhile, this request takes a
   reference on that one and frees its own copy (SGLang's radix cache does this; vLLM keeps the
   duplicate block until the request ends).
 - **Release** (finish or preemption by recompute): the reference counts drop; a unit that
@@ -96,6 +99,8 @@ class CachingBlockManager(BlockManager):
         # `_cache_limit` reads them
         self.open: dict[Seq, None] = {}
         self._hit: tuple = ((), 0, self.root, 0)  # lookup's result for acquire
+        self.ahead: dict[Seq, int] = {}  # while the scheduler admits: tokens each request of the
+        # step computes (cached already, `cache_ahead`)
         self._unit: int | None = None  # the unit size whose keys are used as they are
 
     # --- per request, once, when it joins the instance ------------------------------------
@@ -204,14 +209,26 @@ class CachingBlockManager(BlockManager):
         return upper
 
     # --- as KV is computed ----------------------------------------------------------------
+    def cache_ahead(self, seqs: list[Seq], ntoks: list[int]) -> None:
+        """Cache the units the step's requests (`seqs`, computing `ntoks` tokens) will cover,
+        before the waiting requests are looked up: vLLM caches full blocks when it allocates
+        them (`KVCacheManager.allocate_slots` ends with `cache_blocks` of the tokens the step
+        computes), so a request admitted later in a step hits the blocks those scheduled before
+        it were just given. The scheduler adds each request it admits (`ahead`) and clears
+        `ahead` when admission ends; till then inserts and owners' leaves count these tokens."""
+        self.ahead = ahead = dict(zip(seqs, ntoks))
+        for seq in [s for s in self.open if s in ahead]:  # (insert changes `open`)
+            if seq.computed + ahead[seq] >= seq.next_unit_end:
+                self.insert(seq)
+
     def insert(self, seq: Seq) -> None:
-        """`seq.computed` reached `seq.next_unit_end`: cache the units it now covers. Evictions
-        owed wait unless it finds a cached run (sharing it returns blocks to the free pool) or
+        """`seq.computed` (plus its `ahead`) reached `seq.next_unit_end`: cache the units it now
+        covers. Evictions owed wait unless it finds a cached run (sharing it returns blocks to the free pool) or
         whether its own node has children decides how it grows (a `get` that misses would
         miss after them too: they only remove runs nobody holds)."""
         keys, unit = seq.keys, seq.unit_tokens
         i = seq.cached_upto
-        end = seq.computed // unit
+        end = (seq.computed + self.ahead.get(seq, 0)) // unit
         if end > len(keys):
             end = len(keys)
         ub = unit // self.block_size
@@ -269,7 +286,7 @@ class CachingBlockManager(BlockManager):
     def _sync(self, node: Node) -> None:
         """Append to its owner's leaf the units the owner has computed since (module doc)."""
         seq: Seq = node.owner  # type: ignore[assignment]
-        end = seq.computed // seq.unit_tokens
+        end = (seq.computed + self.ahead.get(seq, 0)) // seq.unit_tokens
         if end > len(seq.keys):
             end = len(seq.keys)
         if end > seq.cached_upto:  # (the node views seq.keys, ending at cached_upto)

@@ -163,7 +163,17 @@ class Scheduler:
         return batch
 
     def _admit(self, now: float, batch: "Batch", budget: int) -> None:
-        """B. Waiting requests in policy order (see module doc)."""
+        """B. Waiting requests in policy order (see module doc). With prefix caching, the units
+        the step's requests compute are cached first, as vLLM caches blocks when it allocates
+        them: a request admitted later in the step hits them (`kv.cache_ahead`)."""
+        if self.caching:
+            self.kv.cache_ahead(batch.seqs, batch.ntoks)
+            self._admit_waiting(now, batch, budget)
+            self.kv.ahead = {}
+        else:
+            self._admit_waiting(now, batch, budget)
+
+    def _admit_waiting(self, now: float, batch: "Batch", budget: int) -> None:
         waiting, kv, running, policy = self.waiting, self.kv, self.running, self.policy
         waiting.update(now)
         seqs, ntoks = batch.seqs, batch.ntoks
@@ -207,6 +217,10 @@ class Scheduler:
                 seq.computed = c
             kv.take(seq, extra)
             kv.hold_state()  # (after its hit's blocks are held: taking may evict)
+            if caching:
+                kv.ahead[seq] = n
+                if c + n >= seq.next_unit_end:
+                    kv.insert(seq)
             seqs.append(seq)
             ntoks.append(n)
             if c and n == 1 and c + 1 == total and seq.generated:  # KV arrived: a decode
