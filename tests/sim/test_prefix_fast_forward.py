@@ -80,13 +80,16 @@ def test_twins_share_each_answer_unit_in_the_step_that_completes_it():
     assert slow[1] == 0
 
 
-def test_a_later_turn_starts_mid_run_as_the_earlier_turn_caches_its_answer():
-    # Blocks of 1, units of 2 blocks (hashes over prompt and answer). turn2 = turn1's prompt +
-    # answer + 1 token arrives at 2 while turn1 decodes and does not fit yet; each unit turn1
-    # caches lengthens turn2's hit by 2 blocks while the decode takes 1 per step, so step by
-    # step turn2 starts mid-run. A fast-forwarded run started it after turn1 ended (8). Since
-    # units are cached when a step is scheduled (vLLM's allocate_slots), turn2 hits the unit
-    # turn1's step completes in that same step: it starts at 2 (first token at 3), not 3.
+@pytest.mark.parametrize("block_size, num_blocks, arrival", [(1, 14, 2.0), (2, 7, 1.0)])
+def test_a_later_turn_starts_mid_run_as_the_earlier_turn_caches_its_answer(block_size, num_blocks, arrival):
+    # Hashes of 2 tokens over prompt and answer: units of 2 blocks of 1, or one block of 2.
+    # turn2 = turn1's prompt + answer + 1 token arrives while turn1 decodes and does not fit
+    # yet; each unit turn1 caches lengthens turn2's hit, so step by step turn2 starts mid-run.
+    # A fast-forwarded run started it after turn1 ended (8): with units of 2 blocks until
+    # 2026-12-07 (the run did not stop where turn1 completes a unit), with one-block units
+    # until 2026-12-08 (the run was not checked at all: turn1 owns its leaf, nobody preempts).
+    # Since units are cached when a step is scheduled (vLLM's allocate_slots), turn2 hits the
+    # unit turn1's step completes in that same step: it starts at 2 (first token at 3), not 3.
     from presched.workload.request import Request
     from presched.workload.prefix import chain_hashes
 
@@ -95,10 +98,10 @@ def test_a_later_turn_starts_mid_run_as_the_earlier_turn_caches_its_answer():
     def make():
         return [Request(id="turn1", prompt_tokens=4, output_tokens=8, arrival=0.0,
                         block_hashes=chain_hashes(P + A, 2), hash_block_tokens=2),
-                Request(id="turn2", prompt_tokens=13, output_tokens=2, arrival=2.0,
+                Request(id="turn2", prompt_tokens=13, output_tokens=2, arrival=arrival,
                         block_hashes=chain_hashes(P + A + Q, 2), hash_block_tokens=2)]  # fmt: skip
 
-    slow, fast = both(make, num_blocks=14, block_size=1)
+    slow, fast = both(make, num_blocks=num_blocks, block_size=block_size)
     assert fast == slow
     assert slow[0][1][1] == pytest.approx(3.0)  # turn2's first token
 

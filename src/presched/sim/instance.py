@@ -212,7 +212,7 @@ class Instance:
             kv = self.sched.kv
             if B * kv.blocks_for(k - 1) > kv.free:  # an upper bound of the blocks k steps take
                 k = _kv_limit(seqs, k, kv.blocks_for, kv.free)
-            if k > 1 and self.sched.caching and (kv.open or kv.coarse or self.sched._preemptive):  # (else nothing to stop at)
+            if k > 1 and self.sched.caching and (kv.open or self.sched.waiting):  # (else nothing to stop at)
                 k = _cache_limit(seqs, k, self.sched)
         if self.lazy and k > 1:  # last_start: S(k-1), the offset at which its last step starts
             self._pending = (now, k, t0, s, seqs, C, (k - 1) * t0 + s * (k - 1) * (k - 2) / 2)
