@@ -6,7 +6,7 @@ that share prefixes and later turns that hold an earlier answer) run through vLL
 with no model (`vllm_schedule_driver.py`, in the engine venv: every step lasts 1 s, a request
 whose prefill is done samples its next output token) and through presched's simulator with
 constant 1 s steps and the same knobs. Every request's first-scheduled, first-token and finish
-times and preemption count must be equal.
+times and preemption count must be equal (with caching, but for a known few: see that test).
 
 Count the workloads that differ (any N, seed offset) without pytest:
 
@@ -35,6 +35,7 @@ from presched.workload.request import Request
 
 DRIVER = Path(__file__).with_name("vllm_schedule_driver.py")
 N_PLAIN, N_CACHING = 100, 100  # workloads per test
+KNOWN_CACHING_DIFFERENCES = [37, 92, 97]  # seeds (see the caching test)
 
 
 def workload(seed: int, caching: bool) -> dict:
@@ -127,10 +128,12 @@ def test_sim_schedules_as_vllm_without_prefix_caching(runs):
     assert differences(*runs[False]) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the simulator caches a step's blocks once computed, "
-                                        "vLLM when allocated")  # fmt: skip
 def test_sim_schedules_as_vllm_with_prefix_caching(runs):
-    assert differences(*runs[True]) == []
+    # These still differ: a request's own copy of a unit (one it computed after another request
+    # had cached it) becomes an uncached free block when it is released here, while vLLM keeps
+    # it cached at the back of its free queue, so the unit outlives the other copies' eviction
+    # (prefix_cache.py module doc). Any other difference, or one of these gone, fails.
+    assert [j for j, _ in differences(*runs[True])] == KNOWN_CACHING_DIFFERENCES
 
 
 def main(argv: list[str]) -> None:

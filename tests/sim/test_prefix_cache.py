@@ -28,12 +28,13 @@ def caching_engine(policy="fcfs", **engine):
 class CacheChecks(StepChecks):
     """`StepChecks` (budget, exact blocks per request, batch shape, tokens fed) with the KV
     balance of a cache that shares blocks: free + the blocks in use (each request's private
-    blocks, plus every cached unit held by anyone, once) = num_blocks; a cached run's reference
+    blocks and its copies of units it computed after someone else had cached them, plus every
+    cached unit whose first copy anyone shares, once) = num_blocks; a cached run's reference
     count is the number of running requests holding it, and a request holds a path from the
     root (every ancestor of what it holds) covering exactly its first `cached_upto` units, its
     own keys (those of the tokens it has computed, or, right after a step is scheduled, will
     compute in it: vLLM caches blocks when it allocates them); `evictable` = the blocks of the
-    runs nobody holds."""
+    runs whose first copy nobody shares."""
 
     scheduled: dict = {}  # id(seq) -> tokens in the batch just scheduled (none after a step)
 
@@ -54,14 +55,22 @@ class CacheChecks(StepChecks):
                 parent, keys = n, keys + n.keys
             assert keys == list(s.keys[: s.cached_upto])
             assert s.cached_upto * s.unit_tokens <= s.computed + self.scheduled.get(id(s), 0)
-        private = sum(s.blocks - sum(n.blocks for n in paths[id(s)]) for s in sched.running)
-        shared = sum(n.blocks for n in nodes if n.ref)
+        def own(n, s):
+            return n.dups is not None and s in n.dups
+
+        def shared_copy(n):
+            return n.ref > (len(n.dups) if n.dups else 0)
+
+        private = sum(s.blocks - sum(n.blocks for n in paths[id(s)] if not own(n, s))
+                      for s in sched.running)  # fmt: skip
+        shared = sum(n.blocks for n in nodes if shared_copy(n))
         assert kv.free >= 0 and kv.free + private + shared == kv.num_blocks
         assert all(s.blocks == 0 and s.cache_node is None for s in sched.waiting)
         for n in nodes:
             assert n.keys and n.ref == held.get(id(n), 0), n.ref  # in use = referenced
             assert all(c.ref <= n.ref and c.parent is n for c in n.children.values())
-        assert kv.evictable == sum(n.blocks for n in nodes if not n.ref)
+            assert n.dups is None or len(set(map(id, n.dups))) == len(n.dups) <= n.ref
+        assert kv.evictable == sum(n.blocks for n in nodes if not shared_copy(n))
         self.peak_used = max(self.peak_used, private + shared)
 
 

@@ -45,12 +45,14 @@ def test_an_evicted_coarse_unit_lets_a_waiting_request_start_mid_run():
 
 
 @pytest.mark.parametrize("num_blocks", range(20, 28))
-def test_a_reply_unit_cached_by_another_request_spares_an_eviction(num_blocks):
+def test_a_reply_unit_cached_by_another_request_is_kept_twice(num_blocks):
     # Blocks of 1, a unit per block. C's 6-token prompt stays cached after it finishes. A's
     # hashes cover its prompt P and its reply R; B (prompt P + R) has cached R already. Each of
-    # A's decode steps completes a unit of R that B holds: A shares it and returns its own block
-    # before the next step's take, so fewer of C's units are evicted and D (C's prompt again)
-    # finds more of them. A run that took all its steps' blocks first evicted up to 3 more.
+    # A's decode steps completes a unit of R that B holds. Until 2026-12-08 A shared it and
+    # returned its own block before the next step's take (and a run that took all its steps'
+    # blocks first evicted up to 3 more of C's units); now A keeps the block it computed the
+    # unit in, as vLLM does (it never de-duplicates a block table), so 3 more of C's units are
+    # evicted and D (C's prompt again) finds 3 fewer: kept as an equality case.
     P, R, C = [1, 2, 3, 4], [11, 12, 13, 14, 15, 16], list(range(100, 106))
 
     def make():
@@ -60,15 +62,33 @@ def test_a_reply_unit_cached_by_another_request_spares_an_eviction(num_blocks):
     slow, fast = both(make, num_blocks=num_blocks, block_size=1)
     assert fast == slow
     d_cached = slow[0][3][4]
-    assert d_cached == min(num_blocks - 19, 5)
+    assert d_cached == max(0, min(num_blocks - 22, 5))
 
 
-def test_twins_share_each_answer_unit_in_the_step_that_completes_it():
-    # r0 and r1: the same prompt and answer (hashes over both), admitted together; every
-    # decode step completes the same new unit for both: r0 caches it, r1 shares it and returns
-    # its own block in that step. r2 (1 token, waiting from 0.5) reads blocks at its
-    # admission: step by step nothing is ever evicted; a run that returned the shared blocks
-    # only at its end evicted a unit.
+def test_a_run_stops_where_a_request_copies_a_unit_whose_first_copy_is_free():
+    # Blocks of 1, a unit per block, 15 blocks. C's prompt, then B's (P + R) are cached and
+    # free; A (prompt P, reply R) decodes R, completing units cached already whose first copy
+    # is free: it keeps copies of its own. Step by step, a later take that evicts such a free
+    # copy leaves the unit cached (A's copy takes its place): 7 units evicted. A run that took
+    # all its steps' blocks before A's inserts evicted those units outright (8).
+    P, R, C = [1, 2, 3, 4], [11, 12, 13, 14, 15, 16], list(range(100, 106))
+
+    def make():
+        reqs = make_requests([(6, 1), (10, 1), (4, 7), (10, 1)], [0.0, 2.0, 3.0, 20.0])
+        return [with_hashes(r, t, 1) for r, t in zip(reqs, [C, P + R, P + R, P + R])]
+
+    slow, fast = both(make, num_blocks=15, block_size=1)
+    assert fast == slow
+    assert slow[1] == 7
+
+
+def test_twins_keep_a_copy_each_of_every_answer_unit():
+    # r0 and r1: the same prompt and answer (hashes over both), admitted together (r1 hits
+    # the prompt blocks r0 was given in that step); every decode step completes the same new
+    # unit for both: r0 caches it, r1 keeps its own copy (vLLM never de-duplicates). r2 (1
+    # token, waiting from 0.5) reads blocks at its admission. Until 2026-12-08 r1 returned its
+    # copy in that step and nothing was evicted (a run that returned them only at its end
+    # evicted a unit); now the copies are held and one unit is evicted, either way.
     P, R = [1, 2, 3, 4], list(range(11, 21))
 
     def make():
@@ -77,11 +97,13 @@ def test_twins_share_each_answer_unit_in_the_step_that_completes_it():
 
     slow, fast = both(make, num_blocks=15, block_size=1, max_num_seqs=3)
     assert fast == slow
-    assert slow[1] == 0
+    assert slow[1] == 1
 
 
 @pytest.mark.parametrize("block_size, num_blocks, arrival", [(1, 14, 2.0), (2, 7, 1.0)])
-def test_a_later_turn_starts_mid_run_as_the_earlier_turn_caches_its_answer(block_size, num_blocks, arrival):
+def test_a_later_turn_starts_mid_run_as_the_earlier_turn_caches_its_answer(
+    block_size, num_blocks, arrival
+):
     # Hashes of 2 tokens over prompt and answer: units of 2 blocks of 1, or one block of 2.
     # turn2 = turn1's prompt + answer + 1 token arrives while turn1 decodes and does not fit
     # yet; each unit turn1 caches lengthens turn2's hit, so step by step turn2 starts mid-run.

@@ -14,8 +14,8 @@ k*t0 + s*B*k(k-1)/2 and the run length k is the largest that
   re-key time (`rekey_at`),
 - keeps every request's KV blocks allocatable (otherwise the next step preempts, one at a time),
 - stays inside the step model's exact-line range,
-- with prefix caching, stops where a block returned to the free pool or a cached unit evicted
-  mid-run could change what follows (`_cache_limit`).
+- with prefix caching, stops where a unit cached or evicted mid-run could change what follows
+  (`_cache_limit`).
 
 The batch cannot change during such a run: no arrival reaches this instance, nothing completes,
 and a waiting request that could not start at the first step (no slot, no KV, no budget) cannot
@@ -306,56 +306,46 @@ def _steps_starting_before(R: float, t0: float, s: float) -> int:
 
 def _cache_limit(seqs: list[Seq], k: int, sched: Scheduler) -> int:
     """The steps (>= 1, <= k) a decode run may take with prefix caching on and stay what
-    stepping one at a time gives. Mid-run, step by step, an insert that shares a unit someone
-    else cached returns this request's copy to the free pool, and a take beyond the uncached
-    free blocks evicts cached units. Either can be seen when requests wait (more free blocks,
-    or an evicted unit of a waiting request's hit, let it start) or when the run's takes evict
-    (a block returned mid-run spares an eviction). So, when either can happen:
+    stepping one at a time gives. Mid-run, step by step, a take beyond the uncached free blocks
+    evicts cached units, and a step caches the units its tokens complete when it is scheduled
+    (as vLLM caches blocks when it allocates them). So:
 
-    - the run stops at the step where a request's computed tokens complete a unit that is
-      cached already (or that another request of the run completes too), or, while someone
-      waits, before it (that step's admission sees the unit: it is cached when the step is
-      scheduled, as vLLM caches blocks when it allocates them);
-    - with units of several blocks, or a policy that preempts for the head, while the first
-      waiting request (the only one admission tries: it stops at the first that cannot start)
+    - when the run's takes may evict, it stops at the step where a request completes a unit
+      that is cached already with its first copy free: it keeps a copy of its own (vLLM never
+      de-duplicates), so, step by step, a later take that evicts that free copy leaves the unit
+      cached (`Node.dups`); a run that took first would have evicted the unit;
+    - with someone waiting (the first waiting request, the only one admission tries: it stops
+      at the first that cannot start), with units of several blocks, or a policy that preempts for the head, while the head
       would revive cached units nobody holds, it stops at the last step whose takes fit the
       uncached free blocks: past it, a take of one block can evict a whole unit of that
       request's hit, and with a chunk cap it needs fewer blocks than before. With one-block
       units and no preemption for the head an evicted block of its hit is one block more to
       allocate and one less to revive, its admission unchanged; with a chunk cap it is one
       block fewer, which preempting victims whose blocks grow each step can then cover;
-    - with someone waiting, it stops before the step in which a request of the run completes
-      a unit that the head's keys go on with (a later turn of a conversation whose earlier
-      answer is being generated): the step caches it when it is scheduled (as vLLM does), so
-      the head's hit grows by a unit in that step's admission, while the run takes at most a
-      block per request and step, so the head can start mid-run."""
+    - it stops before the step in which a request of the run completes a unit that the head's
+      keys go on with (a later turn of a conversation whose earlier answer is being
+      generated): that step's admission sees the head's hit grow by a unit, while the run
+      takes at most a block per request and step, so the head can start mid-run."""
     kv = sched.kv
-    uncached = kv.free - kv.evictable  # negative while evictions are owed (`_settle`)
-    waiting = sched.waiting
-    if not waiting and len(seqs) * kv.blocks_for(k - 1) <= uncached:
+    if kv.open and len(seqs) * kv.blocks_for(k - 1) > kv.free - kv.evictable:  # (the requests
+        for seq in kv.open:  # that will insert a unit; every holder of blocks is in the run)
+            child = (seq.cache_node or kv.root).children.get(seq.keys[seq.cached_upto])
+            if child is not None and child.ref == (len(child.dups) if child.dups else 0):
+                k = min(k, seq.next_unit_end - seq.computed)
+    if not sched.waiting:
         return k
-    if kv.open:  # the requests that will insert a unit (every holder of blocks is in the run)
-        root, groups = kv.root, {}
-        for seq in kv.open:
-            node = seq.cache_node or root
-            groups.setdefault((node, seq.keys[seq.cached_upto]), []).append(seq)
-        for (node, key), group in groups.items():
-            if len(group) > 1 or key in node.children:  # cached already, or twins: one caches
-                for seq in group:  # it and the others share it in the same step (if someone
-                    # waits, when that step is scheduled: it caches as it allocates)
-                    k = min(k, max(1, seq.next_unit_end - seq.computed - (1 if waiting else 0)))
-    if waiting and (kv.coarse or sched._preemptive) and k > 1:
-        head = waiting.peek()
-        if not head.computed and kv.lookup(head, head.prompt_tokens + head.generated)[1]:
-            k = _kv_limit(seqs, k, kv.blocks_for, max(uncached, 0))
-    if waiting and k > 1:
-        keys = waiting.peek().keys
-        for seq in seqs:  # the next unit one of the run completes after the first step, if the
-            unit = seq.unit_tokens  # head's keys go on with it (chain keys: equal key, equal
-            if unit:  # prefix); its `next_unit_end` may be lazily `NEVER`
-                u = (seq.computed + 1) // unit
-                if u < len(seq.keys) and u < len(keys) and keys[u] == seq.keys[u]:
-                    k = min(k, max(1, (u + 1) * unit - seq.computed - 1))
+    head = sched.waiting.peek()
+    if (kv.coarse or sched._preemptive) and not head.computed and k > 1:
+        if kv.lookup(head, head.prompt_tokens + head.generated)[1]:
+            k = _kv_limit(seqs, k, kv.blocks_for, max(kv.free - kv.evictable, 0))  # (negative
+            # while evictions are owed: `_settle`)
+    keys = head.keys
+    for seq in seqs:  # the next unit one of the run completes after the first step, if the
+        unit = seq.unit_tokens  # head's keys go on with it (chain keys: equal key, equal
+        if unit and k > 1:  # prefix); its `next_unit_end` may be lazily `NEVER`
+            u = (seq.computed + 1) // unit
+            if u < len(seq.keys) and u < len(keys) and keys[u] == seq.keys[u]:
+                k = min(k, max(1, (u + 1) * unit - seq.computed - 1))
     return k
 
 

@@ -16,11 +16,14 @@ of its last piece). The rules, as in vLLM's `KVCacheManager` / `BlockPool`:
   becomes cached (held by the request): vLLM caches full blocks when it allocates them
   (`allocate_slots` -> `cache_blocks`), so a request admitted later in the same step hits it
   (`cache_ahead`; without anyone to admit, the insert waits for the step's end, which nothing
-  before it could tell apart). If another request cached the same unit meanwhile, this request takes a
-  reference on that one and frees its own copy (SGLang's radix cache does this; vLLM keeps the
-  duplicate block until the request ends).
-- **Release** (finish or preemption by recompute): the reference counts drop; a unit that
-  nobody holds stays cached and evictable; the request's private blocks become free. A
+  before it could tell apart; in the batch's order, as vLLM allocates). If another request
+  cached the same unit meanwhile, this request keeps the copy it computed it in (vLLM never
+  de-duplicates: a block table only grows): it holds the node with a copy of its own
+  (`Node.dups`), while hits share the first copy.
+- **Release** (finish or preemption by recompute): the reference counts drop; a unit whose
+  first copy nobody shares stays cached and evictable (evicting it while others hold copies
+  of their own leaves the unit cached: the oldest copy takes its place, as vLLM's next block
+  of the hash does); the request's private blocks and its own copies become free. A
   preempted request's own units stay cached, so its recompute can hit them.
 - **Evict**: free blocks count cached-but-unused units (so `free` keeps vLLM's meaning,
   `get_num_free_blocks`); allocating more blocks than the uncached free ones evicts unused
@@ -28,9 +31,12 @@ of its last piece). The rules, as in vLLM's `KVCacheManager` / `BlockPool`:
   release, its last unit first, as vLLM frees a request's blocks in reverse order). A unit in
   use is never evicted.
 
-Simplification: vLLM's free queue mixes uncached and cached free blocks in one LRU list; here
-uncached free blocks are used first and cached units evicted only when none are left (the same
-as vLLM once every free block is cached, which a busy cache reaches quickly).
+Uncached free blocks are used first and cached units evicted only when none are left, as vLLM
+0.32's `BlockPool.free_blocks` puts freed blocks without a hash at the front of its free queue
+and cached ones at the back. Simplification: a request's own copy of a unit becomes an uncached
+free block when it is released; vLLM keeps it cached, at the back of the queue, so it is
+evicted later than here and the unit stays cached while any copy is (tests/engine/
+test_sim_vs_vllm.py: the workloads that still differ).
 
 The cache is a radix tree of unit keys (`Node`: a run of keys that requests share or not as a
 whole; a request holds a path from the root). Work per request is per node on its path, with
@@ -148,7 +154,8 @@ class CachingBlockManager(BlockManager):
             if child.owner is not None:
                 self._sync(child)
             m = common(child, keys, i, most)
-            if not child.ref:
+            d = child.dups
+            if child.ref == (len(d) if d else 0):  # nobody holds its first copy: revived
                 revive += m * child.ub
             i += m
             node = child
@@ -177,7 +184,8 @@ class CachingBlockManager(BlockManager):
         seq.cache_node = node
         root = self.root
         while node is not root:  # the path from the root: every node on it is held once more
-            if not node.ref:
+            d = node.dups
+            if node.ref == (len(d) if d else 0):  # its first copy leaves the free pool
                 self.evictable -= (node.end - node.start) * node.ub
             node.ref += 1
             node = node.parent  # type: ignore[assignment]
@@ -202,6 +210,8 @@ class CachingBlockManager(BlockManager):
         src, a = node.src, node.start
         upper = Node(src, a, a + m, node.ub, node.parent, node.ref)
         upper.stamp = node.stamp
+        if node.dups:
+            upper.dups = node.dups.copy()
         node.parent.children[src[a]] = upper  # type: ignore[union-attr]
         node.start = a + m
         node.parent = upper
@@ -214,16 +224,19 @@ class CachingBlockManager(BlockManager):
         before the waiting requests are looked up: vLLM caches full blocks when it allocates
         them (`KVCacheManager.allocate_slots` ends with `cache_blocks` of the tokens the step
         computes), so a request admitted later in a step hits the blocks those scheduled before
-        it were just given. The scheduler adds each request it admits (`ahead`) and clears
-        `ahead` when admission ends; till then inserts and owners' leaves count these tokens."""
-        self.ahead = ahead = dict(zip(seqs, ntoks))
-        for seq in [s for s in self.open if s in ahead]:  # (insert changes `open`)
-            if seq.computed + ahead[seq] >= seq.next_unit_end:
+        it were just given. In the batch's order, as vLLM allocates: who caches a unit first
+        keeps it, the others computing it in that step keep copies of their own (`Node.dups`).
+        The scheduler adds each request it admits (`ahead`) and clears `ahead` when admission
+        ends; till then inserts and owners' leaves count these tokens."""
+        self.ahead = ahead = {}
+        for seq, n in zip(seqs, ntoks):
+            ahead[seq] = n
+            if seq.computed + n >= seq.next_unit_end:
                 self.insert(seq)
 
     def insert(self, seq: Seq) -> None:
         """`seq.computed` (plus its `ahead`) reached `seq.next_unit_end`: cache the units it now
-        covers. Evictions owed wait unless it finds a cached run (sharing it returns blocks to the free pool) or
+        covers. Evictions owed wait unless it finds a cached run (part of it may be owed) or
         whether its own node has children decides how it grows (a `get` that misses would
         miss after them too: they only remove runs nobody holds)."""
         keys, unit = seq.keys, seq.unit_tokens
@@ -242,21 +255,24 @@ class CachingBlockManager(BlockManager):
             if child is not None and child.owner is not None:
                 self._claim(child)
             if child is None:
-                if node.ref == 1 and node is not self.root and not node.children and node.ub == ub:
+                if (node.ref == 1 and node.dups is None and node is not self.root
+                        and not node.children and node.ub == ub):  # fmt: skip
                     view(node, keys, i, end)  # its own leaf (held by it alone): extend it
                 else:
                     node = Node(keys, i, end, ub, node, 1)
                     node.parent.children[keys[i]] = node  # type: ignore[union-attr]
                 i = end
                 break
-            m = common(child, keys, i, end)  # cached meanwhile by another request: share it
-            if m < child.end - child.start:
-                child = self._split(child, m)
-            if not child.ref:
-                self.evictable -= child.blocks
-                self.free -= child.blocks  # it leaves the free pool ...
+            m = common(child, keys, i, end)  # cached meanwhile by another request: it keeps
+            if m < child.end - child.start:  # the copy it computed them in (vLLM never
+                child = self._split(child, m)  # de-duplicates: a block table only grows)
+            d = child.dups
+            if d is None:
+                child.dups = d = []
+            d.append(seq)
             child.ref += 1
-            self.free += m * ub  # ... and this request's own copy of those units returns to it
+            if child.ref == len(d):  # its first copy, free, may have no place in the LRU yet
+                heapq.heappush(self._heap, (child.stamp, next(self._clock), child))
             i += m
             node = child
         seq.cached_upto = i
@@ -264,7 +280,8 @@ class CachingBlockManager(BlockManager):
             seq.cache_node = None
         else:
             seq.cache_node = node
-            if i < len(keys) and node.ref == 1 and not node.children and node.ub == ub:
+            if (i < len(keys) and node.ref == 1 and node.dups is None and not node.children
+                    and node.ub == ub):  # fmt: skip
                 if node.src is not keys or node.end != i:  # (a node made just now views them)
                     view(node, keys, i, i)  # its own leaf: later units are appended lazily
                 node.owner = seq
@@ -305,7 +322,10 @@ class CachingBlockManager(BlockManager):
     def _settle(self) -> None:
         """Evict, least recently released first, the `evictable - free` blocks that takes have
         used beyond the uncached free ones (module doc). The candidate is the older head of
-        `_released` and `_heap` (a stale entry, used again, extended or gone, is dropped)."""
+        `_released` and `_heap` (a stale entry, used again, extended or gone, is dropped): a
+        leaf nobody holds, or the free first copy of a node only holders of copies of their own
+        hold (`Node.dups`): that copy goes and the oldest of theirs takes its place, as vLLM's
+        next block of the hash does; the units stay cached."""
         released, heap, root = self._released, self._heap, self.root
         blocks = self.evictable - self.free
         while blocks > 0:
@@ -315,13 +335,30 @@ class CachingBlockManager(BlockManager):
             else:
                 stamp, node = released[0]
                 in_heap = False
-            if node.ref or node.children or node.parent is None or node.stamp != stamp:
+            dups = node.dups
+            if node.parent is None or node.stamp != stamp or (
+                    node.ref or node.children if dups is None else node.ref != len(dups)):  # fmt: skip
                 if in_heap:
                     heapq.heappop(heap)
                 else:
                     released.popleft()
                 continue
             t = -(-blocks // node.ub)  # units that cover the blocks owed, or all of the node's
+            if dups is not None:  # (its lower part, if t is less: the blocks vLLM freed first)
+                if t < node.end - node.start:
+                    upper = self._split(node, node.end - node.start - t)
+                    heapq.heappush(heap, (upper.stamp, next(self._clock), upper))
+                b = (node.end - node.start) * node.ub
+                self.evictable -= b
+                blocks -= b
+                del dups[0]
+                if not dups:
+                    node.dups = None
+                if in_heap:
+                    heapq.heappop(heap)
+                else:
+                    released.popleft()
+                continue
             if t > node.end - node.start:
                 t = node.end - node.start
             node.end -= t
@@ -355,12 +392,17 @@ class CachingBlockManager(BlockManager):
             while node is not root:  # deepest first
                 node.ref -= 1
                 b = (node.end - node.start) * node.ub
-                if node.ref:
+                dups = node.dups
+                if dups is not None and seq in dups:  # its own copy: freed (uncached; vLLM
+                    dups.remove(seq)  # keeps it cached, last in the LRU: a simplification)
+                    if not dups:
+                        node.dups = None
+                elif node.ref > (len(dups) if dups else 0):  # others hold the first copy
                     freed -= b
-                else:
+                else:  # nobody holds the first copy: free, cached, evictable
                     self.evictable += b
                     node.stamp = stamp = next(clock)
-                    if not node.children:
+                    if node.ref or not node.children:
                         self._released.append((stamp, node))
                 node = node.parent  # type: ignore[assignment]
         self.free += freed

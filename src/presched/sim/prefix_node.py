@@ -8,7 +8,7 @@ from presched.sim.seq import Seq
 
 
 class Node:
-    __slots__ = ("src", "start", "end", "ub", "parent", "children", "ref", "stamp", "owner")
+    __slots__ = ("src", "start", "end", "ub", "parent", "children", "ref", "stamp", "owner", "dups")
 
     def __init__(
         self, src: tuple[int, ...], start: int, end: int, ub: int, parent: "Node | None", ref: int
@@ -20,6 +20,9 @@ class Node:
         self.ref = ref  # requests holding this node (a holder holds every ancestor too)
         self.stamp = 0  # when its reference count last dropped to 0 (LRU)
         self.owner: Seq | None = None  # the request that appends to it lazily (module doc)
+        self.dups: list[Seq] | None = None  # holders with a copy of their own (they computed
+        # these units after another request had cached them), oldest first; the others share
+        # the first copy, which is free (cached, evictable) when only these hold the node
 
     @property
     def blocks(self) -> int:

@@ -315,11 +315,12 @@ class Scheduler:
             return freed
         kv = self.kv
         root = kv.root
-        held: dict = {}  # node -> victims holding it (a holder holds every ancestor)
-        for v in victims:
+        held: dict = {}  # node -> victims sharing its first copy (a holder holds every
+        for v in victims:  # ancestor; one with a copy of its own frees it: in its blocks)
             node = v.cache_node
             while node is not None and node is not root:
-                held[node] = held.get(node, 0) + 1
+                if node.dups is None or v not in node.dups:
+                    held[node] = held.get(node, 0) + 1
                 node = node.parent
         hit: dict = {}  # node of the head's hit -> its blocks the head would use
         if units:
@@ -331,8 +332,8 @@ class Scheduler:
         for node, k in held.items():
             b = (node.end - node.start) * node.ub
             freed -= k * b
-            if node.ref == k:  # nobody else holds it: free (cached, evictable) unless revived
-                freed += b - hit.get(node, 0)
+            if node.ref - (len(node.dups) if node.dups else 0) == k:  # nobody else shares it:
+                freed += b - hit.get(node, 0)  # free (cached, evictable) unless revived
         return freed
 
     def _preempt(self, seq: Seq, now: float) -> None:
