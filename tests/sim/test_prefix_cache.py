@@ -34,7 +34,7 @@ class CacheChecks(StepChecks):
     root (every ancestor of what it holds) covering exactly its first `cached_upto` units, its
     own keys (those of the tokens it has computed, or, right after a step is scheduled, will
     compute in it: vLLM caches blocks when it allocates them); `evictable` = the blocks of the
-    runs whose first copy nobody shares."""
+    runs whose first copy nobody shares, plus their spare free copies (own copies released)."""
 
     scheduled: dict = {}  # id(seq) -> tokens in the batch just scheduled (none after a step)
 
@@ -70,7 +70,8 @@ class CacheChecks(StepChecks):
             assert n.keys and n.ref == held.get(id(n), 0), n.ref  # in use = referenced
             assert all(c.ref <= n.ref and c.parent is n for c in n.children.values())
             assert n.dups is None or len(set(map(id, n.dups))) == len(n.dups) <= n.ref
-        assert kv.evictable == sum(n.blocks for n in nodes if not shared_copy(n))
+        assert kv.evictable == sum(n.blocks * (len(n.spares or ()) + (not shared_copy(n)))
+                                   for n in nodes)  # fmt: skip
         self.peak_used = max(self.peak_used, private + shared)
 
 

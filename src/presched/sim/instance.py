@@ -314,6 +314,8 @@ def _cache_limit(seqs: list[Seq], k: int, sched: Scheduler) -> int:
       that is cached already with its first copy free: it keeps a copy of its own (vLLM never
       de-duplicates), so, step by step, a later take that evicts that free copy leaves the unit
       cached (`Node.dups`); a run that took first would have evicted the unit;
+    - it stops at the step where two requests complete the same new unit (twins): who does so
+      first keeps the first copy, the other its own (the run would insert both at its end);
     - with someone waiting (the first waiting request, the only one admission tries: it stops
       at the first that cannot start), with units of several blocks, or a policy that preempts for the head, while the head
       would revive cached units nobody holds, it stops at the last step whose takes fit the
@@ -327,11 +329,18 @@ def _cache_limit(seqs: list[Seq], k: int, sched: Scheduler) -> int:
       generated): that step's admission sees the head's hit grow by a unit, while the run
       takes at most a block per request and step, so the head can start mid-run."""
     kv = sched.kv
-    if kv.open and len(seqs) * kv.blocks_for(k - 1) > kv.free - kv.evictable:  # (the requests
-        for seq in kv.open:  # that will insert a unit; every holder of blocks is in the run)
-            child = (seq.cache_node or kv.root).children.get(seq.keys[seq.cached_upto])
-            if child is not None and child.ref == (len(child.dups) if child.dups else 0):
-                k = min(k, seq.next_unit_end - seq.computed)
+    if kv.open:  # the requests that will insert a unit (every holder of blocks is in the run)
+        evicts = len(seqs) * kv.blocks_for(k - 1) > kv.free - kv.evictable
+        root, groups = kv.root, {}
+        for seq in kv.open:
+            node = seq.cache_node or root
+            groups.setdefault((node, seq.keys[seq.cached_upto]), []).append(seq)
+        for (node, key), group in groups.items():
+            child = node.children.get(key)
+            if len(group) > 1 or (evicts and child is not None and child.ref == (
+                    len(child.dups) if child.dups else 0)):  # fmt: skip
+                for seq in group:
+                    k = min(k, seq.next_unit_end - seq.computed)
     if not sched.waiting:
         return k
     head = sched.waiting.peek()

@@ -21,10 +21,12 @@ of its last piece). The rules, as in vLLM's `KVCacheManager` / `BlockPool`:
   de-duplicates: a block table only grows): it holds the node with a copy of its own
   (`Node.dups`), while hits share the first copy.
 - **Release** (finish or preemption by recompute): the reference counts drop; a unit whose
-  first copy nobody shares stays cached and evictable (evicting it while others hold copies
-  of their own leaves the unit cached: the oldest copy takes its place, as vLLM's next block
-  of the hash does); the request's private blocks and its own copies become free. A
-  preempted request's own units stay cached, so its recompute can hit them.
+  first copy nobody shares stays cached and evictable; the request's own copies stay cached
+  too, as spare free copies (`Node.spares`); its private blocks become free. Each free copy
+  has its place in the LRU, and a unit stays cached until its last copy is evicted (evicting
+  the first copy, a spare or else the oldest held own copy takes its place, as vLLM's next
+  block of the hash does). A preempted request's own units stay cached, so its recompute can
+  hit them.
 - **Evict**: free blocks count cached-but-unused units (so `free` keeps vLLM's meaning,
   `get_num_free_blocks`); allocating more blocks than the uncached free ones evicts unused
   units, least recently released first, from the end of a prefix (within one request's
@@ -33,10 +35,8 @@ of its last piece). The rules, as in vLLM's `KVCacheManager` / `BlockPool`:
 
 Uncached free blocks are used first and cached units evicted only when none are left, as vLLM
 0.32's `BlockPool.free_blocks` puts freed blocks without a hash at the front of its free queue
-and cached ones at the back. Simplification: a request's own copy of a unit becomes an uncached
-free block when it is released; vLLM keeps it cached, at the back of the queue, so it is
-evicted later than here and the unit stays cached while any copy is (tests/engine/
-test_sim_vs_vllm.py: the workloads that still differ).
+and cached ones at the back. Simplification: which copy of a unit a hit gets (vLLM: the first
+one the hash still has) is the first copy, or a spare in its place, not tracked further.
 
 The cache is a radix tree of unit keys (`Node`: a run of keys that requests share or not as a
 whole; a request holds a path from the root). Work per request is per node on its path, with
@@ -210,8 +210,18 @@ class CachingBlockManager(BlockManager):
         src, a = node.src, node.start
         upper = Node(src, a, a + m, node.ub, node.parent, node.ref)
         upper.stamp = node.stamp
-        if node.dups:
-            upper.dups = node.dups.copy()
+        if node.dups or node.spares:  # more copies: each free one of the upper part gets its
+            heap, clock = self._heap, self._clock  # place in the LRU too
+            if node.dups:
+                upper.dups = node.dups.copy()
+                if upper.ref == len(upper.dups):
+                    heapq.heappush(heap, (upper.stamp, next(clock), upper))
+            if node.spares:
+                upper.spares = node.spares.copy()
+                for stamp in upper.spares:
+                    heapq.heappush(heap, (stamp, next(clock), upper))
+                if not upper.ref:
+                    heapq.heappush(heap, (upper.stamp, next(clock), upper))
         node.parent.children[src[a]] = upper  # type: ignore[union-attr]
         node.start = a + m
         node.parent = upper
@@ -255,8 +265,8 @@ class CachingBlockManager(BlockManager):
             if child is not None and child.owner is not None:
                 self._claim(child)
             if child is None:
-                if (node.ref == 1 and node.dups is None and node is not self.root
-                        and not node.children and node.ub == ub):  # fmt: skip
+                if (node.ref == 1 and node.dups is None and node.spares is None
+                        and node is not self.root and not node.children and node.ub == ub):  # fmt: skip
                     view(node, keys, i, end)  # its own leaf (held by it alone): extend it
                 else:
                     node = Node(keys, i, end, ub, node, 1)
@@ -280,8 +290,8 @@ class CachingBlockManager(BlockManager):
             seq.cache_node = None
         else:
             seq.cache_node = node
-            if (i < len(keys) and node.ref == 1 and node.dups is None and not node.children
-                    and node.ub == ub):  # fmt: skip
+            if (i < len(keys) and node.ref == 1 and node.dups is None and node.spares is None
+                    and not node.children and node.ub == ub):  # fmt: skip
                 if node.src is not keys or node.end != i:  # (a node made just now views them)
                     view(node, keys, i, i)  # its own leaf: later units are appended lazily
                 node.owner = seq
@@ -323,9 +333,10 @@ class CachingBlockManager(BlockManager):
         """Evict, least recently released first, the `evictable - free` blocks that takes have
         used beyond the uncached free ones (module doc). The candidate is the older head of
         `_released` and `_heap` (a stale entry, used again, extended or gone, is dropped): a
-        leaf nobody holds, or the free first copy of a node only holders of copies of their own
-        hold (`Node.dups`): that copy goes and the oldest of theirs takes its place, as vLLM's
-        next block of the hash does; the units stay cached."""
+        free copy of a node's units. If the node has another copy (`Node.spares`, `Node.dups`)
+        only that one goes, and a spare or else the oldest own copy takes the first copy's
+        place, as vLLM's next block of the hash does; the last copy goes from the end of a leaf
+        nobody holds."""
         released, heap, root = self._released, self._heap, self.root
         blocks = self.evictable - self.free
         while blocks > 0:
@@ -335,25 +346,38 @@ class CachingBlockManager(BlockManager):
             else:
                 stamp, node = released[0]
                 in_heap = False
-            dups = node.dups
-            if node.parent is None or node.stamp != stamp or (
-                    node.ref or node.children if dups is None else node.ref != len(dups)):  # fmt: skip
+            dups, spares = node.dups, node.spares
+            if node.parent is None:
+                stale = True
+            elif node.stamp == stamp:  # its first copy: free, and the last copy or not a leaf
+                stale = node.ref != (len(dups) if dups else 0) or (
+                    not dups and not spares and node.children)  # fmt: skip
+            else:  # a spare copy
+                stale = not spares or stamp not in spares
+            if stale:
                 if in_heap:
                     heapq.heappop(heap)
                 else:
                     released.popleft()
                 continue
             t = -(-blocks // node.ub)  # units that cover the blocks owed, or all of the node's
-            if dups is not None:  # (its lower part, if t is less: the blocks vLLM freed first)
-                if t < node.end - node.start:
-                    upper = self._split(node, node.end - node.start - t)
-                    heapq.heappush(heap, (upper.stamp, next(self._clock), upper))
+            if dups or spares:  # another copy stays: only this one goes, the units stay cached
+                if t < node.end - node.start:  # (its lower part: the blocks vLLM freed first)
+                    self._split(node, node.end - node.start - t)
                 b = (node.end - node.start) * node.ub
                 self.evictable -= b
                 blocks -= b
-                del dups[0]
-                if not dups:
-                    node.dups = None
+                if node.stamp != stamp:
+                    spares.remove(stamp)  # type: ignore[union-attr]
+                elif spares:  # a spare copy takes the first one's place
+                    node.stamp = max(spares)
+                    spares.remove(node.stamp)
+                else:  # the oldest own copy does (held: a hit shares it)
+                    del dups[0]  # type: ignore[index]
+                    if not dups:
+                        node.dups = None
+                if not node.spares:
+                    node.spares = None
                 if in_heap:
                     heapq.heappop(heap)
                 else:
@@ -393,16 +417,23 @@ class CachingBlockManager(BlockManager):
                 node.ref -= 1
                 b = (node.end - node.start) * node.ub
                 dups = node.dups
-                if dups is not None and seq in dups:  # its own copy: freed (uncached; vLLM
-                    dups.remove(seq)  # keeps it cached, last in the LRU: a simplification)
+                if dups is not None and seq in dups:  # its own copy: free, cached (a spare)
+                    dups.remove(seq)
                     if not dups:
                         node.dups = None
+                    self.evictable += b
+                    stamp = next(clock)
+                    if node.spares is None:
+                        node.spares = [stamp]
+                    else:
+                        node.spares.append(stamp)
+                    self._released.append((stamp, node))
                 elif node.ref > (len(dups) if dups else 0):  # others hold the first copy
                     freed -= b
                 else:  # nobody holds the first copy: free, cached, evictable
                     self.evictable += b
                     node.stamp = stamp = next(clock)
-                    if node.ref or not node.children:
+                    if node.ref or node.spares or not node.children:
                         self._released.append((stamp, node))
                 node = node.parent  # type: ignore[assignment]
         self.free += freed

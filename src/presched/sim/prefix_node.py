@@ -8,7 +8,8 @@ from presched.sim.seq import Seq
 
 
 class Node:
-    __slots__ = ("src", "start", "end", "ub", "parent", "children", "ref", "stamp", "owner", "dups")
+    __slots__ = ("src", "start", "end", "ub", "parent", "children", "ref", "stamp", "owner", "dups",
+                 "spares")  # fmt: skip
 
     def __init__(
         self, src: tuple[int, ...], start: int, end: int, ub: int, parent: "Node | None", ref: int
@@ -23,6 +24,7 @@ class Node:
         self.dups: list[Seq] | None = None  # holders with a copy of their own (they computed
         # these units after another request had cached them), oldest first; the others share
         # the first copy, which is free (cached, evictable) when only these hold the node
+        self.spares: list[int] | None = None  # stamps of more free copies (released own ones)
 
     @property
     def blocks(self) -> int:
