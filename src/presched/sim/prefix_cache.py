@@ -75,11 +75,12 @@ from collections import deque
 
 from presched.sim.block_manager import BlockManager
 from presched.sim.prefix_keys import PrefixCacheError, unit_keys  # noqa: F401 (PrefixCacheError: imported from here too)
+from presched.sim.prefix_inspect import CacheInspection
 from presched.sim.prefix_node import Node, common, view
 from presched.sim.seq import NEVER, Seq
 
 
-class CachingBlockManager(BlockManager):
+class CachingBlockManager(CacheInspection, BlockManager):
     """`BlockManager` with prefix caching. `seq.blocks` still counts every block a request's
     KV uses, shared ones included, so the scheduler's rounding is unchanged; `free` counts the
     physically unused blocks (cached units nobody holds included)."""
@@ -439,47 +440,3 @@ class CachingBlockManager(BlockManager):
         self.free += freed
         seq.blocks = 0
         self._reset(seq)
-
-    # --- inspection -------------------------------------------------------------------------
-    def settle(self) -> None:
-        """Apply the lazy work (module doc): the tree as an eager cache would have it now."""
-        if self.evictable > self.free:
-            self._settle()
-        for node in self._all():
-            if node.owner is not None:
-                self._sync(node)
-
-    def _all(self):
-        todo = list(self.root.children.values())
-        while todo:
-            node = todo.pop()
-            yield node
-            todo.extend(node.children.values())
-
-    def nodes(self):
-        """Every cached run (tree node but the root), parents before children (settled)."""
-        self.settle()
-        yield from self._all()
-
-    def path(self, seq: Seq) -> list[Node]:
-        """The nodes `seq` holds, from the root down (settled)."""
-        self.settle()
-        out, node = [], seq.cache_node
-        while node is not None and node is not self.root:
-            out.append(node)
-            node = node.parent
-        return out[::-1]
-
-    def cached_keys(self) -> set[int]:
-        return {k for node in self.nodes() for k in node.keys}
-
-    @property
-    def evicted_units(self) -> int:
-        """Cached units evicted so far."""
-        self.settle()
-        return self._evicted_units
-
-    @property
-    def hit_rate(self) -> float:
-        """Tokens found cached / tokens looked up at admissions (vLLM's prefix cache hit rate)."""
-        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
