@@ -264,3 +264,13 @@ def test_equal_hash_numbers_of_another_unit_size_are_not_a_hit_and_leak_nothing(
     kv.settle()
     assert [s.cached_tokens for s in seqs] == [0, 0]
     assert kv.free == kv.num_blocks and kv.evictable == sum(n.blocks for n in kv.nodes()) == 10
+
+
+def test_an_instance_of_never_tokens_or_more_is_refused():
+    """`computed` must stay below `NEVER`, the sentinel `next_unit_end` (seq.py)."""
+    from presched.sim.prefix_cache import CachingBlockManager
+    from presched.sim.seq import NEVER
+
+    CachingBlockManager((NEVER - 1) // 16, 16)
+    with pytest.raises(ValueError, match="num_blocks \\* block_size"):
+        CachingBlockManager(NEVER // 16 + 1, 16)

@@ -87,6 +87,9 @@ class CachingBlockManager(CacheInspection, BlockManager):
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)
+        if num_blocks * block_size >= NEVER:  # `computed` must stay below it (seq.py)
+            raise ValueError(f"prefix caching: num_blocks * block_size must be below {NEVER:,}, "
+                             f"got {num_blocks * block_size:,}")  # fmt: skip
         self.root = Node((), 0, 0, 0, None, 1)
         self.evictable = 0  # blocks of the cached units nobody holds (part of `free`; before
         # `_settle`, the ones owed to evictions too)

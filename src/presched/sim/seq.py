@@ -13,15 +13,17 @@ policies read `target`.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from presched.workload.request import Request
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
-NEVER = sys.maxsize
-"""`next_unit_end` of a request with no unit to insert: `computed` never reaches it (an int, not
-`math.inf`: a step's int-to-int compare with it is cheaper than an int-to-float one)."""
+NEVER = 2**30 - 1
+"""`next_unit_end` of a request with no unit to insert: `computed` never reaches it (prefix caching
+refuses instances of NEVER KV tokens or more; the scheduler, requests that need more KV than the
+instance has). An int of one 30-bit digit, not `math.inf` nor `sys.maxsize`: Python 3.11 compares
+two such ints on its fast path (`COMPARE_OP_INT_JUMP`), so the per-request, per-step
+`computed >= next_unit_end` costs ~100 instructions less than with `sys.maxsize` (two digits)."""
 
 
 class Seq:
