@@ -49,6 +49,14 @@ class BlockManager:
         if used > self.peak_used:
             self.peak_used = used
 
+    def took(self, extra: int) -> None:
+        """`extra` more blocks are in use: the caller raised requests' `blocks` by that many
+        (a decode run's loop, instance.py; it has checked that they fit)."""
+        self.free -= extra
+        used = self.num_blocks - self.free
+        if used > self.peak_used:
+            self.peak_used = used
+
     def grow(self, seqs: list[Seq], k: int) -> None:
         """Give every request in `seqs` the blocks for `k` tokens past its computed ones (a
         decode run's; the caller has checked that they fit): `take` of each one's missing

@@ -235,18 +235,28 @@ class Instance:
         max_step = t0 + s * (k - 1)
         longest = max_step if max_step > t0 else t0  # longest gap of one that ran the last step
         caching, hook = self.sched.caching, self._tokens_hook
-        if caching:  # every step's blocks are taken before anyone finishes, as step by step:
-            kv.grow(seqs, k)  # a release must not spare an eviction the steps would have made
+        # The loop counts the blocks it gives out (`taken`, the arithmetic of `kv.blocks_for`
+        # without a call per request) and hands them to `kv` before anyone's release. With
+        # caching, every step's blocks are taken before anyone finishes, as step by step (a
+        # release must not spare an eviction the steps would have made): `grow` takes them first
+        # when the loop may insert a unit (`kv.open`) or call a policy hook; else the finishes
+        # wait for the loop's end (`done`: nothing else in the loop reads what a release changes).
+        ahead = caching and (hook or bool(kv.open))
+        if ahead:
+            kv.grow(seqs, k)
+        done: list[Seq] | None = [] if caching and not ahead else None
+        taken = 0
         context = C + k * B  # the survivors' next decode step: their context, those that
         needy, left = [], math.inf  # need a block for it, the fewest tokens one has left
         for seq in seqs:
             c = seq.computed + k
             seq.computed = c
-            if caching:
-                if c >= seq.next_unit_end:
-                    kv.insert(seq)
-            elif c > seq.blocks * bs:  # past the blocks it holds
-                kv.take(seq, kv.blocks_for(c) - seq.blocks)
+            if c > seq.blocks * bs:  # past the blocks it holds (never after `grow`)
+                blocks = (c + bs - 1) // bs
+                taken += blocks - seq.blocks
+                seq.blocks = blocks
+            if ahead and c >= seq.next_unit_end:  # (only `open` requests can: others' is NEVER)
+                kv.insert(seq)
             g = seq.generated + k
             seq.generated = g
             last = seq.last_token
@@ -264,13 +274,22 @@ class Instance:
                 self.policy.on_tokens(seq, k, end)
             r = seq.stop - g  # tokens it has left to generate
             if r <= 0:
-                self._finish(seq, end)
+                if done is None:
+                    kv.took(taken)
+                    taken = 0
+                    self._finish(seq, end)
+                else:
+                    done.append(seq)
                 context -= c + 1
             else:
                 if c == seq.blocks * bs:  # its next token starts a block
                     needy.append(seq)
                 if r < left:
                     left = r
+        kv.took(taken)
+        if done:
+            for seq in done:
+                self._finish(seq, end)
         if contiguous:
             self.itl.add(t0, 0.0, 1, contiguous)
         if k > 1:
