@@ -275,8 +275,9 @@ class Instance:
             r = seq.stop - g  # tokens it has left to generate
             if r <= 0:
                 if done is None:
-                    kv.took(taken)
-                    taken = 0
+                    if taken:
+                        kv.took(taken)
+                        taken = 0
                     self._finish(seq, end)
                 else:
                     done.append(seq)
@@ -286,7 +287,8 @@ class Instance:
                     needy.append(seq)
                 if r < left:
                     left = r
-        kv.took(taken)
+        if taken:
+            kv.took(taken)
         if done:
             for seq in done:
                 self._finish(seq, end)

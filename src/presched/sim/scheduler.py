@@ -98,17 +98,21 @@ class Scheduler:
         kv, policy, running = self.kv, self.policy, self.running
         # the long-prefill cap keeps one long prompt from starving the others: alone, a request
         # has nobody to starve and takes the whole budget (vLLM's num_eligible_reqs > 1)
-        threshold = self._thr = self._threshold if len(running) + len(self.waiting) > 1 else 0
+        waiting = len(self.waiting)
+        threshold = self._thr = self._threshold if len(running) + waiting > 1 else 0
         budget, bs = self._max_tokens, kv.block_size
         batch = Batch()
         known, self.decode_next = self.decode_next, None
         if known is not None and len(running) <= budget and len(known[1]) <= kv.free:
             n = len(running)  # A, every request a decode (see decode_next)
-            for seq in known[1]:
-                kv.take(seq, 1)
+            needy = known[1]
+            if needy:  # (`kv.take(seq, 1)` each, without a call per request)
+                for seq in needy:
+                    seq.blocks += 1
+                kv.took(len(needy))
             batch.seqs, batch.ntoks = running.copy(), [1] * n
             batch.num_decode, batch.decode_context, batch.left = n, known[0], known[2]
-            if self.waiting:
+            if waiting:
                 self._admit(now, batch, budget - n)
             return batch
         seqs, ntoks = batch.seqs, batch.ntoks
