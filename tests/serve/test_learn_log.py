@@ -61,7 +61,7 @@ def test_engine_records_teach_the_learner_and_raise_its_alarm(tmp_path):
     write_records(path, 0, 60, 1.0, rng, aborted_every=10, capped_every=15, prompts=True)  # as trained
     learner = OnlineLearner(trained(), OnlineConfig(enabled=True, tenant_rate=1e9, **LEARN), background=False)
     last, counts = feed(learner, path)
-    assert last == 60 and counts == {"ok": 50, "length": 4, "cancelled": 6, "failed": 0, "skipped": 0}
+    assert last == 60 and counts == {"ok": 50, "length": 4, "cancelled": 6, "failed": 0, "skipped": 0, "no_text": 0}
     assert learner.counts["learned"] == 50 and learner.counts["censored"] == 4 and learner.counts["ignored"] == 6
     assert learner.counts["refits"] >= 1 and len(learner.buffer) == 50 and not learner.alarm.active
     assert learner.counts["stale"] == 0  # rows after a refit are predicted by the new model
@@ -76,7 +76,7 @@ def test_engine_records_teach_the_learner_and_raise_its_alarm(tmp_path):
     w.write({"id": "np", "ts": 2000.0, "status": 200, "output_tokens": 5, "finish_reason": "stop"})
     w.write({"id": "f", "ts": 2001.0, "status": 500, "prompt_tokens": 4})
     w.close()
-    assert feed(learner, path, after=last, batch=1) == (92, {"ok": 0, "length": 0, "cancelled": 0, "failed": 1, "skipped": 1})
+    assert feed(learner, path, after=last, batch=1) == (92, {"ok": 0, "length": 0, "cancelled": 0, "failed": 1, "skipped": 1, "no_text": 0})
 
 
 def test_rows_in_completion_order_are_capped_on_their_arrival_clock(tmp_path):
@@ -99,7 +99,7 @@ def test_a_batch_never_outgrows_the_predictions_the_learner_remembers(tmp_path):
     write_records(path, 0, 512, 1.0, np.random.default_rng(2))
     learner = OnlineLearner(trained(), OnlineConfig(enabled=True, refit_every=0, tenant_rate=1e9, max_pending=100,
                                                     window=1000), background=False)  # fmt: skip
-    assert feed(learner, path, batch=256) == (512, {"ok": 512, "length": 0, "cancelled": 0, "failed": 0, "skipped": 0})
+    assert feed(learner, path, batch=256) == (512, {"ok": 512, "length": 0, "cancelled": 0, "failed": 0, "skipped": 0, "no_text": 0})
     assert learner.counts["learned"] == 512 and learner.counts["unpredicted"] == 0
     assert learner.conformal.pool.n == 512  # every row scored by the recalibration
 
@@ -196,3 +196,31 @@ def test_rows_without_ts_count_at_the_rows_clock_not_the_monotonic_one(tmp_path)
                             background=False)  # fmt: skip
     assert feed(learner, path)[1]["ok"] == 60
     assert learner.counts["learned"] <= 10 + 1  # the burst and one second's rate, not a second burst
+
+
+def text_trained():
+    rng = np.random.default_rng(8)
+    train = [Request(id=f"t{i}", prompt_tokens=p, prompt=" ".join(["w"] * p), output_tokens=2 * p, model="m")
+             for i, p in enumerate(rng.integers(5, 200, 300).tolist())]  # fmt: skip
+    return PREDICTORS.create("lexical-gbm").fit(train)
+
+
+def test_a_text_predictor_skips_and_counts_rows_without_prompt_text(tmp_path):
+    # the plugin's default (store_prompts off) writes no prompt text: a text predictor cannot
+    # predict those rows, so it has no score for them: they are counted as no_text, not an error
+    path, state, model = tmp_path / "records.sqlite", tmp_path / "state", tmp_path / "model.npz"
+    rng = np.random.default_rng(5)
+    write_records(path, 0, 20, 1.0, rng, aborted_every=10)  # no prompt text
+    write_records(path, 20, 10, 1.0, rng, prompts=True)  # with it
+    learner = OnlineLearner(text_trained(), OnlineConfig(enabled=True, tenant_rate=1e9), background=False)
+    last, counts = feed(learner, path, batch=8)
+    assert last == 30 and counts == {"ok": 10, "length": 0, "cancelled": 2, "failed": 0, "skipped": 0, "no_text": 18}
+    assert learner.counts["learned"] == 10 and learner.counts["unpredicted"] == 0 and len(learner.buffer) == 10
+    assert learner.position == {"log": str(path.resolve()), "rowid": 30}
+    text_trained().save(model)
+    r = subprocess.run([sys.executable, "-m", "presched.cli", "learn", "--from-log", str(path), "--state", str(state),
+                        "--predictor", str(model), "--set", "refit_every=0"],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "30 new rows (ok 10, cancelled 2, no_text 18)" in r.stdout
+    assert "18 rows without prompt text taught nothing" in r.stdout and "store_prompts" in r.stdout

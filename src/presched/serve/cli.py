@@ -188,6 +188,9 @@ def learn(
             out.print(f"{sum(counts.values()):,} new rows ({', '.join(f'{k} {n:,}' for k, n in counts.items() if n) or 'none'}); "
                       f"predictor version {s['predictor_version']}, drift alarm {'RAISED' if s['drift_alarm'] else 'off'} "
                       f"({s['drift_alarms']} raised so far); state saved in {state}", highlight=False)  # fmt: skip
+            if counts.get("no_text"):
+                out.print(f"{counts['no_text']:,} rows without prompt text taught nothing: this predictor reads prompt "
+                          "text (the engine plugin stores it with store_prompts on)", highlight=False)  # fmt: skip
             if follow is None:
                 break
             time.sleep(follow)

@@ -16,8 +16,12 @@ alarm measure the learner's model on the engine's answers. The rate caps run on 
 clock (`ts`, the arrival time: it steps back and forth in completion order, and a bucket's clock
 only moves forward, so a tenant gets at most burst + rate x the span of its rows' `ts`; a row
 without one counts at the stamp of the row before it). Rows
-without prompt text (the plugin's `store_prompts` off) still recalibrate and move the alarm, but
-never join the refit buffer (the learner refits on rows with prompt text only).
+without prompt text (the plugin's `store_prompts` off) depend on the learner's model: one that
+predicts from lengths (`linear-prompt`, ...) predicts them, so they recalibrate and move the
+alarm, but never join the refit buffer (the learner refits on rows with prompt text only); one
+that reads prompt text (`needs_text`: `text-gbm`, `lexical-gbm`, `probe`, ...) cannot predict
+them, so it has no score for them either: they are skipped and counted as `no_text` (they
+teach nothing; turn the plugin's `store_prompts` on to learn from them).
 
 The position (the log's path and the last rowid learned) is part of the learner's state: `feed`
 hands each row's position to `observe`, which records it with what the row taught, so every save
@@ -37,6 +41,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from presched.predict.base import has_text, reads_text
 from presched.serve.log_format import TABLE, connect_ro
 from presched.serve.log_read import is_censored
 from presched.workload.request import Request
@@ -63,7 +68,8 @@ def _int(v: Any) -> int | None:
 
 def feed(learner: Any, path: str | Path, after: int = 0, batch: int = 256) -> tuple[int, dict[str, int]]:
     """Teach `learner` the rows of the log at `path` with rowid > `after`; returns (the last
-    rowid read, rows by what they taught: ok / length / cancelled / failed / skipped). Rows are
+    rowid read, rows by what they taught: ok / length / cancelled / failed / skipped (no prompt
+    length) / no_text (a label without prompt text, when the learner's model reads text)). Rows are
     read, predicted and observed `batch` at a time, never more than the learner remembers
     predictions for (`max_pending`: a prediction forgotten before its row is observed would leave
     the row unscored)."""
@@ -72,7 +78,7 @@ def feed(learner: Any, path: str | Path, after: int = 0, batch: int = 256) -> tu
     conn, path = connect_ro(path)
     try:
         cur = conn.execute(f"SELECT {_COLS} FROM {TABLE} WHERE rowid > ? ORDER BY rowid", (after,))
-        counts = {"ok": 0, "length": 0, "cancelled": 0, "failed": 0, "skipped": 0}
+        counts = {"ok": 0, "length": 0, "cancelled": 0, "failed": 0, "skipped": 0, "no_text": 0}
         while rows := cur.fetchmany(batch):  # bounded memory on a large file
             after = rows[-1][0]
             _teach(learner, log, rows, counts)
@@ -88,6 +94,7 @@ def _log_id(path: str | Path) -> str:
 
 def _teach(learner: Any, log: str, rows: list[tuple], counts: dict[str, int]) -> None:
     chunk, reqs = [], []
+    text = reads_text(learner)  # the learner's model reads prompt text (the engine may not store it)
     stamps = [float(r[2]) if isinstance(r[2], (int, float)) and math.isfinite(r[2]) else None for r in rows]
     # a row without a finite ts counts at the last stamp before it (else the chunk's first): one
     # clock for the tenant buckets (the learner's default, the monotonic clock, is another one)
@@ -98,6 +105,9 @@ def _teach(learner: Any, log: str, rows: list[tuple], counts: dict[str, int]) ->
         now = ts if ts is not None else now
         if kind in ("ok", "length") and (p_tok is None or p_tok < 1):
             counts["skipped"] += 1  # no prompt length: nothing to predict from
+            continue
+        if kind in ("ok", "length") and text and not has_text(prompt if isinstance(prompt, str) else None):
+            counts["no_text"] += 1  # a text predictor cannot predict it: no score, no label to learn
             continue
         req = Request(id=str(rid), prompt_tokens=max(p_tok or 1, 1), model=model or "", tenant=tenant or "default",
                       prompt=prompt if isinstance(prompt, str) else None,
