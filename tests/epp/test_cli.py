@@ -34,3 +34,47 @@ def test_a_port_in_use_is_refused_naming_port_without_a_traceback():
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     # (gRPC's C core logs its own line first)
     assert r.stderr.splitlines()[-1].startswith("error: port: cannot listen on 127.0.0.1:"), r.stderr
+
+
+def test_envoy_port_in_use_or_out_of_range_and_negative_stubs_are_refused_naming_the_flag():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = _run("--stubs", "1", "--envoy-port", str(port))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith(f"error: --envoy-port: cannot listen on 127.0.0.1:{port}"), r.stderr
+    r = _run("--stubs", "1", "--envoy-port", "70000")
+    assert r.returncode == 2 and "--envoy-port" in r.stderr and "65535" in r.stderr, r.stderr
+    r = _run("--stubs", "-1")
+    assert r.returncode == 2 and "--stubs" in r.stderr and "validation error" not in r.stderr, r.stderr
+
+
+def test_envoy_exiting_at_start_is_an_error_naming_the_port_and_its_kept_log(monkeypatch):
+    """Envoy exiting before it was ready came out as a traceback ending `RuntimeError: envoy
+    exited with code 1 (see its log)`, the log in a folder already deleted."""
+    import shutil
+    import subprocess as sp
+
+    import pytest
+
+    from presched.config import UserError
+    from presched.epp import cli, envoy
+    from presched.epp.config import EppConfig
+
+    def failing(config, log_path, concurrency=1, base_id=None):
+        log_path.write_text("[critical] cannot bind: no such device\n")
+        return sp.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+
+    monkeypatch.setattr(envoy, "start_envoy", failing)
+    cfg = EppConfig.model_validate({"endpoints": [{"address": "127.0.0.1:1"}], "log": {"path": None}})
+    with pytest.raises(UserError) as e:
+        cli._run_local(cfg, None, None, 1, None)
+    msg = str(e.value)
+    assert msg.startswith("--envoy-port ") and "envoy exited with code 1; its log: " in msg, msg
+    assert "cannot bind: no such device" in msg
+    log = msg.split("its log: ")[1].splitlines()[0]
+    assert log.endswith("envoy.log") and "cannot bind" in open(log).read()
+    shutil.rmtree(log.rpartition("/")[0])

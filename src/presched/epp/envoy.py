@@ -212,12 +212,27 @@ def start_envoy(config: Path, log_path: Path, concurrency: int = 1, base_id: int
         log.close()
 
 
-def wait_ready(admin_port: int, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    """Until Envoy's admin /ready answers 200; RuntimeError if it exits or takes too long."""
+class EnvoyError(RuntimeError):
+    """Envoy exited before it was ready, or was not ready in time (the message names its log)."""
+
+
+def _log_tail(log_path: Path | None, lines: int = 5) -> str:
+    if log_path is None:
+        return ""
+    try:
+        tail = Path(log_path).read_text(encoding="utf-8", errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        return f"; its log: {log_path}"
+    return f"; its log: {log_path}" + "".join(f"\n  {line}" for line in tail)
+
+
+def wait_ready(admin_port: int, proc: subprocess.Popen, timeout_s: float = 60.0, log_path: Path | None = None) -> None:
+    """Until Envoy's admin /ready answers 200; `EnvoyError` (a RuntimeError naming `log_path`
+    and its last lines) if it exits or takes too long."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise RuntimeError(f"envoy exited with code {proc.returncode} (see its log)")
+            raise EnvoyError(f"envoy exited with code {proc.returncode}{_log_tail(log_path)}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready", timeout=1) as r:
                 if r.status == 200:
@@ -225,7 +240,7 @@ def wait_ready(admin_port: int, proc: subprocess.Popen, timeout_s: float = 60.0)
         except OSError:
             pass
         time.sleep(0.1)
-    raise RuntimeError(f"envoy not ready after {timeout_s:g} s")
+    raise EnvoyError(f"envoy not ready after {timeout_s:g} s{_log_tail(log_path)}")
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:

@@ -120,7 +120,7 @@ class LocalStack:
         path = E.write_bootstrap(self.workdir / "envoy.json", boot)
         self.envoy_log = self.workdir / "envoy.log"
         self.envoy = E.start_envoy(path, self.envoy_log, base_id=self.ports["admin"])
-        E.wait_ready(self.ports["admin"], self.envoy)
+        E.wait_ready(self.ports["admin"], self.envoy, log_path=self.envoy_log)
 
     def envoy_hosts(self) -> list[str]:
         """The pool's endpoints as the picker has them (`endpoints` and the endpoints file's):
