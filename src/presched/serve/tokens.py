@@ -15,9 +15,9 @@ from typing import Any, Callable
 def counter(tokenizer: Path | None = None) -> tuple[Callable[[str], int], str]:
     """(count(text) -> tokens, description)."""
     if tokenizer is not None:
-        from tokenizers import Tokenizer
+        from presched.workload.prefix import load_tokenizer
 
-        tok = Tokenizer.from_file(str(tokenizer))
+        tok = load_tokenizer(tokenizer)  # a UserError naming the file if it is none
         return (lambda s: len(tok.encode(s, add_special_tokens=False).ids)), f"tokenizer {tokenizer}"
     try:
         import toktok

@@ -42,15 +42,29 @@ def chain_hashes(
     return tuple(out)
 
 
+def load_tokenizer(path: Path | str):
+    """A `tokenizers.Tokenizer` from a `tokenizer.json`; a `UserError` (the CLI's `error:`,
+    exit 2) naming the file and the problem when it is missing or not a tokenizer."""
+    from tokenizers import Tokenizer
+
+    from presched.config import UserError
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"tokenizer: {p}: {'a folder, not a file' if p.is_dir() else 'file not found'}")
+    try:
+        return Tokenizer.from_file(str(p))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+        raise UserError(f"tokenizer: {p}: not a tokenizer.json ({e})") from None
+
+
 def text_encoder(tokenizer: Path | None = None) -> tuple[Callable[[str], list[int]], str]:
     """(encode(text) -> token ids, description): a model's `tokenizer.json` if given, else
     o200k_base (`toktok`, presched[predict]), else pseudo-ids of 4-character pieces (a CRC-32
     each). The ids only name a prompt's blocks for hashing: an approximate tokenizer still gives
     equal ids to equal text, which is all a prefix match needs. The gateway uses this too."""
     if tokenizer is not None:
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(tokenizer))
+        tok = load_tokenizer(tokenizer)
         return (lambda s: tok.encode(s, add_special_tokens=False).ids), f"tokenizer {tokenizer}"
     try:
         import toktok
