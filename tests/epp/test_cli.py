@@ -78,3 +78,11 @@ def test_envoy_exiting_at_start_is_an_error_naming_the_port_and_its_kept_log(mon
     log = msg.split("its log: ")[1].splitlines()[0]
     assert log.endswith("envoy.log") and "cannot bind" in open(log).read()
     shutil.rmtree(log.rpartition("/")[0])
+
+
+def test_missing_config_and_endpoints_files_are_named_by_kind(tmp_path):
+    r = _run("--config", str(tmp_path / "nofile.yaml"))
+    assert r.returncode == 2 and "picker config file (EppConfig) not found: " in r.stderr, r.stderr
+    r = _run("--endpoints-file", str(tmp_path / "nofile.yaml"))
+    assert r.returncode == 2 and "endpoints_file: endpoints file not found: " in r.stderr, r.stderr
+    assert "experiment file" not in r.stderr

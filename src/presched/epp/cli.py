@@ -28,6 +28,8 @@ def load_config(config: Path | None, flags: dict, sets: list[str], endpoints: li
     """The EppConfig of a file, flags and --set items; UserError naming the field."""
     from presched.config import UserError, apply_overrides, format_validation_error, load_file, set_path
 
+    if config is not None and not config.exists():
+        raise UserError(f"--config: picker config file (EppConfig) not found: {config}")
     data = load_file(config) if config else {}
     if endpoints:
         data["endpoints"] = [{"address": a} for a in endpoints]

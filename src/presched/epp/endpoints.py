@@ -29,6 +29,8 @@ _LIST = TypeAdapter(list[EndpointConfig])
 
 def read_endpoints(path: Path) -> list[EndpointConfig]:
     """The endpoints listed in `path`; ValueError naming the file and the field."""
+    if not Path(path).exists():
+        raise ValueError(f"endpoints_file: endpoints file not found: {path}")
     try:
         data = load_file(path)
     except UserError as e:

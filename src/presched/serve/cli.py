@@ -43,9 +43,11 @@ def serve(
     policy, relay the engines' answers, log every request (SQLite) and export /metrics."""
     from presched.config import UserError, apply_overrides, load_file, set_path
 
+    if config is not None and not config.exists():
+        raise UserError(f"--config: serve config file not found: {config}")
     data = load_file(config) if config else {}
     if backend:
-        data["backends"] = [{"url": u, **({"max_in_flight": max_in_flight} if max_in_flight else {})}
+        data["backends"] = [{"url": u, **({"max_in_flight": max_in_flight} if max_in_flight is not None else {})}
                             for u in backend]  # fmt: skip
     elif max_in_flight is not None:
         for b in data.get("backends") or []:
