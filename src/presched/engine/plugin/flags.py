@@ -9,7 +9,7 @@ from pathlib import Path
 
 def add_plugin_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--scheduler", choices=["vllm", "presched"], default="vllm", help="vllm: vLLM's own scheduler; presched: presched's policies inside vLLM (docs/engine-plugin.md)")
-    ap.add_argument("--policy", default=None, help="with --scheduler presched: a registered policy (default fcfs; the project default is mlfq with --param preempt=true --param within=mean)")
+    ap.add_argument("--policy", default=None, help="with --scheduler presched: a registered policy (default fcfs; the project default, mlfq-preempt+sjf, is mlfq with --param within=mean --param preempt=true --param recompute_weight=8 --param base_quantum=128)")
     ap.add_argument("--param", action="append", default=[], metavar="K=V", help="a policy parameter (value read as YAML); repeatable")
     ap.add_argument("--predictor", type=Path, default=None, help="with --scheduler presched: a model file from `presched train`, for requests without a prediction in vllm_xargs")
     ap.add_argument("--records", type=Path, default=None, help="with --scheduler presched: SQLite file of per-request records (gateway log schema)")
