@@ -24,3 +24,15 @@ def test_command_modules_do_not_import_presched_cli():
             "assert 'presched.cli' not in sys.modules, 'a command module imported presched.cli'")  # fmt: skip
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
+
+
+def test_eval_help_names_every_predictor_the_default_eval_runs():
+    # `stack` ran by default but the help left it out
+    import re
+
+    from presched.predict.cli import eval_
+    from presched.predict.evaluate import available_predictors
+
+    text = eval_.__defaults__[0].help
+    for name in available_predictors():
+        assert re.search(rf"\b{re.escape(name)}\b", text), name

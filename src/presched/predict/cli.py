@@ -238,7 +238,7 @@ def predict(
 
 
 def eval_(
-    predictors: Optional[str] = typer.Option(None, "--predictors", "-p", help="Comma-separated predictor names (default: every registered predictor: the default text-gbm, the anchors s3, ssjf, listmle, lexical-gbm, encoder-l1 where installed, and the baselines)."),
+    predictors: Optional[str] = typer.Option(None, "--predictors", "-p", help="Comma-separated predictor names (default: every registered predictor that needs no serving model: the default text-gbm, the anchors s3, ssjf, listmle, lexical-gbm, encoder-l1 where installed, the baselines global-median, model-median, linear-prompt, stack, and text-gbm-static with its extra installed)."),
     view: str = typer.Option("all", "--view", help="CASTILLO view: in-dist (fit on train + validate, test on test), cross-model (train on 9 models, test on 4 others), cross-dataset (train without ShareGPT, test on ShareGPT), loso (leave-one-source-out: 7 fits, each trained on 6 of CASTILLO's prompt sources and tested on the seventh; per-source and mean τ-b, MAE, coverage error; not timed), or all (in-dist, cross-model, cross-dataset; not loso). Comma-separated views are run together. Your own --data file: in-dist only (a random prompt-disjoint split)."),
     data: str = DataOpt,
     model_file: Optional[Path] = typer.Option(None, "--model-file", "-m", help="Score this saved model on every row of --data (a held-out file) instead of training predictors."),

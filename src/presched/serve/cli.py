@@ -139,7 +139,7 @@ def learn(
     from_log: Path = typer.Option(..., "--from-log", help="A request log in the gateway's schema: the gateway's log.path, or the engine plugin's records file (its `records` option; `python -m presched.engine.launch --records FILE`). Read-only; may be written meanwhile."),
     state: Path = typer.Option(..., "--state", help="The learner's state folder (a gateway's learn.state_dir reads it): resumed when it holds a learner; saved after each pass and within one (every save_every rows, after each refit), each save naming the last row it holds, so a run stopped anywhere resumes after it."),
     predictor: Optional[Path] = typer.Option(None, "--predictor", "-m", help="The model to start from (a file from `presched train`) when --state holds no learner yet."),
-    set_: list[str] = typer.Option([], "--set", "-s", metavar="FIELD=VALUE", help="Set a learn: field (OnlineConfig; `presched config` lists them), e.g. --set refit_every=1000."),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="FIELD=VALUE", help="Set a learn: field (OnlineConfig, in src/presched/predict/online/config.py with their meanings; docs/gateway.md, Online learning, lists them), e.g. --set refit_every=1000."),
     follow: Optional[float] = typer.Option(None, "--follow", metavar="SECONDS", help="Keep reading the rows appended to the log, every SECONDS, until interrupted (Ctrl-C; each pass is saved as it ends, and the next run resumes after the last row saved)."),
 ) -> None:
     """Teach the online learner from a request log (the engine plugin's records or the
