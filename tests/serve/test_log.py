@@ -430,6 +430,8 @@ def test_cli_trains_from_a_log_of_forced_lengths_only_with_keep_censored(tmp_pat
     args = ["train", "-p", "linear-prompt", "-o", str(tmp_path / "m.npz"), "--from-log", str(path)]
     refused = CliRunner().invoke(app, args)
     assert refused.exit_code != 0 and not (tmp_path / "m.npz").exists()
+    # the refusal says how to use them (it named only the 40 censored rows)
+    assert "--keep-censored" in str(refused.exception) + refused.output, refused.output
     ok = CliRunner().invoke(app, args + ["--keep-censored"])
     assert ok.exit_code == 0, ok.output
     from presched.workload.request import Request

@@ -85,8 +85,11 @@ def train_from_log(
     loaded = load_log_requests(log_path, model=model, keep_censored=keep_censored)
     reqs = loaded.requests
     if not reqs:
+        hint = ("; every usable row was cut (censored): --keep-censored (keep_censored=True) trains on "
+                "them, taking the cut length as the truth (a lower bound of it: forced lengths, e.g. "
+                "replayed with ignore_eos, are exact)") if loaded.dropped.get("censored") else ""  # fmt: skip
         raise LogTrainingError(f"{log_path}: no row to train on ({loaded.summary()}); rows need "
-                               f"status 200 and output_tokens")  # fmt: skip
+                               f"status 200 and output_tokens{hint}")  # fmt: skip
 
     def fit(use: list[Request]) -> tuple[list[Request], list[Request], float]:
         fit_on, validation = group_split(use, validation_fraction, seed)
