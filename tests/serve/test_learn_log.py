@@ -76,7 +76,8 @@ def test_engine_records_teach_the_learner_and_raise_its_alarm(tmp_path):
     w.write({"id": "np", "ts": 2000.0, "status": 200, "output_tokens": 5, "finish_reason": "stop"})
     w.write({"id": "f", "ts": 2001.0, "status": 500, "prompt_tokens": 4})
     w.close()
-    assert feed(learner, path, after=last, batch=1) == (92, {"ok": 0, "length": 0, "cancelled": 0, "failed": 1, "skipped": 1, "no_text": 0})
+    assert feed(learner, path, after=last, batch=1) == (92, {"ok": 0, "length": 0, "cancelled": 0, "failed": 1,
+                                                             "skipped": 1, "no_text": 0})  # fmt: skip
 
 
 def test_rows_in_completion_order_are_capped_on_their_arrival_clock(tmp_path):
@@ -99,7 +100,8 @@ def test_a_batch_never_outgrows_the_predictions_the_learner_remembers(tmp_path):
     write_records(path, 0, 512, 1.0, np.random.default_rng(2))
     learner = OnlineLearner(trained(), OnlineConfig(enabled=True, refit_every=0, tenant_rate=1e9, max_pending=100,
                                                     window=1000), background=False)  # fmt: skip
-    assert feed(learner, path, batch=256) == (512, {"ok": 512, "length": 0, "cancelled": 0, "failed": 0, "skipped": 0, "no_text": 0})
+    assert feed(learner, path, batch=256) == (512, {"ok": 512, "length": 0, "cancelled": 0, "failed": 0,
+                                                    "skipped": 0, "no_text": 0})  # fmt: skip
     assert learner.counts["learned"] == 512 and learner.counts["unpredicted"] == 0
     assert learner.conformal.pool.n == 512  # every row scored by the recalibration
 

@@ -16,7 +16,8 @@ CLI (stays in the foreground until Ctrl-C; put the gateway in front of it):
 
     python -m presched.engine.launch --model tiny|smollm2|DIR [--port 8100] [-- extra vllm args]
     python -m presched.engine.launch --model tiny --scheduler presched --policy mlfq \
-        --param within=mean --param preempt=true --param recompute_weight=8 --param base_quantum=128 [--predictor model.npz] [--records r.sqlite]
+        --param within=mean --param preempt=true --param recompute_weight=8 --param base_quantum=128 \
+        [--predictor model.npz] [--records r.sqlite]
     python -m presched.engine.launch --model tiny --scheduler presched --features [--feature-layer 1] [--probe probe.npz] \
         [--refine refine.npz --refine-at 16 64 256] [--records r.sqlite --record-steps 16 64 256]
     python -m presched.engine.launch --model smollm2 --draft-model smollm2 --scheduler presched \
