@@ -56,3 +56,30 @@ def test_validation_errors_name_the_field_and_give_back_one_value_only():
     text = format_validation_error(e.value, "workload")
     assert text.startswith("workload: model is required by source 'castillo'")
     assert "Value error" not in text and "(got {" not in text
+
+
+def test_an_error_that_says_what_it_got_is_not_given_it_twice():
+    from pydantic import ValidationError
+
+    from presched.config import format_validation_error
+    from presched.loadgen.replay import ReplayConfig
+
+    with pytest.raises(ValidationError) as e:
+        ReplayConfig(url="localhost:8080")
+    text = format_validation_error(e.value, "replay")
+    assert text == "replay.url: expected an http:// or https:// base URL, got 'localhost:8080'"
+
+
+@pytest.mark.parametrize("value", [12, -1, "foo"])
+def test_a_value_outside_a_union_is_one_line_naming_the_field_and_every_choice(value):
+    from pydantic import ValidationError
+
+    from presched.config import format_validation_error
+    from presched.workload.config import WorkloadConfig
+
+    with pytest.raises(ValidationError) as e:
+        WorkloadConfig(sample=value)
+    text = format_validation_error(e.value, "workload")
+    assert len(text.splitlines()) == 1 and text.startswith("workload.sample: "), text
+    assert "'mean'" in text and f"(got {value!r})" in text
+    assert "constrained-int" not in text and "literal[" not in text

@@ -9,6 +9,7 @@ reads `true` as 1), so is a float that is not finite (NaN, inf), and a bad value
 from __future__ import annotations
 
 import json
+import re
 import types
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -60,6 +61,17 @@ def set_path(d: dict, dotted: str, value: Any) -> None:
             node = node.setdefault(k, {})
         else:
             raise UserError(f"--set {dotted}: {'.'.join(keys[:i])!r} is not a section")
+
+
+def deep_merge(base: Any, over: Any) -> Any:
+    """`over` laid onto `base`: mappings merge key by key (recursively); anything else in `over`
+    (a value, a list, None) replaces what `base` has. Neither argument is changed."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = deep_merge(base[k], v) if k in base else v
+        return out
+    return over
 
 
 def apply_overrides(data: dict, flags: dict[str, Any], sets: list[str], example: str) -> dict:
@@ -145,17 +157,40 @@ def _bool_as_number(annotation: Any, value: Any, at: str = "") -> tuple[str, str
     return None
 
 
+_UNION_TAG = re.compile(r"^(?:[a-z]+(?:-[a-z]+)*\[.*\]|constrained-[a-z]+|int|float|str|bool|none)$")
+
+
+def _is_union_tag(part: Any) -> bool:
+    """pydantic's name for a union member in an error's location (`constrained-int`,
+    `literal['mean']`, `function-after[...]`): no field of ours, so not shown."""
+    return isinstance(part, str) and _UNION_TAG.match(part) is not None
+
+
 def format_validation_error(err: ValidationError, where: str = "") -> str:
     """One line per problem, each naming the field path: `engine.max_num_seqs: ...`, with the
-    value given when it is one value (a whole section given back adds only noise), and without
-    pydantic's "Value error, " prefix on our validators' own messages."""
-    lines = []
+    value given when it is one value (a whole section given back adds only noise) and the message
+    does not already say it, and without pydantic's "Value error, " prefix on our validators' own
+    messages. A value that fits none of a union's members (`sample: int 0-9 | 'mean'`) is one
+    line naming the field and what each member accepts, not one line per member."""
+    groups: dict[str, list[tuple[str, Any]]] = {}
+    unions: set[str] = set()  # paths whose errors come from a union's members
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"])
+        path = ".".join(str(p) for p in e["loc"] if not _is_union_tag(p))
         if where:
             path = f"{where}.{path}" if path else where
         msg = e["msg"].removeprefix("Value error, ") if e.get("type") == "value_error" else e["msg"]
-        given = e.get("input")
-        got = "" if isinstance(given, (dict, list, tuple)) else f" (got {given!r})"
-        lines.append(f"{path}: {msg}{got}" if path else f"{msg}{got}")  # (a model validator's: no field path)
+        groups.setdefault(path, []).append((msg, e.get("input")))
+        if any(_is_union_tag(p) for p in e["loc"]):
+            unions.add(path)
+    lines = []
+    for path, items in groups.items():
+        msgs = [m for i, (m, _) in enumerate(items) if m not in [x for x, _ in items[:i]]]
+        if path in unions and len(msgs) > 1 and len({repr(g) for _, g in items}) == 1:
+            rest = [m.removeprefix("Input should be ") for m in msgs[1:]]
+            msgs = [", or ".join([msgs[0], *rest])]
+        given = items[0][1]
+        for msg in msgs:
+            said = ", got " in msg or "(got " in msg
+            got = "" if said or isinstance(given, (dict, list, tuple)) else f" (got {given!r})"
+            lines.append(f"{path}: {msg}{got}" if path else f"{msg}{got}")  # (a model validator's: no field path)
     return "\n".join(lines)

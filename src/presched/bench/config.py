@@ -11,12 +11,13 @@ several policies and loads. An experiment file (YAML or JSON) sets any of these 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from presched.config import Config
+from presched.config import Config, deep_merge
 from presched.metrics.summary import GoodputSLO
 from presched.predict.source import PredictionsConfig
 from presched.schedule import POLICIES
@@ -37,9 +38,24 @@ def _default_predictions() -> PredictionsConfig:
     return PredictionsConfig(source="noisy-oracle", sigma=default_table().text_gbm_sigma)
 
 
+def _bench_defaults() -> dict[str, Any]:
+    """The bench's own defaults of its sections, as mappings of only what they set beyond the
+    section's model defaults: {'sim': {'engine': {'max_num_seqs': 64}}, 'slo': {...}, ...}."""
+    out: dict[str, Any] = {}
+    for name, field in BenchConfig.model_fields.items():
+        if field.default_factory is None:
+            continue
+        value = field.default_factory()
+        if isinstance(value, Config):
+            out[name] = value.model_dump(exclude_unset=True)
+        elif isinstance(value, dict):
+            out[name] = copy.deepcopy(value)
+    return out
+
+
 class BenchConfig(Config):
     workload: WorkloadConfig = Field(
-        default_factory=lambda: WorkloadConfig(num_requests=2000),
+        default_factory=WorkloadConfig,
         description="The requests to replay (lengths and arrival shape).",
     )
     sim: SimConfig = Field(
@@ -84,11 +100,23 @@ class BenchConfig(Config):
 
     @model_validator(mode="before")
     @classmethod
-    def _untimed_sources_need_no_rate(cls, data):
-        """The bench rescales arrivals to each load, so a source without timestamps (CASTILLO,
+    def _merge_defaults_then_untimed_rate(cls, data):
+        """A section given as a mapping (an experiment file's, `--set sim.x=...`) is merged into
+        the bench's own default for it, so it changes only the fields it names: `sim: {step_time:
+        {model: ...}}` keeps the bench's 64 slots, `policy_params: {mlfq: {base_quantum: 64}}`
+        keeps the recommended mlfq's other parameters, `slo: {ttft_ms: 500}` keeps tpot_ms. A
+        section given as a config object is taken as it is.
+
+        Then: the bench rescales arrivals to each load, so a source without timestamps (CASTILLO,
         ShareGPT) gets Poisson arrivals unless told otherwise, and a placeholder rate of 1 req/s
         (the shape is what matters) instead of an error."""
-        w = data.get("workload") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name, default in _bench_defaults().items():
+            if isinstance(data.get(name), dict):
+                data[name] = deep_merge(default, data[name])
+        w = data.get("workload")
         if isinstance(w, dict) and w.get("source") in UNTIMED:
             w = {"arrivals": "poisson", **w}
             if w["arrivals"] != "trace" and w.get("rate") is None:
