@@ -158,3 +158,45 @@ def test_config_on_an_80_column_terminal_folds_and_cuts_nothing():
     first = lines[: next(i for i, line in enumerate(lines) if line.startswith("└"))]
     fragments = [line.split("│")[1].strip() for line in first if line.startswith("│")]
     assert "".join(fragments) == "".join(path for path, _d, _m in _fields(BenchConfig()))
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["simulate", "--set", "policy_params.mlfq.base_quantum=1"],
+     ["policy_params.mlfq.base_quantum", "sim.policy_params.base_quantum"]),
+    (["simulate", "--set", "loads=[0.5]"], ["loads", "--rate"]),
+    (["bench", "--set", "sim.policy=sjf"], ["sim.policy", "--policies"]),
+    (["bench", "--set", "sim.policy_params.base_quantum=64"],
+     ["sim.policy_params.base_quantum", "policy_params.mlfq.base_quantum"]),
+])  # fmt: skip
+def test_a_field_the_command_ignores_is_refused_with_what_to_use(args, says):
+    r = presched(*args)
+    assert r.returncode == 2 and "does not use" in r.stderr, r.stderr
+    for s in says:
+        assert s in r.stderr, (s, r.stderr)
+
+
+def test_a_dumped_config_still_runs_in_both_commands(tmp_path):
+    dump = tmp_path / "all.yaml"
+    assert presched("config", "--dump", str(dump)).returncode == 0
+    r = presched("simulate", "-c", str(dump), "-n", "50", "--json")
+    assert r.returncode == 0, r.stderr
+    data = yaml_load(dump)
+    data["policy_params"] = {"sjf": {"stat": "mean"}}
+    dump.write_text(json.dumps(data))
+    r = presched("simulate", "-c", str(dump), "-n", "50", "--json")
+    assert r.returncode == 2 and "policy_params (in the experiment file)" in r.stderr, r.stderr
+
+
+def yaml_load(path):
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def test_bench_errors_point_at_the_settings_bench_has(tmp_path):
+    r = presched("bench", "-p", "sjf", "-n", "50", "--loads", "0.9", "--set", "capacity_requests=50",
+                 "--set", "predictions.source=none", "-o", str(tmp_path / "a"))  # fmt: skip
+    assert r.returncode == 2 and "--set predictions.source=" in r.stderr, r.stderr
+    r = presched("bench", "-w", "generic", "--path", str(EXAMPLES / "requests.jsonl"), "--arrivals",
+                 "poisson", "-o", str(tmp_path / "b"))  # fmt: skip
+    assert r.returncode == 2 and "--set workload.rate=R" in r.stderr, r.stderr

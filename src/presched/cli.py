@@ -60,8 +60,52 @@ def _shown(value: Any) -> str:
 
 
 # --- building a config from a file, flags and --set overrides ----------------------------------
-def build_config(config: Optional[Path], flags: dict[str, Any], sets: list[str]) -> BenchConfig:
+# fields a command does not read, with what to use instead (a --set of one is refused, and so is
+# an experiment file's value other than the default: a dumped config, which holds them all, loads)
+BENCH_IGNORES = {
+    "sim.policy": "bench compares the policies in `policies`: use --policies (-p)",
+    "sim.policy_params": "bench takes parameters per policy: use policy_params.NAME.FIELD, e.g. "
+                         "--set policy_params.mlfq.base_quantum=64",
+}
+SIMULATE_IGNORES = {
+    "policies": "simulate runs one policy: use --policy (sim.policy)",
+    "policy_params": "simulate reads the policy's parameters from sim.policy_params: use "
+                     "sim.policy_params.FIELD, e.g. --set sim.policy_params.base_quantum=64",
+    "loads": "simulate runs at the workload's own rate: use --rate (workload.rate)",
+    "capacity_requests": "simulate measures no capacity (it is a bench field)",
+    "out_dir": "simulate writes no result folder: use --records FILE",
+}  # fmt: skip
+
+
+def _get_path(d: Any, keys: list[str]) -> tuple[bool, Any]:
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return False, None
+        d = d[k]
+    return True, d
+
+
+def _refuse_ignored(command: str, ignores: dict[str, str], file_data: dict, flags: dict[str, Any],
+                    sets: list[str]) -> None:
+    """UserError naming the first field `command` would silently ignore."""
+    given = [k for k, v in flags.items() if v is not None]
+    given += [item.split("=", 1)[0].strip() for item in sets if "=" in item]
+    default = json.loads(BenchConfig().model_dump_json())
+    for field, instead in ignores.items():
+        for key in given:
+            if key == field or key.startswith(field + "."):
+                raise UserError(f"--set {key}: {command} does not use {field}; {instead}")
+        found, value = _get_path(file_data, field.split("."))
+        if found and value != _get_path(default, field.split("."))[1]:
+            raise UserError(f"{field} (in the experiment file): {command} does not use it; {instead}")
+
+
+def build_config(config: Optional[Path], flags: dict[str, Any], sets: list[str],
+                 command: str = "") -> BenchConfig:
     data = load_file(config) if config else {}
+    ignores = {"bench": BENCH_IGNORES, "simulate": SIMULATE_IGNORES}.get(command)
+    if ignores:
+        _refuse_ignored(command, ignores, data, flags, sets)
     apply_overrides(data, flags, sets, "sim.engine.max_num_seqs=64")
     try:
         return BenchConfig.model_validate(data)
@@ -125,7 +169,7 @@ def bench(
     flags = _common(workload, path, num_requests, arrivals, seed, instances, router, model, hardware, max_num_seqs)
     flags.update({"policies": _csv(policies, option="--policies"), "loads": _csv(loads, float, "--loads"),
                   "out_dir": str(out) if out else None})  # fmt: skip
-    cfg = build_config(config, flags, set_)
+    cfg = build_config(config, flags, set_, "bench")
     output_folder(cfg.out_dir, "--out")
     console = Console()
     past = [f"{x:g}" for x in cfg.loads if x > 1]
@@ -172,7 +216,7 @@ def simulate(
 
     flags = _common(workload, path, num_requests, arrivals, seed, instances, router, model, hardware, max_num_seqs)
     flags.update({"workload.rate": rate, "sim.policy": policy})
-    cfg = build_config(config, flags, set_)
+    cfg = build_config(config, flags, set_, "simulate")
     if records is not None:
         output_file(records, "--records")
     reqs = build_workload(cfg.workload)
