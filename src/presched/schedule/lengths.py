@@ -34,7 +34,9 @@ def estimate_of(seq):
     if est is None:
         raise ValueError(
             f"request {seq.request.id!r} has no length prediction; this policy needs one "
-            "(simulate(..., estimates=predictor.predict(requests)), or a predictor in the gateway)"
+            "(command line: --set predictions.source=noisy-oracle, prompt-oracle, or model with "
+            "predictions.path=FILE from `presched train`; Python: simulate(..., "
+            "estimates=predictor.predict(requests)); gateway: a predictor)"
         )
     return est
 

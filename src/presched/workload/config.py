@@ -148,7 +148,8 @@ class WorkloadConfig(Config):
             )
         if self.arrivals != "trace" and self.rate is None and self.source in UNTIMED:
             raise ValueError(
-                f"rate is required: source {self.source!r} has no timestamps to take a mean rate from"
+                f"rate is required: source {self.source!r} has no timestamps to take a mean rate "
+                "from; set workload.rate (--set workload.rate=R; simulate also takes --rate R)"
             )
         if "cv" in set_ and self.arrivals != "gamma":
             raise ValueError(
@@ -246,7 +247,8 @@ def build_workload(cfg: WorkloadConfig) -> list[Request]:
             rate = arr.mean_rate(arr.trace(reqs)) if timed and len(reqs) >= 2 else None
             if rate is None or not np.isfinite(rate):
                 raise ValueError(
-                    f"rate is required: source {cfg.source!r} gives no mean rate to keep"
+                    f"rate is required: source {cfg.source!r} gives no mean rate to keep; set "
+                    "workload.rate (--set workload.rate=R; simulate also takes --rate R)"
                 )
         rng = _rng(cfg.seed, 1)
         if cfg.arrivals == "poisson":
