@@ -75,12 +75,13 @@ from collections import deque
 
 from presched.sim.block_manager import BlockManager
 from presched.sim.prefix_keys import PrefixCacheError, unit_keys  # noqa: F401 (PrefixCacheError: imported from here too)
+from presched.sim.prefix_evict import CacheEviction
 from presched.sim.prefix_inspect import CacheInspection
 from presched.sim.prefix_node import Node, common, view
 from presched.sim.seq import NEVER, Seq
 
 
-class CachingBlockManager(CacheInspection, BlockManager):
+class CachingBlockManager(CacheEviction, CacheInspection, BlockManager):
     """`BlockManager` with prefix caching. `seq.blocks` still counts every block a request's
     KV uses, shared ones included, so the scheduler's rounding is unchanged; `free` counts the
     physically unused blocks (cached units nobody holds included)."""
@@ -332,80 +333,8 @@ class CachingBlockManager(CacheInspection, BlockManager):
         self._next_unit(seq, seq.cached_upto)
 
     # --- allocation and release -------------------------------------------------------------
-    # (`take` is the base class's: the evictions it makes necessary wait for `_settle`)
-    def _settle(self) -> None:
-        """Evict, least recently released first, the `evictable - free` blocks that takes have
-        used beyond the uncached free ones (module doc). The candidate is the older head of
-        `_released` and `_heap` (a stale entry, used again, extended or gone, is dropped): a
-        free copy of a node's units. If the node has another copy (`Node.spares`, `Node.dups`)
-        only that one goes, and a spare or else the oldest own copy takes the first copy's
-        place, as vLLM's next block of the hash does; the last copy goes from the end of a leaf
-        nobody holds."""
-        released, heap, root = self._released, self._heap, self.root
-        blocks = self.evictable - self.free
-        while blocks > 0:
-            if heap and (not released or heap[0][0] < released[0][0]):
-                stamp, _, node = heap[0]
-                in_heap = True
-            else:
-                stamp, node = released[0]
-                in_heap = False
-            dups, spares = node.dups, node.spares
-            if node.parent is None:
-                stale = True
-            elif node.stamp == stamp:  # its first copy: free, and the last copy or not a leaf
-                stale = node.ref != (len(dups) if dups else 0) or (
-                    not dups and not spares and node.children)  # fmt: skip
-            else:  # a spare copy
-                stale = not spares or stamp not in spares
-            if stale:
-                if in_heap:
-                    heapq.heappop(heap)
-                else:
-                    released.popleft()
-                continue
-            t = -(-blocks // node.ub)  # units that cover the blocks owed, or all of the node's
-            if dups or spares:  # another copy stays: only this one goes, the units stay cached
-                if t < node.end - node.start:  # (its lower part: the blocks vLLM freed first)
-                    self._split(node, node.end - node.start - t)
-                b = (node.end - node.start) * node.ub
-                self.evictable -= b
-                blocks -= b
-                if node.stamp != stamp:
-                    spares.remove(stamp)  # type: ignore[union-attr]
-                elif spares:  # a spare copy takes the first one's place
-                    node.stamp = max(spares)
-                    spares.remove(node.stamp)
-                else:  # the oldest own copy does (held: a hit shares it)
-                    del dups[0]  # type: ignore[index]
-                    if not dups:
-                        node.dups = None
-                if not node.spares:
-                    node.spares = None
-                if in_heap:
-                    heapq.heappop(heap)
-                else:
-                    released.popleft()
-                continue
-            if t > node.end - node.start:
-                t = node.end - node.start
-            node.end -= t
-            b = t * node.ub
-            self.evictable -= b
-            self._evicted_units += t
-            blocks -= b
-            if node.end > node.start:  # the least recent still: it stays at the head
-                continue
-            if in_heap:
-                heapq.heappop(heap)
-            else:
-                released.popleft()
-            parent: Node = node.parent  # type: ignore[assignment]
-            del parent.children[node.src[node.start]]
-            node.parent = None
-            if parent is not root and not parent.ref and not parent.children:  # a leaf now
-                heapq.heappush(heap, (parent.stamp, next(self._clock), parent))
-
+    # (`take` is the base class's: the evictions it makes necessary wait for `_settle`,
+    # prefix_evict.py)
     def release(self, seq: Seq) -> None:
         if self.evictable > self.free:
             self._settle()
