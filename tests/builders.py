@@ -351,6 +351,19 @@ def require_engine() -> None:
     pytest.skip(msg)
 
 
+def run_engine_driver(driver: Path, *args: str, timeout: float = 600) -> dict | list:
+    """Run a script of tests/engine under the engine venv's Python (vLLM is importable there,
+    not here) and return the JSON it prints on its last stdout line; fail with its stderr."""
+    import subprocess
+
+    from presched.engine.venv import engine_env, engine_python
+
+    r = subprocess.run([str(engine_python()), str(driver), *args], capture_output=True, text=True,
+                       timeout=timeout, env=engine_env())  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def smollm2_dataset(data_dir: str, tmp: Path) -> tuple[Path, Path, dict[str, int]]:
     """A small file in `scripts/smollm2_lengths.py`'s format on real CASTILLO prompts (60 train,
     20 validate, 20 test) with planted lengths, and a feature cache whose column 0 is each

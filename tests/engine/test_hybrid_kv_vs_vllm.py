@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
-from builders import make_requests, require_engine
+from builders import make_requests, require_engine, run_engine_driver
 
-from presched.engine.venv import engine_env, engine_python
 from presched.schedule import POLICIES
 from presched.sim.config import EngineConfig
 from presched.sim.scheduler import Scheduler
@@ -54,10 +52,7 @@ def vllm_results() -> list[dict]:
     patterns = {n: cfg.get("hybrid_override_pattern") for n, cfg, _ in _HF_PRESETS}
     cases = [dict(pattern=patterns[n], tp=tp, available=budget(n, tp), lengths=lengths)
              for n, tp, lengths in CASES]  # fmt: skip
-    r = subprocess.run([str(engine_python()), str(DRIVER), json.dumps(cases)],
-                       capture_output=True, text=True, timeout=600, env=engine_env())  # fmt: skip
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_engine_driver(DRIVER, json.dumps(cases))
 
 
 @pytest.mark.parametrize("i", range(len(CASES)))

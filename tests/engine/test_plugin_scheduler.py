@@ -26,14 +26,12 @@ importable here). One driver process runs every scenario (~15 s, most of it impo
 
 from __future__ import annotations
 
-import json
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
+from builders import run_engine_driver
 
-from presched.engine.venv import engine_env, engine_python
 from presched.serve.log_read import load_log_requests
 
 DRIVER = Path(__file__).with_name("plugin_driver.py")
@@ -46,10 +44,7 @@ SCENARIOS = ("stopped_while_preempted", "batch_queue_refused", "grammar_head_pre
 @pytest.fixture(scope="module")
 def driven(tiny_model, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("driver")
-    r = subprocess.run([str(engine_python()), str(DRIVER), str(tiny_model), str(tmp), *SCENARIOS],
-                       capture_output=True, text=True, timeout=600, env=engine_env())  # fmt: skip
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_engine_driver(DRIVER, str(tiny_model), str(tmp), *SCENARIOS)
 
 
 def _ok(driven, name: str) -> dict:

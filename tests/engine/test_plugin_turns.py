@@ -24,13 +24,11 @@ engine venv; the workers' outputs made up as in test_plugin_scheduler.py):
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
+from builders import run_engine_driver
 
-from presched.engine.venv import engine_env, engine_python
 
 DRIVER = Path(__file__).with_name("plugin_driver_turns.py")
 SCENARIOS = ("admit_with_a_slot", "session_turns", "paused_session_holds_kv", "holders_fifo",
@@ -40,10 +38,7 @@ SCENARIOS = ("admit_with_a_slot", "session_turns", "paused_session_holds_kv", "h
 @pytest.fixture(scope="module")
 def driven(tiny_model, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("driver-turns")
-    r = subprocess.run([str(engine_python()), str(DRIVER), str(tiny_model), str(tmp), *SCENARIOS],
-                       capture_output=True, text=True, timeout=600, env=engine_env())  # fmt: skip
-    assert r.returncode == 0, r.stderr[-4000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = run_engine_driver(DRIVER, str(tiny_model), str(tmp), *SCENARIOS)
     for name in SCENARIOS:
         assert "error" not in got[name], got[name]["error"]
     return got

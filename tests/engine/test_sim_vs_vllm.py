@@ -16,7 +16,6 @@ Count the workloads that differ (any N, seed offset) without pytest:
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,9 +26,8 @@ import pytest
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # builders
 
-from builders import constant_steps, make_engine, run_engine
+from builders import constant_steps, make_engine, run_engine, run_engine_driver
 
-from presched.engine.venv import engine_env, engine_python
 from presched.workload.prefix import chain_hashes
 from presched.workload.request import Request
 
@@ -95,10 +93,7 @@ def vllm_schedules(model: Path, workloads: list[dict]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "workloads.json"
         path.write_text(json.dumps(workloads))
-        r = subprocess.run([str(engine_python()), str(DRIVER), str(model), str(path)],
-                           capture_output=True, text=True, timeout=900, env=engine_env())  # fmt: skip
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+        return run_engine_driver(DRIVER, str(model), str(path), timeout=900)
 
 
 def differences(workloads: list[dict], schedules: list[dict]) -> list[tuple[int, dict]]:
